@@ -12,7 +12,7 @@ from .config import Config, get_config
 # %% auto #0
 __all__ = ['RUNNER_PARAMETERS', 'FIXED_PDF_METADATA', 'Artifact', 'load_registry', 'select_artifacts', 'parameters_of',
            'check_study_notebooks', 'save_figure', 'markdown_table', 'save_table', 'StudyRun', 'git_sha', 'new_run_id',
-           'redact_url', 'scrub_secrets', 'run_artifact', 'reproduce']
+           'redact_url', 'scrub_secrets', 'config_environment', 'run_artifact', 'reproduce']
 
 # %% ../nbs/07_reproduce.ipynb #c005
 @dataclass
@@ -251,6 +251,23 @@ def _failed_cell(exc) -> str:
     num = getattr(exc, "exec_count", None)
     return f"cell {num}: {getattr(exc, 'ename', type(exc).__name__)}: {str(getattr(exc, 'evalue', exc))[:500]}"
 
+from contextlib import contextmanager
+
+@contextmanager
+def config_environment(cfg: Config):
+    "Export `cfg`'s paths and modes as `KGRAG_*` variables while notebooks run, so their kernels see the same config."
+    values = {"KGRAG_HOME": cfg.root, "KGRAG_DATA": cfg.data_dir, "KGRAG_CACHE": cfg.cache_dir, "KGRAG_RUNS": cfg.runs_dir,
+              "KGRAG_FIGURES": cfg.figures_dir, "KGRAG_LLM_CACHE_MODE": cfg.llm_cache_mode,
+              "KGRAG_MAX_CONCURRENCY": cfg.max_concurrency, "KGRAG_EMBEDDED_PORT": cfg.embedded_port, "KGRAG_EMBEDDER": cfg.embedder}
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update({k: str(v) for k, v in values.items()})
+    try: yield
+    finally:
+        for k, v in saved.items():
+            if v is None: os.environ.pop(k, None)
+            else: os.environ[k] = v
+
+# %% ../nbs/07_reproduce.ipynb #c028
 def run_artifact(art: Artifact, run_dir: Path, profile: str, llm_url: str | None, model: str | None,
                  cfg: Config, cell_timeout: int = 1800, overrides: dict | None = None) -> dict:
     "Execute one study notebook with papermill; returns its manifest entry (never raises on notebook failure)."
@@ -265,8 +282,9 @@ def run_artifact(art: Artifact, run_dir: Path, profile: str, llm_url: str | None
                  parameters=params, status="ok", error=None)
     t0 = time.time()
     try:
-        pm.execute_notebook(str(cfg.root / art.notebook), str(out), parameters=params, kernel_name="python3",
-                            cwd=str(cfg.root), execution_timeout=cell_timeout, progress_bar=False, log_output=False)
+        with config_environment(cfg):
+            pm.execute_notebook(str(cfg.root / art.notebook), str(out), parameters=params, kernel_name="python3",
+                                cwd=str(cfg.root), execution_timeout=cell_timeout, progress_bar=False, log_output=False)
     except Exception as exc:  # papermill wraps the cell's exception; record it and go on with the next artefact
         entry.update(status="failed", error=_failed_cell(exc))
     entry["wall_s"] = round(time.time() - t0, 2)
@@ -274,7 +292,7 @@ def run_artifact(art: Artifact, run_dir: Path, profile: str, llm_url: str | None
     if record.exists(): entry.update({k: v for k, v in json.loads(record.read_text()).items() if k not in entry})
     return entry
 
-# %% ../nbs/07_reproduce.ipynb #c028
+# %% ../nbs/07_reproduce.ipynb #c029
 def _sum_usage(entries: list[dict]) -> dict:
     total = {}
     for e in entries:

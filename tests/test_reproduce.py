@@ -1,0 +1,142 @@
+"""Tests of the reproduction runner: registry, parameters cells, writers, and end-to-end runs through papermill."""
+import hashlib, json, os
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import pytest
+from hypothesis import given, strategies as st
+
+from kgrag_nb.config import get_config
+from kgrag_nb.reproduce import (check_study_notebooks, load_registry, markdown_table, parameters_of, redact_url,
+                                reproduce, scrub_secrets, select_artifacts)
+
+ROOT = get_config().root
+
+
+def _notebook(path: Path, cells: list[tuple[str, str, list]]):
+    "Write a notebook of (kind, source, tags) cells."
+    nb = nbformat.v4.new_notebook()
+    for kind, src, tags in cells:
+        cell = nbformat.v4.new_code_cell(src) if kind == "code" else nbformat.v4.new_markdown_cell(src)
+        if tags: cell.metadata["tags"] = tags
+        nb.cells.append(cell)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "python3", "language": "python"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, str(path))
+
+
+PARAMS = 'profile = "smoke"\nrun_dir = None\nllm_url = None\nmodel = None\nn = 1'
+
+
+def test_repository_study_notebooks_pass_the_check():
+    checked = check_study_notebooks()
+    assert "nbs/studies/closed_book_baseline.ipynb" in checked and "nbs/studies/kg_statistics.ipynb" in checked
+
+
+def test_parameters_cell_must_be_unique_and_literal(tmp_path):
+    good, two, code = tmp_path / "good.ipynb", tmp_path / "two.ipynb", tmp_path / "code.ipynb"
+    _notebook(good, [("code", PARAMS, ["parameters"]), ("code", "x = n + 1", [])])
+    _notebook(two, [("code", "a = 1", ["parameters"]), ("code", "b = 2", ["parameters"])])
+    _notebook(code, [("code", "import os\na = os.getcwd()", ["parameters"])])
+    assert parameters_of(good) == {"profile": "smoke", "run_dir": None, "llm_url": None, "model": None, "n": 1}
+    with pytest.raises(ValueError, match="2 cells tagged"): parameters_of(two)
+    with pytest.raises(ValueError, match="only `name = literal`"): parameters_of(code)
+
+
+def test_select_artifacts_patterns():
+    reg = load_registry()
+    assert [a.id for a in select_artifacts(reg, "closed*,kg_*")] == ["kg_statistics", "closed_book_baseline"]
+    with pytest.raises(ValueError, match="matches no artefact"): select_artifacts(reg, "zzz")
+
+
+def test_markdown_table_hand_case():
+    df = pd.DataFrame({"method": ["a|b", "c"], "F1": [0.5, 1.0], "n": [3, 4]})
+    assert markdown_table(df).splitlines() == ["| method | F1 | n |", "|---|---|---|", "| a\\|b | 0.500 | 3 |", "| c | 1.000 | 4 |"]
+
+
+@given(st.text(min_size=8, max_size=30).filter(lambda s: s.strip() == s and "\n" not in s and "\r" not in s))
+def test_scrub_removes_every_occurrence(tmp_path_factory, secret):
+    f = tmp_path_factory.mktemp("scrub") / "f.txt"
+    f.write_text(f"a {secret} b {secret}")
+    assert scrub_secrets(f, [secret]) == 2 and secret not in f.read_text()
+
+
+def test_redact_url():
+    assert redact_url("https://alice:s3cret@example.org/v1") == "https://example.org/v1"
+    assert redact_url("http://127.0.0.1:8000/v1") == "http://127.0.0.1:8000/v1"
+
+
+def _tmp_cfg(tmp_path, **kw):
+    real = get_config()
+    return get_config(root=kw.pop("root", real.root), data_dir=real.data_dir, cache_dir=tmp_path / "cache",
+                      runs_dir=tmp_path / "runs", figures_dir=tmp_path / "figures", **kw)
+
+
+def test_failing_notebook_is_reported_and_others_still_run(tmp_path):
+    root = tmp_path / "proj"
+    _notebook(root / "nbs/studies/broken.ipynb", [("code", PARAMS, ["parameters"]), ("code", "x = 1", []), ("code", "1 / 0", [])])
+    _notebook(root / "nbs/studies/fine.ipynb", [("code", PARAMS, ["parameters"]),
+              ("code", "from pathlib import Path\nPath(run_dir, 'fine.txt').write_text(str(n))", [])])
+    (root / "studies.yaml").write_text(
+        "artifacts:\n"
+        "  broken: {paper: x, title: t, notebook: nbs/studies/broken.ipynb, profiles: {smoke: {n: 2}}}\n"
+        "  fine: {paper: x, title: t, notebook: nbs/studies/fine.ipynb, profiles: {smoke: {n: 7}}}\n")
+    cfg = _tmp_cfg(tmp_path, root=root)
+    m = reproduce(profile="smoke", cfg=cfg, progress=False)
+    assert m["failed"] == ["broken"]
+    broken = next(e for e in m["artifacts"] if e["artifact"] == "broken")
+    assert "ZeroDivisionError" in broken["error"] and "cell" in broken["error"]
+    assert (cfg.runs_dir / m["run_id"] / "fine.txt").read_text() == "7"  # injected parameter reached the notebook
+    # the CLI exits non-zero and names the failing notebook
+    from kgrag_nb.cli import main
+    os.environ["KGRAG_HOME"] = str(root)
+    try:
+        for k, v in {"KGRAG_RUNS": cfg.runs_dir, "KGRAG_FIGURES": cfg.figures_dir, "KGRAG_CACHE": cfg.cache_dir}.items(): os.environ[k] = str(v)
+        assert main(["reproduce", "--only", "broken"]) == 1
+    finally:
+        for k in ("KGRAG_HOME", "KGRAG_RUNS", "KGRAG_FIGURES", "KGRAG_CACHE"): os.environ.pop(k, None)
+
+
+def test_unknown_override_is_refused(tmp_path):
+    cfg = _tmp_cfg(tmp_path)
+    m = None
+    with pytest.raises(ValueError, match="not in nbs/studies/kg_statistics.ipynb"):
+        m = reproduce(profile="smoke", only="kg_statistics", overrides={"no_such_param": 1}, cfg=cfg, progress=False)
+
+
+def _digests(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != "provenance.json"}
+
+
+@pytest.mark.llm
+def test_closed_book_end_to_end_and_warm_rerun(tmp_path, embedded_server):
+    "The real embedded server answers closed_book_baseline through papermill; a warm rerun sends no request."
+    secret = "sk-kgrag-test-secret-0123456789"
+    os.environ["OPENAI_API_KEY"] = secret
+    try:
+        cfg = _tmp_cfg(tmp_path)
+        tiny = {"datasets": ["cwq"], "n_questions": 3, "n_samples": 2}
+        m1 = reproduce(profile="smoke", only="closed_book_baseline", llm_url=embedded_server.url, overrides=tiny, cfg=cfg, progress=False)
+        first = _digests(cfg.figures_dir)
+        m2 = reproduce(profile="smoke", only="closed_book_baseline", llm_url=embedded_server.url, overrides=tiny, cfg=cfg, progress=False)
+    finally:
+        del os.environ["OPENAI_API_KEY"]
+    assert m1["failed"] == [] and m2["failed"] == [], m1["artifacts"][0]["error"]
+    e1 = m1["artifacts"][0]
+    assert m1["model"] == embedded_server.model and e1["models"] == [embedded_server.model]
+    assert e1["sample_sizes"] == {"cwq": 3} and e1["seed"] == 0 and any("gog_cwq_1000" in k for k in e1["datasets"])
+    assert e1["usage"]["requests"] == 3 * (3 + 2)  # 3 questions x (3 Step-1 answers + 2 samples)
+    assert m2["llm_usage"]["requests"] == 0 and m2["llm_usage"]["cache_hits"] == 3 * (3 + 2)
+    out = cfg.figures_dir / "closed_book_baseline"
+    for name in ("closed_book_summary.csv", "closed_book_summary.md", "closed_book_vs_paper.md", "closed_book_hits.png", "closed_book_hits.pdf"):
+        assert (out / name).exists(), name
+    summary = pd.read_csv(out / "closed_book_summary.csv")
+    assert summary.loc[0, "n"] == 3 and 0 <= summary.loc[0, "Hits@1"] <= summary.loc[0, "Hits@10"] <= 100
+    assert "awakening Table 3" in (out / "closed_book_vs_paper.md").read_text()
+    assert _digests(cfg.figures_dir) == first  # identical tables and byte-identical figures on the warm rerun
+    manifest = json.loads((cfg.runs_dir / m1["run_id"] / "manifest.json").read_text())
+    assert manifest["git_sha"] and manifest["artifacts"][0]["wall_s"] > 0 and manifest["config"]["profile"] == "smoke"
+    for f in [*cfg.runs_dir.rglob("*"), *cfg.figures_dir.rglob("*")]:
+        if f.is_file(): assert secret.encode() not in f.read_bytes(), f
