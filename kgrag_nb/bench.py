@@ -47,7 +47,7 @@ def bench_llm(url: str | None = None,  # endpoint; None = start (or reuse) the e
     with (nullcontext(url) if url else llm_endpoint(cfg)) as endpoint, tempfile.TemporaryDirectory() as tmp:
         client = LLMClient.from_config(cfg, base_url=endpoint, cache=Path(tmp) / "bench.sqlite", mode="live", progress=False,
                                        max_concurrency=concurrency)
-        model = client.model
+        model = client.resolve_model()
         raw_s = client_s = 0.0; raw_tok = client_tok = 0
         for r in range(rounds):
             prompts = _bench_prompts(n_requests * (r + 1))[n_requests * r:]

@@ -374,3 +374,15 @@ def _chat(self: LLMClient, messages_list: list[list[dict]], **kwargs):
     return run_sync(self.achat(messages_list, **kwargs))
 
 LLMClient.acomplete, LLMClient.achat, LLMClient.complete, LLMClient.chat = _acomplete, _achat, _complete, _chat
+
+def _resolve_model_sync(self: LLMClient) -> str:
+    "The model id that goes into cache keys (the given one checked against `/v1/models`, else the one served); pinned after."
+    if self.mode == "replay": return self.model
+    async def ask():
+        api = self._api()
+        try: return await self._resolve_model(api)
+        finally: await api.close()
+    self.model = run_sync(ask())
+    return self.model
+
+LLMClient.resolve_model = _resolve_model_sync

@@ -159,6 +159,7 @@ class StudyRun:
             self._server = self._server or EmbeddedServer(self.cfg).start()
             url = self._server.url
         client = LLMClient.from_config(self.cfg, base_url=url, model=self.model_name, **kwargs)
+        client.resolve_model()  # checks a given name against the server, pins the served id for cache keys and records
         self._clients.append(client)
         return client
 
@@ -331,7 +332,7 @@ def reproduce(profile: str | None = None,  # `smoke` or `full` (default: config)
     with endpoint as url:
         if needs_llm:
             from kgrag_nb.llm import LLMClient
-            model = model or LLMClient.from_config(cfg, base_url=url, model=model, progress=False).model
+            model = LLMClient.from_config(cfg, base_url=url, model=model, progress=False).resolve_model()
         manifest["model"] = model if needs_llm else None
         bar = tqdm(arts, desc="notebooks", unit="nb", disable=not progress)
         for art in bar:
