@@ -185,7 +185,7 @@ class StudyRun:
                  f"sample sizes: {', '.join(f'{k}={v}' for k, v in self.sample_sizes.items()) or 'n/a'}",
                  f"seed: {self.seed}; profile: {self.params.get('profile', self.cfg.profile)}"]
         if self.datasets:
-            lines.append("data sha256: " + "; ".join(f"{Path(k).name}={v[:12]}" for k, v in sorted(self.datasets.items())))
+            lines.append("data sha256 (first 12 hex): " + "; ".join(f"{k}={v[:12]}" for k, v in sorted(self.datasets.items())))
         return lines
 
     def save_table(self, df, name: str, caption: str = "") -> list[Path]:
