@@ -16,7 +16,7 @@ from .config import CACHE_MODES, Config, get_config
 
 # %% auto #0
 __all__ = ['CacheMissError', 'ModelNotServedError', 'EndpointUnreachableError', 'canonical_json', 'request_key', 'ResponseCache',
-           'Usage', 'run_sync', 'is_retryable', 'backoff_delay', 'LLMClient']
+           'Usage', 'run_sync', 'is_retryable', 'backoff_delay', 'progress_stream', 'LLMClient']
 
 # %% ../nbs/03_llm.ipynb #c005
 class CacheMissError(KeyError):
@@ -160,6 +160,12 @@ def _prompt_start(kind: str, payload, width: int = 60) -> str:
     text = payload if kind == "completion" else (payload[-1].get("content", "") if payload else "")
     text = str(text).replace("\n", "\\n")
     return text[:width] + ("..." if len(text) > width else "")
+
+def progress_stream():
+    "Where progress bars go: the terminal that started `kgrag reproduce` when it set KGRAG_PROGRESS_STREAM=terminal"
+    " (a papermill kernel inherits that terminal as its original stderr), else the usual stderr (the notebook's output)."
+    import sys
+    return sys.__stderr__ if os.environ.get("KGRAG_PROGRESS_STREAM") == "terminal" else sys.stderr
 
 def _per_item(value, count: int, name: str) -> list:
     if isinstance(value, (list, tuple)):
@@ -313,7 +319,8 @@ async def _generate(self: LLMClient, kind, payloads, n, temperature, params, des
         if misses:
             model = await self._resolve_model(api)  # verifies a given model name before the first real request
             sem = asyncio.Semaphore(self.max_concurrency)
-            bar = tqdm(total=len(misses), desc=desc or f"{kind} {model}", disable=not self.progress or len(misses) <= 5)
+            bar = tqdm(total=len(misses), desc=desc or f"{kind} {model}", disable=not self.progress or len(misses) <= 5,
+                       file=progress_stream())
             async def one(key):
                 payload, prm, s = jobs[key]
                 async with sem: rec = await self._send(api, kind, model, payload, prm)

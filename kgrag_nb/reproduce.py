@@ -195,7 +195,7 @@ class StudyRun:
 
     def save_figure(self, fig, name: str, footer: bool = True) -> list[Path]:
         "Write a figure (PNG + byte-stable PDF) under `figures/<artefact>/`, with model, sample size and seed as a footer."
-        if footer: fig.text(0.0, -0.02, " | ".join(self.notes()[:3]), fontsize=6, ha="left", va="top")
+        if footer: fig.text(0.0, -0.04, " | ".join(self.notes()[:3]), fontsize=6, ha="left", va="top")
         paths = save_figure(fig, self.out_dir, name)
         self.outputs += paths; return paths
 
@@ -261,7 +261,8 @@ def config_environment(cfg: Config):
     "Export `cfg`'s paths and modes as `KGRAG_*` variables while notebooks run, so their kernels see the same config."
     values = {"KGRAG_HOME": cfg.root, "KGRAG_DATA": cfg.data_dir, "KGRAG_CACHE": cfg.cache_dir, "KGRAG_RUNS": cfg.runs_dir,
               "KGRAG_FIGURES": cfg.figures_dir, "KGRAG_LLM_CACHE_MODE": cfg.llm_cache_mode,
-              "KGRAG_MAX_CONCURRENCY": cfg.max_concurrency, "KGRAG_EMBEDDED_PORT": cfg.embedded_port, "KGRAG_EMBEDDER": cfg.embedder}
+              "KGRAG_MAX_CONCURRENCY": cfg.max_concurrency, "KGRAG_EMBEDDED_PORT": cfg.embedded_port, "KGRAG_EMBEDDER": cfg.embedder,
+              "KGRAG_PROGRESS_STREAM": "terminal"}  # LLM progress bars inside notebooks show in the runner's terminal
     saved = {k: os.environ.get(k) for k in values}
     os.environ.update({k: str(v) for k, v in values.items()})
     try: yield
