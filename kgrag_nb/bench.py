@@ -34,8 +34,8 @@ async def _raw_round(url: str, model: str, prompts: list[str], concurrency: int,
 
 # %% ../nbs/08_bench.ipynb #c005
 def bench_llm(url: str | None = None,  # endpoint; None = start (or reuse) the embedded server
-              n_requests: int = 48,  # requests per round and side
-              rounds: int = 2,  # interleaved rounds (raw, client, raw, client, ...)
+              n_requests: int = 24,  # requests per round and side
+              rounds: int = 4,  # rounds; each sends the round's prompts raw and through the client (order alternates)
               concurrency: int = 8,  # requests in flight for both sides
               max_tokens: int = 16,
               cfg: Config | None = None) -> dict:
@@ -51,13 +51,17 @@ def bench_llm(url: str | None = None,  # endpoint; None = start (or reuse) the e
         raw_s = client_s = 0.0; raw_tok = client_tok = 0
         for r in range(rounds):
             prompts = _bench_prompts(n_requests * (r + 1))[n_requests * r:]
-            dt, tok = asyncio.run(_raw_round(endpoint, model, prompts, concurrency, max_tokens, cfg.api_key()))
-            raw_s += dt; raw_tok += tok
-            before = client.usage.as_dict()
-            # the client sees the same prompts as the raw side but its cache is fresh: every request goes to the server
-            t0 = time.perf_counter(); client.complete(prompts, temperature=0.0, max_tokens=max_tokens)
-            client_s += time.perf_counter() - t0
-            client_tok += client.usage.as_dict()["completion_tokens"] - before["completion_tokens"]
+            # the client sees the same prompts as the raw side but its cache is fresh: every request goes to the server;
+            # the side that goes first alternates between rounds so that server warm-up and prompt-cache state even out
+            for side in (("raw", "client") if r % 2 == 0 else ("client", "raw")):
+                if side == "raw":
+                    dt, tok = asyncio.run(_raw_round(endpoint, model, prompts, concurrency, max_tokens, cfg.api_key()))
+                    raw_s += dt; raw_tok += tok
+                else:
+                    before = client.usage.as_dict()["completion_tokens"]
+                    t0 = time.perf_counter(); client.complete(prompts, temperature=0.0, max_tokens=max_tokens)
+                    client_s += time.perf_counter() - t0
+                    client_tok += client.usage.as_dict()["completion_tokens"] - before
         cold_requests = client.usage.as_dict()["requests"]
         all_prompts = _bench_prompts(n_requests * rounds)
         t0 = time.perf_counter(); client.complete(all_prompts, temperature=0.0, max_tokens=max_tokens)
