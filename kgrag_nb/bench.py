@@ -95,8 +95,11 @@ def bench_kg(kg_name: str = "fb15k237",  # KG from the dataset registry
                 capped=int(sum(s >= max_triples for s in sizes)))
 
 # %% ../nbs/08_bench.ipynb #c007
-def print_bench(result: dict, as_json: bool = False):
-    "Print a benchmark result as a two-column table, or as one JSON object."
+def print_bench(result: dict | list[dict], as_json: bool = False):
+    "Print a benchmark result (one dict: two-column table; a list of dicts: one row each), or the same as JSON."
     if as_json: print(json.dumps(result)); return
+    if isinstance(result, list):
+        import pandas as pd
+        print(pd.DataFrame(result).to_string(index=False)); return
     width = max(len(k) for k in result)
     for k, v in result.items(): print(f"{k:<{width}}  {v}")
