@@ -298,12 +298,17 @@ def run_artifact(art: Artifact, run_dir: Path, profile: str, llm_url: str | None
 
 # %% ../nbs/07_reproduce.ipynb #c029
 def _sum_usage(entries: list[dict]) -> dict:
+    "LLM usage summed over notebooks; rates are recomputed from the sums, not added up."
     total = {}
     for e in entries:
         for k, v in (e.get("usage") or {}).items():
-            if isinstance(v, (int, float)): total[k] = round(total.get(k, 0) + v, 6)
+            if isinstance(v, (int, float)) and not k.endswith("_per_s"): total[k] = round(total.get(k, 0) + v, 6)
+    if total.get("wall_s"):
+        total["requests_per_s"] = round(total.get("requests", 0) / total["wall_s"], 6)
+        total["completion_tokens_per_s"] = round(total.get("completion_tokens", 0) / total["wall_s"], 6)
     return total
 
+# %% ../nbs/07_reproduce.ipynb #c031
 def reproduce(profile: str | None = None,  # `smoke` or `full` (default: config)
               only: str | None = None,  # comma-separated glob patterns of artefact ids
               llm_url: str | None = None,  # OpenAI-compatible endpoint; None = start the embedded server when needed
