@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from .cli import SUBCOMMANDS, subcommand
+from .cli import evaluator
 from .kg import KG
 from .metrics import bootstrap_ci, bootstrap_ratio_ci, brink_normalize, brink_per_question, hard_hits_rate, permissive_scores
 
@@ -596,16 +596,8 @@ def _json_safe(x):
     if isinstance(x, (list, tuple)): return [_json_safe(v) for v in x]
     return None if isinstance(x, float) and math.isnan(x) else x
 
-def _subcommand_once(fn):
-    "`cli.subcommand`, replacing an earlier registration of a function of the same name (re-run cell, notebook + module)."
-    SUBCOMMANDS[:] = [f for f in SUBCOMMANDS if f.__name__ != fn.__name__]
-    return subcommand(fn)
-
-@_subcommand_once
-def _evaluate_brink(sub):
-    p = sub.add_parser("evaluate", help="score a system's predictions on a benchmark")
-    which = p.add_subparsers(dest="benchmark", required=True)
-    b = which.add_parser("brink", help="BRINK strict (Hits@Any, P, R, F1, Hits@Hard, HHR) and permissive metrics with bootstrap CIs")
+@evaluator("brink", "BRINK strict (Hits@Any, P, R, F1, Hits@Hard, HHR) and permissive metrics with bootstrap CIs")
+def _evaluate_brink(b):
     b.add_argument("--predictions", required=True, help="JSONL: one {\"id\": ..., \"prediction\": raw string or list} per line")
     b.add_argument("--dataset", required=True, help="benchmark folder (build_benchmark) or a questions JSONL file")
     b.add_argument("--split", default="test", help="split to score: train, valid, test or all (default test)")
@@ -617,7 +609,7 @@ def _evaluate_brink(sub):
         except (ValueError, FileNotFoundError, TypeError) as e: raise SystemExit(f"kgrag evaluate brink: {e}")
         print(json.dumps(_json_safe(res), indent=1) if args.json else format_evaluation(res))
         return 0
-    b.set_defaults(func=run)
+    return run
 
 # %% ../nbs/12_brink.ipynb #c057
 def _path_entities(path, where: str) -> set:

@@ -8,7 +8,8 @@ import argparse, json, sys
 from .config import get_config
 
 # %% auto #0
-__all__ = ['SUBCOMMANDS', 'STUDY_MODULES', 'BENCHMARKS', 'subcommand', 'benchmark', 'build_parser', 'main']
+__all__ = ['SUBCOMMANDS', 'STUDY_MODULES', 'BENCHMARKS', 'EVALUATORS', 'subcommand', 'benchmark', 'evaluator', 'build_parser',
+           'main']
 
 # %% ../nbs/10_cli.ipynb #c004
 SUBCOMMANDS = []
@@ -147,6 +148,23 @@ def _datasets(sub):
     p.set_defaults(func=run)
 
 # %% ../nbs/10_cli.ipynb #c010
+EVALUATORS = {}  # name -> (function adding options to its parser and returning the handler, help text)
+
+def evaluator(name: str, help: str = ""):
+    "Register `add(parser) -> handler` as `kgrag evaluate NAME` (a study's scorer for predictions from any system)."
+    def register(add):
+        EVALUATORS[name] = (add, help); return add
+    return register
+
+@subcommand
+def _evaluate(sub):
+    p = sub.add_parser("evaluate", help="score a system's predictions on a benchmark (see `kgrag evaluate -h`)")
+    which = p.add_subparsers(dest="evaluator", required=True)
+    for name, (add, text) in sorted(EVALUATORS.items()):
+        q = which.add_parser(name, help=text)
+        q.set_defaults(func=add(q))
+
+# %% ../nbs/10_cli.ipynb #c011
 def build_parser() -> argparse.ArgumentParser:
     "The `kgrag` argument parser with every registered subcommand."
     parser = argparse.ArgumentParser(prog="kgrag", description="kgrag_nb: reproducible KG-RAG studies over incomplete knowledge")
