@@ -68,6 +68,8 @@ class Config:
     @property
     def downloads_dir(self) -> Path: return self.cache_dir / "downloads"
     @property
+    def benchmarks_dir(self) -> Path: return self.root / "data" / "benchmarks"  # benchmarks the studies build (e.g. BRINK)
+    @property
     def embedded_url(self) -> str: return f"http://{self.embedded_host}:{self.embedded_port}/v1"
 
     def api_key(self) -> str:
