@@ -13,7 +13,7 @@ __all__ = ['SUBCOMMANDS', 'STUDY_MODULES', 'BENCHMARKS', 'EVALUATORS', 'subcomma
 
 # %% ../nbs/10_cli.ipynb #c004
 SUBCOMMANDS = []
-STUDY_MODULES = ["kgrag_nb.backends", "kgrag_nb.rules", "kgrag_nb.brink", "kgrag_nb.awaken", "kgrag_nb.jcql", "kgrag_nb.missing", "kgrag_nb.coe"]
+STUDY_MODULES = ["kgrag_nb.backends", "kgrag_nb.rules", "kgrag_nb.brink", "kgrag_nb.brink_methods", "kgrag_nb.awaken", "kgrag_nb.unseen", "kgrag_nb.jcql", "kgrag_nb.missing", "kgrag_nb.coe"]
 
 def subcommand(fn):
     "Register `fn(subparsers)`, which adds a subcommand to `kgrag` and sets its handler with `set_defaults(func=...)`."
