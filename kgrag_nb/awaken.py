@@ -11,7 +11,13 @@ from .baselines import parse_short_answer
 from .metrics import acc_r, bootstrap_ci
 
 # %% auto #0
-__all__ = ['AWAKENING_TEMPLATE', 'PROBE_TEMPLATE', 'awakening_prompt', 'parse_awakening_answer', 'probe_prompt', 'parse_probe']
+__all__ = ['AWAKENING_TEMPLATE', 'PROBE_TEMPLATE', 'Triple', 'KNOWLEDGE_TYPES', 'MAIN_TYPES', 'GENERIC_TYPE_PREFIXES', 'TABLES',
+           'awakening_prompt', 'parse_awakening_answer', 'probe_prompt', 'parse_probe', 'gold_relations',
+           'relation_parts', 'relation_matches', 'find_gold_path', 'knowledge_candidates', 'verbalize_knowledge',
+           'type_label', 'qa_probe_question', 'leaks_answer', 'distances_to', 'knowledge_distance', 'minilm_scorer',
+           'ranking_query', 'rank_top1', 'extract_knowledge', 'probe_rule', 'probe', 'awaken', 'save_run',
+           'run_awakening', 'intersect_ids', 'passing_ids', 'base_ids', 'awakening_table', 'filter_counts',
+           'distance_table']
 
 # %% ../nbs/14_awaken.ipynb #c005
 # awakening_unseen_entity_kgqa.txt, App. E, "The prompt template used in Awakening LLMs" (verbatim, + answer cue)
@@ -79,3 +85,401 @@ def parse_probe(completion: str) -> bool | None:
     "True/False verdict of a probing completion: the first of the words true/false it contains (None when neither)."
     m = re.search(r"\b(true|false)\b", str(completion), flags=re.I)
     return None if m is None else m.group(1).lower() == "true"
+
+# %% ../nbs/14_awaken.ipynb #c010
+Triple = tuple  # (head, relation, tail) ids
+
+# awakening_unseen_entity_kgqa.txt, Table 1: the eight kinds of awakening knowledge
+KNOWLEDGE_TYPES = {"T1": "A_q-R_q^1-B", "T2": "A_q-R_x-B_x", "T3": "B_x-R_x-A_q", "T4": "A_q-instance-of",
+                   "T5": "B-R_x-A_x", "T6": "A_q-R_x-Z-R_x-B", "T7": "A_x-R_q^1-B_x", "T8": "A_x-R_q^2-B_x"}
+# the six types of the main text (Table 2, Table 4, Fig. 1), in the paper's row order
+MAIN_TYPES = ["T1", "T2", "T5", "T7", "T6", "T4"]
+
+_NS_REL = re.compile(r"ns:([a-z_0-9]+(?:\.[a-z_0-9]+){2,})")
+
+def gold_relations(record) -> set:
+    "Freebase relation names (`people.person.education`) in a CWQ record's SPARQL (`meta['sparql']`) and crucial triples."
+    sparql = record.meta.get("sparql") or ""
+    if isinstance(sparql, list): sparql = "\n".join(s for s in sparql if s)
+    rels = set(_NS_REL.findall(sparql))
+    rels |= {r for _, r, _ in list(record.evidence_ids) + list(record.evidence) if "." in r}
+    return {r for r in rels if not re.fullmatch(r"[mg]\.[0-9a-z_]+", r)}
+
+def relation_parts(relation: str) -> list[str]:
+    "The Freebase relations an FB15k-237 relation is made of (`/a/b/c./d/e/f` -> `['a.b.c', 'd.e.f']`); other ids as is."
+    if not relation.startswith("/"): return [relation]
+    return [p.strip("/").replace("/", ".") for p in relation.split("./")]
+
+def relation_matches(relation: str, gold: set) -> bool:
+    "Does every Freebase relation of `relation` occur in `gold` (see `gold_relations`)?"
+    return bool(gold) and all(p in gold for p in relation_parts(relation))
+
+# %% ../nbs/14_awaken.ipynb #c012
+def _other(tri: Triple, e: str) -> str: return tri[2] if tri[0] == e else tri[0]
+
+def find_gold_path(backend,  # a `kgrag_nb.backends.KGBackend`
+                   topic_ids: list[str],  # candidate start entities A_q (KG ids)
+                   answer_ids: list[str],  # KG ids of the gold answer(s)
+                   gold: set,  # gold relation names (`gold_relations`); a KG relation must match them (`relation_matches`)
+                   limit: int = 10_000) -> dict | None:  # neighbours fetched per entity
+    "The gold 2-hop path `A_q –R¹– B –R²– answer` (dict with a_q, b, answer, hop1, hop2, r1, r2) or None."
+    answers = set(answer_ids)
+    for a in topic_ids:
+        if a in answers: continue
+        for t1 in sorted(backend.neighbors(a, "both", limit)):
+            b = _other(t1, a)
+            if b == a or b in answers or not relation_matches(t1[1], gold): continue
+            for t2 in sorted(backend.neighbors(b, "both", limit)):
+                ans = _other(t2, b)
+                if ans in answers and ans != a and relation_matches(t2[1], gold):
+                    return dict(a_q=a, b=b, answer=ans, hop1=tuple(t1), hop2=tuple(t2), r1=t1[1], r2=t2[1])
+    return None
+
+# %% ../nbs/14_awaken.ipynb #c016
+def knowledge_candidates(gold_path: dict,  # from `find_gold_path`
+                         triples: list,  # the 2-hop subgraph triples of A_q and B
+                         types: list[str] = (),  # type ids of A_q (`KGBackend.entity_types`), for T4
+                         type_relations=("P31", "/type/object/type"),  # relations that state a type (kept out of T2, T3, T5)
+                         max_t6: int = 2000) -> dict:  # cap on T6 candidates (pairs of triples)
+    "Candidates of each Table 1 type (T1–T8), each a list of `(h, r, t)` triples, sorted."
+    a, b, r1, r2 = gold_path["a_q"], gold_path["b"], gold_path["r1"], gold_path["r2"]
+    G, I = {r1, r2}, set(type_relations)
+    tri = sorted({tuple(t) for t in triples})
+    out = {k: [] for k in KNOWLEDGE_TYPES}
+    out["T1"] = [[tuple(gold_path["hop1"])]]
+    for h, r, t in tri:
+        if h == a and r not in G | I: out["T2"].append([(h, r, t)])
+        if t == a and r not in G | I: out["T3"].append([(h, r, t)])
+        if h == b and r not in G | I and t != a: out["T5"].append([(h, r, t)])
+        if r == r1 and h not in (a, b) and t not in (a, b): out["T7"].append([(h, r, t)])
+        if r == r2 and h not in (a, b) and t not in (a, b): out["T8"].append([(h, r, t)])
+    out["T4"] = [[(a, "instance-of", ty)] for ty in sorted(types)]
+    to_a = {}  # Z -> triples joining A_q and Z
+    for x in tri:
+        if a in (x[0], x[2]) and x[1] not in G: to_a.setdefault(_other(x, a), []).append(x)
+    for x in tri:
+        if b not in (x[0], x[2]) or x[1] in G: continue
+        z = _other(x, b)
+        if z in (a, b): continue
+        for y in to_a.get(z, []):
+            if len(out["T6"]) < max_t6: out["T6"].append([y, x])
+    return out
+
+# %% ../nbs/14_awaken.ipynb #c019
+def verbalize_knowledge(knowledge: list,  # triples of one knowledge item
+                        labels: dict,  # entity id -> label
+                        relation_labels: dict | None = None,  # relation id -> label
+                        sep: str = ", ") -> str:  # Table 1 writes "head, relation, tail"
+    "One knowledge item as text; several triples joined with '; ' (Table 1's T6 example)."
+    rl = relation_labels or {}
+    def ent(e): return labels.get(e) or type_label(e)
+    return "; ".join(f"{ent(h)}{sep}{rl.get(r, r)}{sep}{ent(t)}" for h, r, t in knowledge)
+
+def type_label(x: str) -> str:
+    "Readable text of an id without a label (`/people/person` -> `person`, `Q5` stays)."
+    s = str(x).rstrip("/").split("/")[-1]
+    return s.replace("_", " ") or str(x)
+
+def qa_probe_question(knowledge: list, labels: dict, relation_labels: dict | None = None) -> tuple[str, str]:
+    "QA-probing (App. B.4): (question about the first triple's head and relation, expected answer = its tail label)."
+    h, r, t = knowledge[0]
+    rel = (relation_labels or {}).get(r, r)
+    return f"What is the {rel} of {labels.get(h) or type_label(h)}?", labels.get(t) or type_label(t)
+
+def leaks_answer(knowledge: list,  # triples of one knowledge item
+                 text: str,  # its verbalization
+                 answer_ids,  # KG ids of the answer entities
+                 answers) -> bool:  # gold answer strings (aliases)
+    "Does the knowledge contain the gold answer (as an entity, or as text by ACC_R)? (§4.2 Stage 3)"
+    ids = set(answer_ids)
+    if any(h in ids or t in ids for h, _, t in knowledge): return True
+    return any(acc_r(text, [a]) for a in answers if re.search(r"\w", str(a)))
+
+def distances_to(triples: list, targets) -> dict:
+    "Undirected hop distance from every entity of `triples` to the nearest of `targets` (unreached entities left out)."
+    adj = {}
+    for h, _, t in triples: adj.setdefault(h, set()).add(t); adj.setdefault(t, set()).add(h)
+    dist = {x: 0 for x in targets if x in adj}
+    frontier = list(dist)
+    while frontier:
+        nxt = []
+        for x in frontier:
+            for y in adj[x]:
+                if y not in dist: dist[y] = dist[x] + 1; nxt.append(y)
+        frontier = nxt
+    return dist
+
+def knowledge_distance(knowledge: list, dist: dict) -> int | None:
+    "Hops from the knowledge's nearest entity to the answer (None when not connected)."
+    ds = [dist[e] for h, _, t in knowledge for e in (h, t) if e in dist]
+    return min(ds) if ds else None
+
+# %% ../nbs/14_awaken.ipynb #c022
+def minilm_scorer(query: str, texts: list[str]) -> np.ndarray:
+    "Cosine similarity of `query` to each of `texts` under the offline MiniLM embedder (the default reranker)."
+    from kgrag_nb.retrieval import embed
+    if not texts: return np.zeros(0)
+    v = embed([query] + list(texts))
+    return np.asarray(v[1:] @ v[0], dtype=float)
+
+def ranking_query(gold_path: dict, labels: dict, relation_labels: dict | None = None,
+                  mode: str = "triple") -> str:  # "triple" = A_q–R_q¹–B (§4.2); "head_relation" = A_q–R_q¹ (App. B.8)
+    "The text the candidates are ranked against."
+    rl = relation_labels or {}
+    a, r = labels.get(gold_path["a_q"], gold_path["a_q"]), rl.get(gold_path["r1"], gold_path["r1"])
+    if mode == "triple": return f"{a}, {r}, {labels.get(gold_path['b'], gold_path['b'])}"
+    if mode == "head_relation": return f"{a}, {r}"
+    raise ValueError(f"ranking_query: mode={mode!r}; use 'triple' (§4.2) or 'head_relation' (App. B.8)")
+
+def rank_top1(query: str, texts: list[str], scorer=None) -> tuple[int, np.ndarray]:
+    "(index of the best text, all scores) under `scorer` (default `minilm_scorer`); (-1, []) for no texts."
+    if not texts: return -1, np.zeros(0)
+    s = np.asarray((scorer or minilm_scorer)(query, list(texts)), dtype=float)
+    if s.shape != (len(texts),): raise ValueError(f"rank_top1: scorer returned shape {s.shape}, expected ({len(texts)},)")
+    return int(np.argmax(s)), s
+
+# %% ../nbs/14_awaken.ipynb #c025
+# FB15k-237 has no type triples; LocalBackend derives types from relation domains. User/base domains are not types.
+GENERIC_TYPE_PREFIXES = ("/base/", "/common/", "/user/", "/freebase/", "/type/")
+
+def _map(ids, map_id):
+    out = []
+    for x in ids:
+        try: out.append(map_id(x) if map_id else x)
+        except ValueError: pass
+    return out
+
+def extract_knowledge(record,  # a `kgrag_nb.datasets.QARecord` with answers, topic entities and SPARQL / crucial triples
+                      backend,  # a `KGBackend` (LocalBackend over FB15k-237 offline; SparqlBackend online)
+                      map_id=None,  # maps a topic-entity id to the backend's id form (CWQ on FB15k-237: `mid_to_fb15k`)
+                      types=tuple(KNOWLEDGE_TYPES),  # knowledge types to extract
+                      query_modes=("triple", "head_relation"),  # ranking queries (§4.2, App. B.8)
+                      scorer=None,  # reranker `scorer(query, texts) -> scores`; None = `minilm_scorer`
+                      max_candidates: int = 300,  # candidates ranked per type (seeded subsample beyond)
+                      keep_top: int = 5,  # candidates kept per type and mode in the saved trace
+                      seed: int = 0) -> dict:
+    "Step 2 for one question: `{'question': {...}, 'candidates': [...], 'knowledge': [...]}` (see the text above)."
+    q = dict(id=record.id, question=record.question, answers=list(record.answers), status="ok")
+    topics = [a for a in _map([t.get("id") for t in record.topic_entities if t.get("id")], map_id) if backend.neighbors(a, "both", 1)]
+    answer_ids = sorted({e for a in record.answers for e in backend.find_entities(a)})
+    if not topics: return dict(question=q | {"status": "topic entity not in KG"}, candidates=[], knowledge=[])
+    if not answer_ids: return dict(question=q | {"status": "answer not in KG"}, candidates=[], knowledge=[])
+    gp = find_gold_path(backend, topics, answer_ids, gold_relations(record))
+    if gp is None: return dict(question=q | {"status": "no gold 2-hop path"}, candidates=[], knowledge=[])
+    sub = sorted(set(backend.khop_triples([gp["a_q"]], 2)) | set(backend.khop_triples([gp["b"]], 2)) | {gp["hop1"], gp["hop2"]})
+    types_aq = [t for t in backend.entity_types(gp["a_q"]) if not t.startswith(GENERIC_TYPE_PREFIXES)]
+    cands = knowledge_candidates(gp, sub, types_aq)
+    ents = sorted({e for ks in cands.values() for k in ks for h, _, t in k for e in (h, t)} | {gp["a_q"], gp["b"], gp["answer"]})
+    labels, rl = backend.labels(ents), backend.relation_labels(sorted({r for _, r, _ in sub}))
+    dist = distances_to(sub, answer_ids)
+    q |= dict(gp, hop1=list(gp["hop1"]), hop2=list(gp["hop2"]), answer_ids=answer_ids, n_subgraph=len(sub),
+              gold_path_text=verbalize_knowledge([gp["hop1"], gp["hop2"]], labels, rl),
+              labels={e: labels.get(e, "") for e in (gp["a_q"], gp["b"], gp["answer"])})
+    rng = np.random.default_rng(seed)
+    cand_rows, know_rows = [], []
+    for ty in types:
+        items = cands[ty]
+        texts = [verbalize_knowledge(k, labels, rl) for k in items]
+        keep = [i for i, (k, t) in enumerate(zip(items, texts)) if not leaks_answer(k, t, answer_ids, record.answers)]
+        n_total, n_clean = len(items), len(keep)
+        if len(keep) > max_candidates: keep = sorted(rng.choice(keep, max_candidates, replace=False).tolist())
+        for mode in query_modes:
+            query = ranking_query(gp, labels, rl, mode)
+            best, scores = rank_top1(query, [texts[i] for i in keep], scorer)
+            for rank, j in enumerate(np.argsort(-scores, kind="stable")[:keep_top]):
+                cand_rows.append(dict(id=record.id, type=ty, mode=mode, rank=rank, text=texts[keep[j]],
+                                      triples=[list(x) for x in items[keep[j]]], score=float(scores[j])))
+            row = dict(id=record.id, type=ty, mode=mode, query=query, n_candidates=n_total, n_after_leak_filter=n_clean,
+                       n_ranked=len(keep), text=None, triples=None, score=None, dist_to_answer=None)
+            if best >= 0:
+                k = items[keep[best]]
+                qa_q, qa_a = qa_probe_question(k, labels, rl)
+                row |= dict(text=texts[keep[best]], triples=[list(x) for x in k], score=float(scores[best]),
+                            dist_to_answer=knowledge_distance(k, dist), qa_question=qa_q, qa_expected=qa_a)
+            know_rows.append(row)
+    return dict(question=q, candidates=cand_rows, knowledge=know_rows)
+
+# %% ../nbs/14_awaken.ipynb #c028
+def probe_rule(verdicts: list) -> bool:
+    "Eq. 7: the knowledge is in the model only when every probing answer says True (an unparsable answer is not True)."
+    return len(verdicts) > 0 and all(v is True for v in verdicts)
+
+# %% ../nbs/14_awaken.ipynb #c030
+def probe(client,  # `kgrag_nb.llm.LLMClient`
+          texts: list[str],  # verbalized knowledge items (NLI) or closed-book questions (QA)
+          method: str = "nli",  # "nli" = App. E True/False prompt; "qa" = closed-book question, ACC_R vs `expected`
+          expected: list[str] | None = None,  # QA-probing: the expected answer per item
+          n_probe: int = 3,  # repetitions (Eq. 7: three)
+          max_tokens: int = 8,  # enough for "True."/"False." (NLI); QA uses 24
+          seed: int = 0) -> list[dict]:
+    "Probe each item `n_probe` times at temperatures drawn from [0, 1] (App. C): raw answers, verdicts, `in_model` (Eq. 7)."
+    from kgrag_nb.baselines import draw_temperatures, no_rag_prompt
+    if method not in ("nli", "qa"): raise ValueError(f"probe: method={method!r}; use 'nli' (True/False, Eq. 7) or 'qa' (App. B.4)")
+    if method == "qa" and (expected is None or len(expected) != len(texts)):
+        raise ValueError("probe: QA-probing needs `expected`, one answer per text (see qa_probe_question)")
+    if not texts: return []
+    prompts = [probe_prompt(t) for t in texts] if method == "nli" else [no_rag_prompt(t) for t in texts]
+    temps = draw_temperatures(len(texts), n_probe, low=0.0, high=1.0, seed=seed)
+    outs = [client.complete(prompts, temperature=[float(x) for x in temps[:, j]], max_tokens=max_tokens if method == "nli" else 24,
+                            stop=["\n"], seed=seed + j, desc=f"{method}-probing {j + 1}/{n_probe}") for j in range(n_probe)]
+    rows = []
+    for i in range(len(texts)):
+        raw = [outs[j][i][0] for j in range(n_probe)]
+        verdicts = [parse_probe(a) for a in raw] if method == "nli" else [bool(acc_r(parse_short_answer(a), [expected[i]])) for a in raw]
+        rows.append(dict(probe_temperatures=[float(x) for x in temps[i]], probe_raw=raw, probe_verdicts=verdicts,
+                         in_model=probe_rule(verdicts)))
+    return rows
+
+# %% ../nbs/14_awaken.ipynb #c032
+def awaken(client,  # `kgrag_nb.llm.LLMClient`
+           questions: list[str],  # question texts
+           knowledge: list[str],  # one verbalized knowledge item per question
+           n_samples: int = 10,  # Hits@10 needs ten
+           temperature: float = 0.7,  # App. C
+           max_tokens: int = 24,  # short answers
+           seed: int = 0) -> list[list[str]]:
+    "Short answers (`n_samples` per question) to the App. E awakening prompt with the knowledge injected."
+    if len(questions) != len(knowledge): raise ValueError(f"awaken: {len(questions)} questions but {len(knowledge)} knowledge items")
+    if not questions: return []
+    prompts = [awakening_prompt(q, [k]) for q, k in zip(questions, knowledge)]
+    outs = client.complete(prompts, n=n_samples, temperature=float(temperature), max_tokens=max_tokens, stop=["\n"],
+                           seed=seed, desc=f"awakening T={temperature}")
+    return [[parse_awakening_answer(a) for a in row] for row in outs]
+
+# %% ../nbs/14_awaken.ipynb #c034
+TABLES = ("questions", "candidates", "knowledge", "answers")
+
+def _jsonable(df: pd.DataFrame) -> pd.DataFrame:
+    return df.map(lambda v: v.tolist() if isinstance(v, np.ndarray) else v)
+
+def save_run(result: dict, out_dir) -> list[Path]:
+    "Write the tables of a `run_awakening` result as `<out_dir>/awaken_<table>.jsonl` (one JSON object per row)."
+    out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name in TABLES:
+        p = out_dir / f"awaken_{name}.jsonl"
+        _jsonable(result[name]).to_json(p, orient="records", lines=True, force_ascii=False)
+        paths.append(p)
+    return paths
+
+def run_awakening(records: list,  # QA records (CWQ: `load_qa('cwq')`, topic entities in the KG)
+                  backend,  # a `KGBackend`
+                  client,  # `kgrag_nb.llm.LLMClient`
+                  n_questions: int | None = None,  # stop after this many questions with a gold path (None = all)
+                  map_id=None,  # topic-entity id -> backend id (CWQ on FB15k-237: `mid_to_fb15k`)
+                  types=tuple(KNOWLEDGE_TYPES),  # knowledge types (Table 1)
+                  query_modes=("triple",),  # "triple" (§4.2) and/or "head_relation" (App. B.8)
+                  probing=("nli",),  # "nli" (Eq. 7, App. E True/False) and/or "qa" (App. B.4)
+                  temperatures=(0.7,),  # awakening temperatures (App. C: 0.7; Fig. 7 sweeps)
+                  n_step1: int = 3,  # Step 1 answers per question (§4.2)
+                  n_probe: int = 3,  # probing repetitions (Eq. 7)
+                  n_samples: int = 10,  # answers per question for Hits@10
+                  max_tokens: int = 24,  # short answers
+                  scorer=None,  # reranker; None = `minilm_scorer`
+                  seed: int = 0,
+                  out_dir=None) -> dict:  # save the tables here (JSONL) when given
+    "Task 1 end to end: `{'questions', 'candidates', 'knowledge', 'answers'}` DataFrames (see `save_run`)."
+    from kgrag_nb.baselines import closed_book
+    qs, cands, know, kept = [], [], [], []
+    for r in records:
+        if n_questions is not None and len(kept) >= n_questions: break
+        if not r.answers: continue
+        ex = extract_knowledge(r, backend, map_id, types, query_modes, scorer, seed=seed)
+        qs.append(ex["question"]); cands += ex["candidates"]; know += ex["knowledge"]
+        if ex["question"]["status"] == "ok": kept.append(r)
+    questions = pd.DataFrame(qs)
+    if not kept: raise ValueError("run_awakening: no question has a gold 2-hop path in the KG; pass more records or check map_id")
+    # Step 1 (§4.2, Eq. 6) on the questions with a gold path; its 10 samples at 0.7 are the No-RAG Hits@k
+    cb = closed_book(client, kept, n_probe=n_step1, n_samples=n_samples, sample_temperature=0.7, max_tokens=max_tokens, seed=seed)
+    questions = questions.merge(cb[["id", "probe_answers", "answerable"]].rename(columns={"probe_answers": "step1_answers"}), on="id", how="left")
+    unans = set(cb.loc[cb["answerable"] == 0, "id"])
+    knowledge = pd.DataFrame(know)
+    knowledge["step1_unanswerable"] = knowledge["id"].isin(unans)
+    live = knowledge[knowledge["step1_unanswerable"] & knowledge["text"].notna()]
+    for method in probing:  # probing (Eq. 7), one call per distinct item
+        col = "text" if method == "nli" else "qa_question"
+        uniq = live.drop_duplicates(col)
+        res = probe(client, uniq[col].tolist(), method, uniq["qa_expected"].tolist() if method == "qa" else None,
+                    n_probe=n_probe, seed=seed)
+        by = dict(zip(uniq[col], res))
+        for key in ("probe_raw", "probe_verdicts", "in_model"):
+            knowledge[f"{method}_{key}"] = [by[t][key] if (ok and t in by) else (False if key == "in_model" else None)
+                                           for t, ok in zip(knowledge[col], knowledge.index.isin(live.index))]
+    passed = knowledge[knowledge[[f"{m}_in_model" for m in probing]].any(axis=1)]
+    qtext = dict(zip(questions["id"], questions["question"])); gold = {r.id: list(r.answers) for r in kept}
+    rows = []
+    for temp in temperatures:  # Step 3 (App. E awakening prompt)
+        pairs = passed[["id", "text"]].drop_duplicates()
+        outs = awaken(client, [qtext[i] for i in pairs["id"]], pairs["text"].tolist(), n_samples, temp, max_tokens, seed)
+        by = {(i, t): o for (i, t), o in zip(pairs.itertuples(index=False), outs)}
+        for k in passed.itertuples(index=False):
+            s = by[(k.id, k.text)]; ok = [acc_r(a, gold[k.id]) for a in s]
+            rows.append(dict(id=k.id, type=k.type, mode=k.mode, temperature=float(temp), samples=s, correct=ok,
+                             hits1=int(ok[0] == 1), hits10=int(any(ok[:10]))))
+    for c in cb.itertuples(index=False):  # the No-RAG row: Step 1's samples at 0.7
+        rows.append(dict(id=c.id, type="No RAG", mode="-", temperature=0.7, samples=c.samples, correct=c.sample_correct,
+                         hits1=c.hits1, hits10=c.hits10))
+    result = dict(questions=questions, candidates=pd.DataFrame(cands), knowledge=knowledge, answers=pd.DataFrame(rows))
+    if out_dir is not None: save_run(result, out_dir)
+    return result
+
+# %% ../nbs/14_awaken.ipynb #c036
+def intersect_ids(id_sets: list) -> set:
+    "Questions present in every set (Table 2's intersection); empty for no sets."
+    id_sets = [set(s) for s in id_sets]
+    return set.intersection(*id_sets) if id_sets else set()
+
+def passing_ids(knowledge: pd.DataFrame, type_: str, mode: str = "triple", method: str = "nli") -> set:
+    "Question ids whose knowledge of `type_` (ranked with `mode`) survived the leak filter and passed `method` probing."
+    k = knowledge[(knowledge["type"] == type_) & (knowledge["mode"] == mode)]
+    return set(k.loc[k[f"{method}_in_model"].fillna(False).astype(bool), "id"])
+
+def base_ids(result: dict) -> set:
+    "Step-1-unanswerable questions with a gold path (the No-RAG population, F of Table 4's No-RAG row)."
+    q = result["questions"]
+    return set(q.loc[(q["status"] == "ok") & (q["answerable"] == 0), "id"])
+
+def _hits_row(ans: pd.DataFrame, ids: set, label: str, seed: int, n_resamples: int) -> dict:
+    a = ans[ans["id"].isin(ids)]
+    row = {"knowledge type": label, "F": len(a)}
+    for col, name in (("hits1", "Hits@1"), ("hits10", "Hits@10")):
+        if len(a): p, lo, hi = bootstrap_ci(a[col].to_numpy(float), n_resamples=n_resamples, seed=seed)
+        else: p = lo = hi = np.nan
+        row |= {name: 100 * p, f"{name} CI": f"[{100 * lo:.1f}, {100 * hi:.1f}]" if len(a) else ""}
+    return row
+
+def awakening_table(result: dict, types=MAIN_TYPES, mode: str = "triple", method: str = "nli", temperature: float = 0.7,
+                    intersection: bool = True,  # Table 2 (True) or Table 4 (False)
+                    seed: int = 0, n_resamples: int = 1000) -> pd.DataFrame:
+    "No RAG + one row per knowledge type: F, Hits@1, Hits@10 (%) with 95% bootstrap CIs."
+    ans = result["answers"]
+    base = base_ids(result)
+    per = {t: passing_ids(result["knowledge"], t, mode, method) & base for t in types}
+    common = intersect_ids(list(per.values())) if intersection else None
+    nr = ans[(ans["type"] == "No RAG")]
+    rows = [_hits_row(nr, common if intersection else base, "No RAG", seed, n_resamples)]
+    for t in types:
+        a = ans[(ans["type"] == t) & (ans["mode"] == mode) & np.isclose(ans["temperature"], temperature)]
+        rows.append(_hits_row(a, common if intersection else per[t], f"{KNOWLEDGE_TYPES[t]} ({t})", seed, n_resamples))
+    return pd.DataFrame(rows)
+
+def filter_counts(result: dict, types=tuple(KNOWLEDGE_TYPES), mode: str = "triple", method: str = "nli") -> pd.DataFrame:
+    "Questions left after each filter of §4.2 (the F counts): gold path, Step 1, per type leak filter and probing."
+    q, k = result["questions"], result["knowledge"]
+    base = base_ids(result)
+    rows = [("questions read", len(q)), ("gold 2-hop path in KG (Step 2, stage 1)", int((q["status"] == "ok").sum())),
+            ("unanswerable closed-book (Step 1, Eq. 6)", len(base))]
+    for t in types:
+        kt = k[(k["type"] == t) & (k["mode"] == mode) & k["id"].isin(base)]
+        rows.append((f"{t} candidate after answer filter", int(kt["text"].notna().sum())))
+        rows.append((f"{t} in model ({method}-probing, Eq. 7)", len(passing_ids(k, t, mode, method) & base)))
+    return pd.DataFrame(rows, columns=["filter", "F"])
+
+def distance_table(result: dict, types=("T3", "T7", "T8"), mode: str = "triple", method: str = "nli",
+                   seed: int = 0, n_resamples: int = 1000) -> pd.DataFrame:
+    "Tables 8/9: F, Hits@1 and the mean hop distance of the knowledge to the answer, per type (no intersection)."
+    t4 = awakening_table(result, types, mode, method, intersection=False, seed=seed, n_resamples=n_resamples).iloc[1:]
+    k = result["knowledge"]; base = base_ids(result)
+    d = [k[(k["type"] == t) & (k["mode"] == mode) & k["id"].isin(passing_ids(k, t, mode, method) & base)]["dist_to_answer"].astype(float).mean()
+         for t in types]
+    return t4.assign(**{"mean hops to answer": d})[["knowledge type", "F", "Hits@1", "Hits@1 CI", "mean hops to answer"]]
