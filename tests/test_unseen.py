@@ -1,0 +1,247 @@
+"""Tests of kgrag_nb.unseen: Unseen-Entity KGQA (awakening paper §5, App. C-E, Table 3).
+
+Hand-built tiny KGs with hand-computed incomplete KGs, extraction/choice/type/decomposition parsing, knowledge
+construction, DiFaR and relation retrieval with the real MiniLM embedder and real FAISS, hypothesis properties of the
+masking, and the whole pipeline on two questions against the real embedded llama.cpp server (marked `llm`).
+"""
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from kgrag_nb.backends import LocalBackend, RelationRetriever
+from kgrag_nb.kg import KG
+from kgrag_nb.unseen import (DiFaR, KNOWLEDGE_SETS, METHODS, PAPER_TABLE3, TOP_LEVEL_TYPES, build_incomplete_kg,
+                             build_knowledge, decomposition_prompt, disambiguation_prompt, entity_queries,
+                             extraction_prompt, kg_stats, knowledge_sets, merge_hits, paper_table3, parse_choice,
+                             parse_decomposition, parse_extraction, parse_type, question_topics, relation_candidates,
+                             run_unseen_entity_qa, summarize_unseen, type_prompt)
+
+
+def rec(id, question, answers, *topics):
+    return SimpleNamespace(id=id, question=question, answers=list(answers),
+                           topic_entities=[{"id": t, "name": n} for t, n in topics])
+
+
+# A chain 0-1-2-3-4 (relation p) plus a star around 10 (relation q) and an isolated edge 20-21 (relation s)
+CHAIN = KG.from_triples([("e0", "p", "e1"), ("e1", "p", "e2"), ("e2", "p", "e3"), ("e3", "p", "e4"),
+                         ("e10", "q", "e11"), ("e12", "q", "e10"), ("e11", "s", "e13"), ("e20", "s", "e21")],
+                        name="chain", entity_labels={"e0": "Zero", "e1": "One", "e2": "Two", "e10": "Ten", "e11": "Eleven"},
+                        relation_labels={"p": "next number", "q": "linked to", "s": "spouse"})
+
+
+def names(kg):
+    return sorted(kg._names(np.arange(kg.num_triples)))
+
+
+@pytest.fixture(scope="module")
+def emb():
+    from kgrag_nb.retrieval import load_embedder
+    return load_embedder()
+
+
+# ---------------------------------------------------------------- incomplete KG (§5.1)
+def test_incomplete_kg_hand_computed():
+    qs = [rec("a", "What follows One?", ["Two"], ("e1", "One")), rec("b", "Who is linked to Ten?", ["Eleven"], ("e10", "Ten"))]
+    inc = build_incomplete_kg(qs, LocalBackend(CHAIN), map_id=str)
+    # 2 hops of e1: e0-e1, e1-e2 (hop 1), e2-e3 (hop 2); of e10: e10-e11, e12-e10 (hop 1), e11-e13 (hop 2)
+    assert set(names(inc.initial)) == {("e0", "p", "e1"), ("e1", "p", "e2"), ("e2", "p", "e3"), ("e10", "q", "e11"),
+                                       ("e12", "q", "e10"), ("e11", "s", "e13")}
+    assert set(names(inc.kg)) == {("e2", "p", "e3"), ("e11", "s", "e13")}
+    assert inc.masked == ["e1", "e10"] and inc.topics == {"a": [("e1", "One")], "b": [("e10", "Ten")]}
+    assert kg_stats(inc.initial) == dict(triples=6, entities=8, relations=3)
+    assert kg_stats(inc.kg) == dict(triples=2, entities=4, relations=2)
+    st_ = inc.stats
+    assert st_["questions"].tolist() == [2, 2] and st_["masked entities"].tolist() == [2, 2]
+
+
+def test_incomplete_kg_hops_and_unknown_topics():
+    qs = [rec("a", "q?", ["x"], ("e0", "Zero")), rec("none", "q?", ["x"], ("e99", "Nobody"))]
+    inc = build_incomplete_kg(qs, LocalBackend(CHAIN), hops=1, map_id=str)
+    assert names(inc.initial) == [("e0", "p", "e1")] and inc.kg.num_triples == 0 and list(inc.topics) == ["a"]
+    with pytest.raises(ValueError, match="no record has a topic entity"):
+        build_incomplete_kg([qs[1]], LocalBackend(CHAIN), map_id=str)
+    with pytest.raises(TypeError, match="KGBackend"):
+        build_incomplete_kg(qs, CHAIN, map_id=str)
+
+
+def test_generic_backend_path_matches_local_path():
+    qs = [rec("a", "q?", ["x"], ("e1", "One")), rec("b", "q?", ["x"], ("e10", "Ten"), ("e12", None))]
+    local = build_incomplete_kg(qs, LocalBackend(CHAIN), map_id=str)
+    import kgrag_nb.unseen as U
+    generic = U._khop_union(SimpleNamespace(khop_triples=LocalBackend(CHAIN).khop_triples, labels=LocalBackend(CHAIN).labels,
+                                            relation_labels=LocalBackend(CHAIN).relation_labels),
+                            local.masked, 2, 40_000, "g")
+    assert names(generic) == names(local.initial)
+    assert generic.entity_labels["e1"] == "One" and generic.relation_labels["p"] == "next number"
+
+
+def test_question_topics_first_is_a_q():
+    r = rec("a", "q?", ["x"], ("m.0zz", "Missing"), ("m.0x", "X"), ("m.0y", "Y"), ("m.0x", "X again"))
+    assert question_topics([r], ["/m/0x", "/m/0y"]) == {"a": [("/m/0x", "X"), ("/m/0y", "Y")]}
+
+
+kg_edges = st.lists(st.tuples(st.integers(0, 9), st.integers(0, 2), st.integers(0, 9)), min_size=1, max_size=30)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(edges=kg_edges, topics=st.lists(st.integers(0, 9), min_size=1, max_size=4), cap=st.one_of(st.none(), st.integers(0, 12)))
+def test_masking_properties(edges, topics, cap):
+    kg = KG.from_triples([(f"n{h}", f"r{r}", f"n{t}") for h, r, t in edges])
+    qs = [rec(f"q{i}", "q?", ["x"], (f"n{t}", f"N{t}")) for i, t in enumerate(topics)]
+    known = [t for t in dict.fromkeys(f"n{t}" for t in topics) if t in kg._vocab.eidx]
+    if not known:
+        with pytest.raises(ValueError): build_incomplete_kg(qs, LocalBackend(kg), max_triples=cap, map_id=str)
+        return
+    inc = build_incomplete_kg(qs, LocalBackend(kg), max_triples=cap, map_id=str)
+    ini, out = set(names(inc.initial)), set(names(inc.kg))
+    masked = set(inc.masked)
+    assert masked == set(known)
+    assert not any(h in masked or t in masked for h, _, t in out)  # no masked entity in the incomplete KG
+    assert out == {x for x in ini if x[0] not in masked and x[2] not in masked}  # only triples with a topic are removed
+    assert ini <= set(names(kg))
+    if cap is not None: assert len(ini) <= cap * len(known)
+    else:  # uncapped: exactly the triples within 2 hops of some topic
+        d = {e: 0 for e in known}
+        for hop in (1, 2):
+            for h, _, t in names(kg):
+                if d.get(h, 9) == hop - 1 and t not in d: d[t] = hop
+                if d.get(t, 9) == hop - 1 and h not in d: d[h] = hop
+        assert ini == {x for x in names(kg) if min(d.get(x[0], 9), d.get(x[2], 9)) <= 1}
+
+
+# ---------------------------------------------------------------- prompts and parsing
+def test_extraction_prompt_is_app_e_verbatim():
+    p = extraction_prompt("Who owns the team?", "Tom Gores")
+    assert p.startswith("Task: Extract the relation, in Wikidata style, present in a multi-hop query in relation to a given entity.")
+    assert '- **Output:** "Albert Einstein, sibling"' in p
+    assert p.endswith('- **Input:** Query:"Who owns the team?" Entity:"Tom Gores"\n- **Output:**')
+
+
+@pytest.mark.parametrize("completion,entity,expected", [
+    (' "Tom Gores, owner"', "Tom Gores", ("Tom Gores", "owner")),
+    (" **Output:** Tom Gores, team owned.\nmore", "Tom Gores", ("Tom Gores", "team owned")),
+    ("\n - **Output:** 'Obama', place of birth", "Obama", ("Obama", "place of birth")),
+    (" Paris, France, capital", "Paris, France", ("Paris, France", "capital")),
+    (" Lyon, mayor", "Paris", ("Lyon", "mayor")),
+    (" spouse.", "Tom", ("Tom", "spouse")),
+    ("", "Tom", ("Tom", "")),
+    (' "Tom Gores"', "Tom Gores", ("Tom Gores", "")),
+])
+def test_parse_extraction(completion, entity, expected):
+    assert parse_extraction(completion, entity) == expected
+
+
+def test_choice_type_decomposition_parsing():
+    assert parse_choice(" 3", 3) == 2 and parse_choice(" 4 or 2", 3) == 1 and parse_choice("x", 3) is None
+    assert parse_choice(" 0", 3) is None
+    assert parse_type(" the city of Paris; a country") == "city"
+    assert parse_type(" Sports team") == "sports team" and parse_type(" team") is None
+    assert parse_type(" musical group\nhuman") == "musical group"
+    assert parse_decomposition(" Who founded X?\n2) Where was he born?\n3. When?\n4. Why?", "q") == \
+        ["Who founded X?", "Where was he born?", "When?"]
+    assert parse_decomposition(" \n", "The question?") == ["The question?"]
+    assert decomposition_prompt("Who?").endswith("Question: Who?\nSub-questions:\n1.")
+    assert type_prompt("Q?", "E", ["human", "city"]).startswith("Types: human, city\n")
+    p = disambiguation_prompt("Q?", "E", ["a, r, b", "c, r, d"])
+    assert "\n1. a, r, b\n2. c, r, d\n" in p
+    with pytest.raises(ValueError, match="no candidates"): disambiguation_prompt("Q?", "E", [])
+    assert entity_queries(["Where is Paris?", "Who?"], ["Tom", "Paris"]) == ["Paris", "Tom"]
+
+
+def test_knowledge_construction():
+    items = build_knowledge("Tom Gores", "Greenville Drive", "owners", "RB3 LLC", "human")
+    assert items == {"T7": "Greenville Drive, owners, RB3 LLC", "T1*": "Tom Gores, owners, RB3 LLC",
+                     "T4": "Tom Gores, instance of, human"}
+    ks = knowledge_sets(items)
+    assert ks == {"Ours (T7)": [items["T7"]], "Ours (T1*)": [items["T1*"]], "Ours (T4)": [items["T4"]],
+                  "Ours (T7+T1*)": [items["T7"], items["T1*"]], "Ours (T7+T1*+T4)": [items["T7"], items["T1*"], items["T4"]]}
+    only_type = knowledge_sets(build_knowledge("Tom", None, None, None, "city"))
+    assert only_type["Ours (T4)"] == ["Tom, instance of, city"] and only_type["Ours (T7)"] == [] and only_type["Ours (T7+T1*+T4)"] == []
+    assert len(TOP_LEVEL_TYPES) == 40 and list(KNOWLEDGE_SETS) == ["T7", "T1*", "T4", "T7+T1*", "T7+T1*+T4"]
+
+
+def test_paper_table3_transcription():
+    assert PAPER_TABLE3["Ours (T4)"]["Llama3.1-8B-Instruct"]["2wiki"] == (42.7, 53.9)
+    assert PAPER_TABLE3["DiFaR (question)"]["Llama3.1-8B-Instruct"]["mintaka"] == (25.9, 57.0)
+    assert PAPER_TABLE3["QD-DiFaR (entity)"]["Qwen2.5-32B-Instruct"]["mintaka"] == (27.9, 44.4)
+    assert PAPER_TABLE3["Ours (T7+T1*+T4)"]["Llama3.1-70B-Instruct"]["cwq"] == (53.5, 64.4)
+    t = paper_table3("cwq")
+    assert t["method"].tolist() == list(METHODS) and t.shape == (10, 7)
+    with pytest.raises(ValueError): paper_table3("webqsp")
+
+
+# ---------------------------------------------------------------- retrieval with the real embedder and FAISS
+def test_difar_real_faiss(emb):
+    d = DiFaR(CHAIN, emb, cache_dir=False)
+    assert len(d.texts) == CHAIN.num_triples and "Zero, next number, One" in d.texts
+    hits = d.search(["Ten", "Who is the spouse of Eleven?"], k=2)
+    assert [len(h) for h in hits] == [2, 2]
+    assert all("Ten" in h["text"] for h in hits[0])
+    assert hits[1][0]["text"] == "Eleven, spouse, e13"
+    assert hits[1][0]["score"] >= hits[1][1]["score"]
+    m = merge_hits(hits)
+    assert len({h["triple"] for h in m}) == len(m) and [h["score"] for h in m] == sorted((h["score"] for h in m), reverse=True)
+    with pytest.raises(ValueError, match="no triples"):
+        DiFaR(CHAIN.subgraph([]), emb, cache_dir=False)
+
+
+@pytest.mark.parametrize("mode", ["distinct", "faithful"])
+def test_relation_candidates(emb, mode):
+    rr = RelationRetriever(CHAIN, mode, emb, cache_dir=False)
+    c = relation_candidates(rr, "husband or wife", k_relations=1, per_relation=5)
+    assert {x["text"] for x in c} == {"Eleven, spouse, e13", "e20, spouse, e21"} and {x["relation"] for x in c} == {"s"}
+    c2 = relation_candidates(rr, "next number", k_relations=2, per_relation=2, seed=3)
+    assert [x["relation"] for x in c2][:2] == ["p", "p"] and len(c2) == 4
+    assert c2 == relation_candidates(rr, "next number", k_relations=2, per_relation=2, seed=3)  # seeded
+    with pytest.raises(ValueError): relation_candidates(rr, "x", k_relations=0)
+
+
+def test_summarize_unseen():
+    f = pd.DataFrame([dict(method="Ours (T7)", hits1=1, hits10=1, no_knowledge=False),
+                      dict(method="Ours (T7)", hits1=0, hits10=0, no_knowledge=True),
+                      dict(method="No RAG", hits1=0, hits10=1, no_knowledge=False)])
+    s = summarize_unseen(f)
+    assert s["method"].tolist() == ["No RAG", "Ours (T7)"]  # paper order
+    assert s["F"].tolist() == [1, 2] and s["Hits@1"].tolist() == [0.0, 50.0] and s["Hits@10"].tolist() == [100.0, 50.0]
+    assert s["no knowledge"].tolist() == [0, 1]
+    assert (s["Hits@1 CI low"] <= s["Hits@1"]).all() and (s["Hits@1"] <= s["Hits@1 CI high"]).all()
+
+
+def test_run_rejects_bad_arguments():
+    qs = [rec("a", "What follows One?", ["Two"], ("e1", "One"))]
+    inc = build_incomplete_kg(qs, LocalBackend(CHAIN), map_id=str)
+    with pytest.raises(ValueError, match="unknown methods"): run_unseen_entity_qa(qs, inc, None, methods=["GraphRAG"])
+    with pytest.raises(ValueError, match="n_samples"): run_unseen_entity_qa(qs, inc, None, n_samples=3)
+    with pytest.raises(ValueError, match="no record"): run_unseen_entity_qa([rec("z", "q", ["x"], ("e1", "One"))], inc, None)
+
+
+# ---------------------------------------------------------------- the pipeline with the real model
+@pytest.mark.llm
+def test_pipeline_embedded(embedded_server, tmp_path, emb):
+    import json
+    from kgrag_nb.llm import LLMClient
+    qs = [rec("a", "What number comes after One?", ["Two"], ("e1", "One")),
+          rec("b", "Who is the spouse of the person linked to Ten?", ["e13"], ("e10", "Ten"))]
+    inc = build_incomplete_kg(qs, LocalBackend(CHAIN), map_id=str)
+    client = LLMClient(embedded_server.url, cache=tmp_path / "llm.sqlite", progress=False)
+    out = run_unseen_entity_qa(qs, inc, client, embedder=emb, trace_dir=tmp_path / "trace", progress=False)
+    assert len(out) == 2 * len(METHODS) and set(out["method"]) == set(METHODS)
+    assert out["samples"].map(len).eq(10).all() and out["hits1"].le(out["hits10"]).all()
+    trace = [json.loads(l) for l in (tmp_path / "trace" / "trace.jsonl").read_text().splitlines()]
+    assert [t["id"] for t in trace] == ["a", "b"]
+    for t in trace:
+        assert t["candidates"] and all(c["head"] not in inc.masked and c["tail"] not in inc.masked for c in t["candidates"])
+        assert t["type"]["type"] in (*TOP_LEVEL_TYPES, "thing") and 0 <= t["disambiguation"]["choice"] < len(t["candidates"])
+        assert t["knowledge"]["Ours (T1*)"][0].startswith(t["entity"] + ", ")
+        assert len(t["difar"]["DiFaR (question)"]) == 3 and t["decomposition"]["sub_questions"]
+    ours = out[out["method"] == "Ours (T7+T1*+T4)"]
+    assert ours["knowledge"].map(len).eq(3).all() and not ours["no_knowledge"].any()
+    # the cache answers a second run without new requests
+    n = client.usage.requests
+    again = run_unseen_entity_qa(qs, inc, client, embedder=emb, progress=False)
+    assert client.usage.requests == n and again["samples"].tolist() == out["samples"].tolist()
+    s = summarize_unseen(out)
+    assert s["F"].eq(2).all() and len(s) == len(METHODS)
