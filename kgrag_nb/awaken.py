@@ -14,9 +14,9 @@ from .metrics import acc_r, bootstrap_ci
 __all__ = ['AWAKENING_TEMPLATE', 'PROBE_TEMPLATE', 'Triple', 'KNOWLEDGE_TYPES', 'MAIN_TYPES', 'GENERIC_TYPE_PREFIXES', 'TABLES',
            'awakening_prompt', 'parse_awakening_answer', 'probe_prompt', 'parse_probe', 'gold_relations',
            'relation_parts', 'relation_matches', 'find_gold_path', 'knowledge_candidates', 'verbalize_knowledge',
-           'type_label', 'qa_probe_question', 'leaks_answer', 'distances_to', 'knowledge_distance', 'minilm_scorer',
-           'ranking_query', 'rank_top1', 'extract_knowledge', 'probe_rule', 'probe', 'awaken', 'save_run',
-           'run_awakening', 'intersect_ids', 'passing_ids', 'base_ids', 'awakening_table', 'filter_counts',
+           'relation_text', 'type_label', 'qa_probe_question', 'leaks_answer', 'distances_to', 'knowledge_distance',
+           'minilm_scorer', 'ranking_query', 'rank_top1', 'extract_knowledge', 'probe_rule', 'probe', 'awaken',
+           'save_run', 'run_awakening', 'intersect_ids', 'passing_ids', 'base_ids', 'awakening_table', 'filter_counts',
            'distance_table']
 
 # %% ../nbs/14_awaken.ipynb #c005
@@ -173,7 +173,11 @@ def verbalize_knowledge(knowledge: list,  # triples of one knowledge item
     "One knowledge item as text; several triples joined with '; ' (Table 1's T6 example)."
     rl = relation_labels or {}
     def ent(e): return labels.get(e) or type_label(e)
-    return "; ".join(f"{ent(h)}{sep}{rl.get(r, r)}{sep}{ent(t)}" for h, r, t in knowledge)
+    return "; ".join(f"{ent(h)}{sep}{rl.get(r) or relation_text(r)}{sep}{ent(t)}" for h, r, t in knowledge)
+
+def relation_text(relation: str) -> str:
+    "A relation as Table 1 writes it: the last name of a Freebase relation (`/sports/.../owners` -> `owners`); other ids as is."
+    return type_label(relation) if relation.startswith("/") else relation
 
 def type_label(x: str) -> str:
     "Readable text of an id without a label (`/people/person` -> `person`, `Q5` stays)."
@@ -183,7 +187,7 @@ def type_label(x: str) -> str:
 def qa_probe_question(knowledge: list, labels: dict, relation_labels: dict | None = None) -> tuple[str, str]:
     "QA-probing (App. B.4): (question about the first triple's head and relation, expected answer = its tail label)."
     h, r, t = knowledge[0]
-    rel = (relation_labels or {}).get(r, r)
+    rel = (relation_labels or {}).get(r) or relation_text(r)
     return f"What is the {rel} of {labels.get(h) or type_label(h)}?", labels.get(t) or type_label(t)
 
 def leaks_answer(knowledge: list,  # triples of one knowledge item
@@ -226,7 +230,7 @@ def ranking_query(gold_path: dict, labels: dict, relation_labels: dict | None = 
                   mode: str = "triple") -> str:  # "triple" = A_q–R_q¹–B (§4.2); "head_relation" = A_q–R_q¹ (App. B.8)
     "The text the candidates are ranked against."
     rl = relation_labels or {}
-    a, r = labels.get(gold_path["a_q"], gold_path["a_q"]), rl.get(gold_path["r1"], gold_path["r1"])
+    a, r = labels.get(gold_path["a_q"], gold_path["a_q"]), rl.get(gold_path["r1"]) or relation_text(gold_path["r1"])
     if mode == "triple": return f"{a}, {r}, {labels.get(gold_path['b'], gold_path['b'])}"
     if mode == "head_relation": return f"{a}, {r}"
     raise ValueError(f"ranking_query: mode={mode!r}; use 'triple' (§4.2) or 'head_relation' (App. B.8)")
@@ -270,7 +274,8 @@ def extract_knowledge(record,  # a `kgrag_nb.datasets.QARecord` with answers, to
     types_aq = [t for t in backend.entity_types(gp["a_q"]) if not t.startswith(GENERIC_TYPE_PREFIXES)]
     cands = knowledge_candidates(gp, sub, types_aq)
     ents = sorted({e for ks in cands.values() for k in ks for h, _, t in k for e in (h, t)} | {gp["a_q"], gp["b"], gp["answer"]})
-    labels, rl = backend.labels(ents), backend.relation_labels(sorted({r for _, r, _ in sub}))
+    labels = backend.labels(ents)
+    rl = {r: x for r, x in backend.relation_labels(sorted({r for _, r, _ in sub})).items() if not r.startswith("/")}
     dist = distances_to(sub, answer_ids)
     q |= dict(gp, hop1=list(gp["hop1"]), hop2=list(gp["hop2"]), answer_ids=answer_ids, n_subgraph=len(sub),
               gold_path_text=verbalize_knowledge([gp["hop1"], gp["hop2"]], labels, rl),
@@ -300,9 +305,13 @@ def extract_knowledge(record,  # a `kgrag_nb.datasets.QARecord` with answers, to
     return dict(question=q, candidates=cand_rows, knowledge=know_rows)
 
 # %% ../nbs/14_awaken.ipynb #c028
-def probe_rule(verdicts: list) -> bool:
+def probe_rule(verdicts: list,  # parsed probing answers (True / False / None)
+               min_true: int | None = None,  # None = Eq. 7 (all True); k = at least k True (a relaxation, not the paper's)
+              ) -> bool:
     "Eq. 7: the knowledge is in the model only when every probing answer says True (an unparsable answer is not True)."
-    return len(verdicts) > 0 and all(v is True for v in verdicts)
+    if verdicts is None or len(verdicts) == 0: return False
+    n_true = sum(v is True for v in verdicts)
+    return n_true == len(verdicts) if min_true is None else n_true >= min_true
 
 # %% ../nbs/14_awaken.ipynb #c030
 def probe(client,  # `kgrag_nb.llm.LLMClient`
@@ -311,6 +320,7 @@ def probe(client,  # `kgrag_nb.llm.LLMClient`
           expected: list[str] | None = None,  # QA-probing: the expected answer per item
           n_probe: int = 3,  # repetitions (Eq. 7: three)
           max_tokens: int = 8,  # enough for "True."/"False." (NLI); QA uses 24
+          min_true: int | None = None,  # None = Eq. 7 (all True); see `probe_rule`
           seed: int = 0) -> list[dict]:
     "Probe each item `n_probe` times at temperatures drawn from [0, 1] (App. C): raw answers, verdicts, `in_model` (Eq. 7)."
     from kgrag_nb.baselines import draw_temperatures, no_rag_prompt
@@ -327,7 +337,7 @@ def probe(client,  # `kgrag_nb.llm.LLMClient`
         raw = [outs[j][i][0] for j in range(n_probe)]
         verdicts = [parse_probe(a) for a in raw] if method == "nli" else [bool(acc_r(parse_short_answer(a), [expected[i]])) for a in raw]
         rows.append(dict(probe_temperatures=[float(x) for x in temps[i]], probe_raw=raw, probe_verdicts=verdicts,
-                         in_model=probe_rule(verdicts)))
+                         in_model=probe_rule(verdicts, min_true)))
     return rows
 
 # %% ../nbs/14_awaken.ipynb #c032
@@ -373,6 +383,7 @@ def run_awakening(records: list,  # QA records (CWQ: `load_qa('cwq')`, topic ent
                   temperatures=(0.7,),  # awakening temperatures (App. C: 0.7; Fig. 7 sweeps)
                   n_step1: int = 3,  # Step 1 answers per question (§4.2)
                   n_probe: int = 3,  # probing repetitions (Eq. 7)
+                  min_true: int | None = None,  # None = Eq. 7 (all True); k = at least k of n_probe True (relaxation)
                   n_samples: int = 10,  # answers per question for Hits@10
                   max_tokens: int = 24,  # short answers
                   scorer=None,  # reranker; None = `minilm_scorer`
@@ -400,7 +411,7 @@ def run_awakening(records: list,  # QA records (CWQ: `load_qa('cwq')`, topic ent
         col = "text" if method == "nli" else "qa_question"
         uniq = live.drop_duplicates(col)
         res = probe(client, uniq[col].tolist(), method, uniq["qa_expected"].tolist() if method == "qa" else None,
-                    n_probe=n_probe, seed=seed)
+                    n_probe=n_probe, min_true=min_true, seed=seed)
         by = dict(zip(uniq[col], res))
         for key in ("probe_raw", "probe_verdicts", "in_model"):
             knowledge[f"{method}_{key}"] = [by[t][key] if (ok and t in by) else (False if key == "in_model" else None)
@@ -419,7 +430,8 @@ def run_awakening(records: list,  # QA records (CWQ: `load_qa('cwq')`, topic ent
     for c in cb.itertuples(index=False):  # the No-RAG row: Step 1's samples at 0.7
         rows.append(dict(id=c.id, type="No RAG", mode="-", temperature=0.7, samples=c.samples, correct=c.sample_correct,
                          hits1=c.hits1, hits10=c.hits10))
-    result = dict(questions=questions, candidates=pd.DataFrame(cands), knowledge=knowledge, answers=pd.DataFrame(rows))
+    result = dict(questions=questions, candidates=pd.DataFrame(cands), knowledge=knowledge, answers=pd.DataFrame(rows),
+                  params=dict(min_true=min_true, n_probe=n_probe, probing=list(probing), query_modes=list(query_modes)))
     if out_dir is not None: save_run(result, out_dir)
     return result
 
@@ -429,10 +441,13 @@ def intersect_ids(id_sets: list) -> set:
     id_sets = [set(s) for s in id_sets]
     return set.intersection(*id_sets) if id_sets else set()
 
-def passing_ids(knowledge: pd.DataFrame, type_: str, mode: str = "triple", method: str = "nli") -> set:
+def passing_ids(knowledge: pd.DataFrame, type_: str, mode: str = "triple", method: str = "nli",
+                min_true: int | None = None) -> set:  # None = Eq. 7 (all True)
     "Question ids whose knowledge of `type_` (ranked with `mode`) survived the leak filter and passed `method` probing."
-    k = knowledge[(knowledge["type"] == type_) & (knowledge["mode"] == mode)]
-    return set(k.loc[k[f"{method}_in_model"].fillna(False).astype(bool), "id"])
+    k = knowledge[(knowledge["type"] == type_) & (knowledge["mode"] == mode) & knowledge["text"].notna()]
+    col = f"{method}_probe_verdicts"
+    if col not in k: return set()
+    return set(k.loc[[probe_rule(v, min_true) if isinstance(v, (list, tuple, np.ndarray)) else False for v in k[col]], "id"])
 
 def base_ids(result: dict) -> set:
     "Step-1-unanswerable questions with a gold path (the No-RAG population, F of Table 4's No-RAG row)."
@@ -450,11 +465,12 @@ def _hits_row(ans: pd.DataFrame, ids: set, label: str, seed: int, n_resamples: i
 
 def awakening_table(result: dict, types=MAIN_TYPES, mode: str = "triple", method: str = "nli", temperature: float = 0.7,
                     intersection: bool = True,  # Table 2 (True) or Table 4 (False)
+                    min_true: int | None = None,  # probing rule (None = Eq. 7, all True)
                     seed: int = 0, n_resamples: int = 1000) -> pd.DataFrame:
     "No RAG + one row per knowledge type: F, Hits@1, Hits@10 (%) with 95% bootstrap CIs."
     ans = result["answers"]
     base = base_ids(result)
-    per = {t: passing_ids(result["knowledge"], t, mode, method) & base for t in types}
+    per = {t: passing_ids(result["knowledge"], t, mode, method, min_true) & base for t in types}
     common = intersect_ids(list(per.values())) if intersection else None
     nr = ans[(ans["type"] == "No RAG")]
     rows = [_hits_row(nr, common if intersection else base, "No RAG", seed, n_resamples)]
@@ -463,7 +479,8 @@ def awakening_table(result: dict, types=MAIN_TYPES, mode: str = "triple", method
         rows.append(_hits_row(a, common if intersection else per[t], f"{KNOWLEDGE_TYPES[t]} ({t})", seed, n_resamples))
     return pd.DataFrame(rows)
 
-def filter_counts(result: dict, types=tuple(KNOWLEDGE_TYPES), mode: str = "triple", method: str = "nli") -> pd.DataFrame:
+def filter_counts(result: dict, types=tuple(KNOWLEDGE_TYPES), mode: str = "triple", method: str = "nli",
+                  min_true: int | None = None) -> pd.DataFrame:
     "Questions left after each filter of §4.2 (the F counts): gold path, Step 1, per type leak filter and probing."
     q, k = result["questions"], result["knowledge"]
     base = base_ids(result)
@@ -472,14 +489,17 @@ def filter_counts(result: dict, types=tuple(KNOWLEDGE_TYPES), mode: str = "tripl
     for t in types:
         kt = k[(k["type"] == t) & (k["mode"] == mode) & k["id"].isin(base)]
         rows.append((f"{t} candidate after answer filter", int(kt["text"].notna().sum())))
-        rows.append((f"{t} in model ({method}-probing, Eq. 7)", len(passing_ids(k, t, mode, method) & base)))
+        rows.append((f"{t} in model ({method}-probing, all {result.get('params', {}).get('n_probe', 3)} True, Eq. 7)",
+                     len(passing_ids(k, t, mode, method) & base)))
+        if min_true is not None:
+            rows.append((f"{t} in model ({method}-probing, >= {min_true} True; relaxed)", len(passing_ids(k, t, mode, method, min_true) & base)))
     return pd.DataFrame(rows, columns=["filter", "F"])
 
 def distance_table(result: dict, types=("T3", "T7", "T8"), mode: str = "triple", method: str = "nli",
-                   seed: int = 0, n_resamples: int = 1000) -> pd.DataFrame:
+                   min_true: int | None = None, seed: int = 0, n_resamples: int = 1000) -> pd.DataFrame:
     "Tables 8/9: F, Hits@1 and the mean hop distance of the knowledge to the answer, per type (no intersection)."
-    t4 = awakening_table(result, types, mode, method, intersection=False, seed=seed, n_resamples=n_resamples).iloc[1:]
+    t4 = awakening_table(result, types, mode, method, intersection=False, min_true=min_true, seed=seed, n_resamples=n_resamples).iloc[1:]
     k = result["knowledge"]; base = base_ids(result)
-    d = [k[(k["type"] == t) & (k["mode"] == mode) & k["id"].isin(passing_ids(k, t, mode, method) & base)]["dist_to_answer"].astype(float).mean()
+    d = [k[(k["type"] == t) & (k["mode"] == mode) & k["id"].isin(passing_ids(k, t, mode, method, min_true) & base)]["dist_to_answer"].astype(float).mean()
          for t in types]
     return t4.assign(**{"mean hops to answer": d})[["knowledge type", "F", "Hits@1", "Hits@1 CI", "mean hops to answer"]]
