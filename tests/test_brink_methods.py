@@ -1,0 +1,257 @@
+"""Tests of kgrag_nb.brink_methods: BRINK KG-RAG method families (brink_incomplete_kg_benchmark.txt §5, App. F/H/I/J).
+
+Pure parts on hand-built tiny KGs with hand-computed expectations (relation paths, instantiation, the trained
+ranker, beam bookkeeping, prompts, parsing, scoring), hypothesis properties on random small KGs, and one integration
+test that runs every method on two Family questions against the real embedded llama.cpp server (marked `llm`).
+"""
+import dataclasses
+from collections import Counter
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from kgrag_nb.brink import Benchmark, evaluate, failure_analysis
+from kgrag_nb.brink_methods import (BRINK_METHODS, LLM_ONLY_PROMPT, PATH_ANSWER_PROMPT, ROG_PLAN_PROMPT, TOG_PRUNE_PROMPT,
+                                    MethodConfig, answer_prompt, beam_context, beam_ends, candidate_steps, clip_lines,
+                                    expand_beam, failure_ratio, instantiate, parse_answer, parse_relation_paths,
+                                    parse_steps, path_end, path_text, question_view, rank_paths, relation_path_of,
+                                    relation_paths_to, rule_type_hhr, run_methods, sample_rules, score_predictions,
+                                    step_label, template_question, train_path_ranker, triples_of)
+from kgrag_nb.kg import KG
+
+
+# A chain with a shortcut: x -r-> y -s-> z, x -t-> z, w -r-> y (y has two r-parents)
+@pytest.fixture
+def chain():
+    return KG.from_triples([("x", "r", "y"), ("y", "s", "z"), ("x", "t", "z"), ("w", "r", "y")], name="chain")
+
+
+def ix(kg, h, r, t): return int(kg.index_of(kg.encode([(h, r, t)]))[0])
+
+
+def test_relation_paths_to_hand_computed(chain):
+    R = chain.relation_index
+    got = relation_paths_to(chain, "x", ["z"], max_hops=2)
+    assert got == {((R("t"), True),), ((R("r"), True), (R("s"), True))}
+    # from z backwards: ~t reaches x directly; ~s -> ~r reaches x and w
+    assert relation_paths_to(chain, "z", ["w"], max_hops=2) == {((R("s"), False), (R("r"), False))}
+    assert relation_paths_to(chain, "z", ["w"], max_hops=1) == set()
+
+
+def test_instantiate_and_path_text(chain):
+    R = chain.relation_index
+    paths = instantiate(chain, "z", [(R("s"), False), (R("r"), False)])
+    assert sorted(path_end(chain, "z", p) for p in paths) == sorted([chain.entity_index("x"), chain.entity_index("w")])
+    shown = chain._display_array("kg_id")
+    texts = sorted(path_text(chain, "z", p, shown) for p in paths)
+    assert texts == ["z -> ~s -> y -> ~r -> w", "z -> ~s -> y -> ~r -> x"]
+    assert triples_of(chain, [ix(chain, "y", "s", "z")]) == [["y", "s", "z"]]
+    assert instantiate(chain, "x", []) == []
+    with pytest.raises(ValueError, match="does not touch"):
+        relation_path_of(chain, chain.entity_index("w"), [ix(chain, "y", "s", "z")])
+
+
+def test_trained_ranker_counts_and_order(chain):
+    R = chain.relation_index
+    train = [dict(topic_entity_id="x", answer_ids=["z"], relation="t", direction="tail"),
+             dict(topic_entity_id="w", answer_ids=["z"], relation="t", direction="tail"),
+             dict(topic_entity_id="y", answer_ids=["x"], relation="r", direction="head")]
+    model = train_path_ranker(chain, train)
+    # x reaches z by t and by r->s; w only by r->s: r->s answers 2 questions, t answers 1
+    assert model[("t", "tail")] == Counter({((R("r"), True), (R("s"), True)): 2, ((R("t"), True),): 1})
+    assert rank_paths(model, dict(relation="t", direction="tail"), chain, n=1) == [((R("r"), True), (R("s"), True))]
+    assert rank_paths(model, dict(relation="r", direction="head"), chain) == [((R("r"), False),), ((R("s"), True), (R("t"), False))]
+    with pytest.raises(ValueError, match="key="):
+        train_path_ranker(chain, train, key="text")
+
+
+def test_ranker_on_incomplete_kg_learns_alternative(chain):
+    R = chain.relation_index
+    inc = chain.remove_triples([ix(chain, "x", "t", "z")])
+    model = train_path_ranker(inc, [dict(topic_entity_id="x", answer_ids=["z"], relation="t", direction="tail")])
+    assert list(model[("t", "tail")]) == [((R("r"), True), (R("s"), True))]
+
+
+def test_candidate_steps_and_parse(chain):
+    y = chain.entity_index("y")
+    cs = candidate_steps(chain, [y])
+    assert [step_label(chain, s) for s in cs] == ["~r", "s"]  # two r-parents first
+    assert parse_steps("s; ~r; s", chain, cs, 5) == [cs[1], cs[0]]
+    assert parse_steps("2", chain, cs, 5) == [cs[1]]
+    assert parse_steps("nothing", chain, cs, 5) == []
+    R = chain.relation_index
+    assert parse_relation_paths("r -> s\n~t\nq -> s\n\nt", chain) == [((R("r"), True), (R("s"), True)), ((R("t"), False),)]
+
+
+def test_beam_bookkeeping(chain):
+    x = chain.entity_index("x")
+    R = chain.relation_index
+    b1 = expand_beam(chain, "x", [[]], [(R("r"), True), (R("t"), True)])
+    assert sorted(path_end(chain, "x", p) for p in b1) == sorted([chain.entity_index("y"), chain.entity_index("z")])
+    b2 = expand_beam(chain, "x", b1, [(R("s"), True), (R("r"), False), (R("s"), False)])
+    # x->y: s -> z, ~r -> w (x not revisited); x->z: ~s -> y
+    assert sorted(path_end(chain, "x", p) for p in b2) == sorted([chain.entity_index(e) for e in ("z", "w", "y")])
+    assert beam_ends(chain, "x", [[]]) == [x]
+    assert beam_context(b1 + b2) == sorted(b2, key=lambda p: (-len(p), tuple(p)))
+
+
+def test_prompts_and_parsing():
+    q = dict(question="What is the t of 5?", topic_entity="5")
+    p = answer_prompt(PATH_ANSWER_PROMPT, q, ["5 -> t -> 7"])
+    assert p.endswith("Reasoning Paths:\n5 -> t -> 7\nQuestion: What is the t of 5?\nTopic entity: 5\nAnswer:")
+    assert LLM_ONLY_PROMPT.format(question=q["question"], topic="5").endswith("Question: What is the t of 5?\nTopic entity: 5\nAnswer:")
+    assert ROG_PLAN_PROMPT.format(question="Q?", relations="a, ~b").endswith("Relations: a, ~b\nQuestion: Q?\nRelation paths:\n")
+    assert "Please retrieve 3 relations" in TOG_PRUNE_PROMPT.format(width=3, question="Q", entities="1", relations="a")
+    assert parse_answer("  7, 8 \nQuestion: more") == "7, 8"
+    assert template_question("mother", "12", "tail") == "What is the mother of 12?"
+    assert template_question("mother", "12", "head") == "12 is the mother of what?"
+
+
+def test_question_view_modes(chain):
+    rec = dict(id="q", question="Who is t of 9?", topic_entity="9", topic_entity_id="x", relation="t", direction="tail",
+               answers=["1"], answer_ids=["z"], hard_answer="1", hard_answer_id="z", rule_type="composition")
+    v = question_view(rec, chain, "kg_id")
+    assert (v["question"], v["topic_entity"], v["answers"], v["hard_answer"]) == ("What is the t of x?", "x", ["z"], "z")
+    pid = chain._display_array("private_id")
+    v = question_view(dict(rec, question=f"Who is t of {pid[chain.entity_index('x')]}?"), chain, "kg_id", questions="llm")
+    assert v["question"] == "Who is t of x?"
+    with pytest.raises(ValueError, match="questions="):
+        question_view(rec, chain, questions="gpt")
+
+
+def test_score_rule_types_and_failures():
+    df = pd.DataFrame([
+        dict(kg="k", setting="complete", mode="private_id", method="m", id="1", prediction="10, 11", answers=["10"],
+             hard_answer="10", rule_type="symmetry", topic_entity="5", retrieved_paths_shown=[[["5", "r", "10"]]]),
+        dict(kg="k", setting="complete", mode="private_id", method="m", id="2", prediction="12", answers=["13", "14"],
+             hard_answer="14", rule_type="symmetry", topic_entity="6", retrieved_paths_shown=[[["6", "r", "13"]]]),
+        dict(kg="k", setting="complete", mode="private_id", method="m", id="3", prediction="14", answers=["13", "14"],
+             hard_answer="13", rule_type="other", topic_entity="6", retrieved_paths_shown=[])])
+    s = score_predictions(df, n_resamples=20).iloc[0]
+    assert s["n"] == 3 and s["hits_any"] == pytest.approx(2 / 3)
+    assert s["f1"] == pytest.approx((2 / 3 + 0 + 2 / 3) / 3) and s["hits_hard"] == pytest.approx(1 / 3)
+    assert s["hhr"] == pytest.approx(0.5) and s["hits_any_lo"] <= s["hits_any"] <= s["hits_any_hi"]
+    rt = rule_type_hhr(df).set_index("rule_type")
+    assert rt.loc["symmetry", "hhr"] == pytest.approx(1.0) and rt.loc["other", "hhr"] == pytest.approx(0.0)
+    fr = failure_ratio(df).iloc[0]
+    assert (fr["correct"], fr["reasoning_failure"], fr["retrieval_failure"]) == (2, 1, 0)
+
+
+def test_sample_rules_round_robin():
+    R = dataclasses.make_dataclass("R", ["type", "i"])
+    rules = [R("other", i) for i in range(4)] + [R("symmetry", 4), R("inversion", 5)]
+    got = sample_rules(rules, 3, seed=1)
+    assert sorted(r.type for r in got) == ["inversion", "other", "symmetry"]
+    assert sample_rules(rules, 3, seed=1) == got
+
+
+def test_run_methods_rejects_bad_input(chain):
+    b = Benchmark(chain, chain, [], dict(name="chain"))
+    with pytest.raises(ValueError, match="unknown methods"):
+        run_methods(b, [], ["gpt"], None)
+    with pytest.raises(ValueError, match="setting="):
+        run_methods(b, [], ["llm_only"], None, setting="partial")
+    with pytest.raises(ValueError, match="depth"):
+        MethodConfig(depth=0)
+
+
+# ---------------------------------------------------------------- properties on random small KGs
+@st.composite
+def small_kgs(draw):
+    n_e, n_r = draw(st.integers(2, 7)), draw(st.integers(1, 3))
+    tri = draw(st.lists(st.tuples(st.integers(0, n_e - 1), st.integers(0, n_r - 1), st.integers(0, n_e - 1)), min_size=1, max_size=18))
+    return KG.from_triples([(f"e{h}", f"r{r}", f"e{t}") for h, r, t in tri], name="rand")
+
+
+def walks(kg, src, path, rp):
+    "Whether triple path `path` follows steps `rp` from `src` (self-loops fit either direction)."
+    cur = src
+    for ti, (r, fwd) in zip(path, rp):
+        h, rr, t = (int(v) for v in kg.triples[ti])
+        if rr != r or (h if fwd else t) != cur: return False
+        cur = t if fwd else h
+    return len(path) == len(rp)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_kgs(), st.data())
+def test_paths_found_are_instantiable(kg, data):
+    src = data.draw(st.integers(0, kg.num_entities - 1))
+    targets = data.draw(st.lists(st.integers(0, kg.num_entities - 1), min_size=1, max_size=3))
+    for rp in relation_paths_to(kg, src, targets, max_hops=2):
+        assert 1 <= len(rp) <= 2
+        paths = instantiate(kg, src, rp, max_paths=10_000)
+        assert paths and all(walks(kg, src, p, rp) for p in paths)
+        assert any(path_end(kg, src, p) in set(targets) for p in paths)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_kgs(), st.data())
+def test_expand_beam_properties(kg, data):
+    src = data.draw(st.integers(0, kg.num_entities - 1))
+    steps = candidate_steps(kg, [src])
+    chosen = data.draw(st.lists(st.sampled_from(steps), max_size=3, unique=True)) if steps else []
+    cap = data.draw(st.integers(1, 5))
+    beam = expand_beam(kg, src, [[]], chosen, max_beam=cap, seed=3)
+    assert len(beam) <= cap and beam == expand_beam(kg, src, [[]], chosen, max_beam=cap, seed=3)
+    b2 = expand_beam(kg, src, beam, candidate_steps(kg, beam_ends(kg, src, beam)), max_beam=cap, seed=4)
+    for p in b2:
+        assert len(p) == 2 and list(p[:1]) in beam
+        seq = [src] + [path_end(kg, src, p[:i + 1]) for i in range(len(p))]
+        assert len(set(seq)) == len(seq)  # no entity revisited
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_kgs(), st.data())
+def test_fast_relation_paths_match_paths_between(kg, data):
+    src = data.draw(st.integers(0, kg.num_entities - 1))
+    targets = data.draw(st.lists(st.integers(0, kg.num_entities - 1), min_size=1, max_size=3))
+    brute = {relation_path_of(kg, src, p) for d in targets for p in kg.paths_between(src, d, max_hops=2, limit=None, as_indices=True)}
+    assert relation_paths_to(kg, src, targets, max_hops=2) == brute
+    assert relation_paths_to(kg, src, targets, max_hops=1) == {p for p in brute if len(p) == 1}
+
+
+@given(st.lists(st.text(max_size=12), max_size=8), st.integers(1, 40))
+def test_clip_lines_budget(lines, budget):
+    out = clip_lines(lines, budget)
+    if lines: assert len(out) >= 1
+    assert sum(len(l) + 1 for l in out) <= budget + 1 or len(out) == 1 and len(out[0]) <= budget
+    assert all(a == b or b.startswith(a) for a, b in zip(out, lines))
+
+
+@given(st.lists(st.sampled_from(["s", "~r", "zz", "2", "1", " "]), max_size=6), st.integers(1, 3))
+def test_parse_steps_subset(tokens, limit):
+    kg = KG.from_triples([("x", "r", "y"), ("y", "s", "z"), ("w", "r", "y")])
+    cs = candidate_steps(kg, [kg.entity_index("y")])
+    got = parse_steps("; ".join(tokens), kg, cs, limit)
+    assert len(got) <= limit and len(set(got)) == len(got) and set(got) <= set(cs)
+
+
+# ---------------------------------------------------------------- every method against the real model
+@pytest.mark.llm
+def test_methods_on_family_embedded(embedded_server, tmp_path):
+    from kgrag_nb.brink_methods import brink_experiment
+    from kgrag_nb.config import get_config
+    from kgrag_nb.llm import LLMClient
+    cfg = dataclasses.replace(get_config(), root=tmp_path)  # benchmarks_dir under tmp_path
+    client = LLMClient(embedded_server.url, cache=tmp_path / "llm.sqlite", progress=False)
+    bench, df = brink_experiment("family", client, n_test=2, max_rules=6, per_rule=10, cfg=cfg)
+    assert bench.path.is_relative_to(tmp_path) and len(bench.split("test")) >= 2
+    assert len(df) == 2 * len(BRINK_METHODS) * 2 and set(df["method"]) == set(BRINK_METHODS)
+    assert df["prediction"].map(lambda p: isinstance(p, str)).all()
+    assert (df.loc[df.method == "llm_only", "retrieved_paths"].map(len) == 0).all()
+    orc = df[df.method == "oracle"]
+    assert (orc["retrieved_paths"].map(len) == 1).all() and (orc["llm_calls"] == 1).all()
+    assert (df.loc[df.method == "rog", "llm_calls"] == 2).all()
+    # closed-book prompts do not depend on the KG: the incomplete run is answered from the cache
+    a = df[(df.method == "llm_only")].groupby("setting")["prediction"].apply(list)
+    assert a["complete"] == a["incomplete"]
+    sc = score_predictions(df, n_resamples=20)
+    assert len(sc) == 2 * len(BRINK_METHODS) and sc["hits_any"].between(0, 1).all()
+    assert set(failure_ratio(df)["n"]) == {2}
+    # rerun: every call is a cache hit, same predictions
+    before = client.usage.requests
+    _, df2 = brink_experiment("family", client, n_test=2, max_rules=6, per_rule=10, cfg=cfg)
+    assert client.usage.requests == before and df2["prediction"].tolist() == df["prediction"].tolist()
