@@ -17,8 +17,9 @@ __all__ = ['AWAKENING_TEMPLATE', 'PROBE_TEMPLATE', 'Triple', 'KNOWLEDGE_TYPES', 
            'parse_probe', 'gold_relations', 'relation_parts', 'relation_matches', 'find_gold_path',
            'knowledge_candidates', 'verbalize_knowledge', 'relation_text', 'type_label', 'qa_probe_question',
            'leaks_answer', 'distances_to', 'knowledge_distance', 'minilm_scorer', 'ranking_query', 'rank_top1',
-           'extract_knowledge', 'probe_rule', 'probe', 'awaken', 'save_run', 'run_awakening', 'intersect_ids',
-           'passing_ids', 'base_ids', 'awakening_table', 'filter_counts', 'distance_table', 'paper_rows']
+           'extract_knowledge', 'probe_rule', 'item_temperatures', 'probe', 'awaken', 'task1_data', 'save_run',
+           'run_awakening', 'intersect_ids', 'passing_ids', 'base_ids', 'hits_row', 'awakening_table', 'filter_counts',
+           'distance_table', 'paper_rows']
 
 # %% ../nbs/14_awaken.ipynb #c005
 # awakening_unseen_entity_kgqa.txt, App. E, "The prompt template used in Awakening LLMs" (verbatim, + answer cue)
@@ -315,6 +316,16 @@ def probe_rule(verdicts: list,  # parsed probing answers (True / False / None)
     return n_true == len(verdicts) if min_true is None else n_true >= min_true
 
 # %% ../nbs/14_awaken.ipynb #c030
+def item_temperatures(texts: list[str],  # one item per row
+                      k: int = 3,  # temperatures per item
+                      low: float = 0.0, high: float = 1.0,  # App. C: probing temperatures in [0, 1]
+                      seed: int = 0) -> np.ndarray:
+    """Seeded uniform temperatures (2 decimals), shape (len(texts), k), a function of each text (not of its position),
+    so the same item gets the same temperatures, and the same cached answers, in every study."""
+    import zlib
+    return np.array([np.round(np.random.default_rng([seed, zlib.crc32(str(t).encode())]).uniform(low, high, k), 2)
+                     for t in texts]).reshape(len(texts), k)
+
 def probe(client,  # `kgrag_nb.llm.LLMClient`
           texts: list[str],  # verbalized knowledge items (NLI) or closed-book questions (QA)
           method: str = "nli",  # "nli" = App. E True/False prompt; "qa" = closed-book question, ACC_R vs `expected`
@@ -324,13 +335,13 @@ def probe(client,  # `kgrag_nb.llm.LLMClient`
           min_true: int | None = None,  # None = Eq. 7 (all True); see `probe_rule`
           seed: int = 0) -> list[dict]:
     "Probe each item `n_probe` times at temperatures drawn from [0, 1] (App. C): raw answers, verdicts, `in_model` (Eq. 7)."
-    from kgrag_nb.baselines import draw_temperatures, no_rag_prompt
+    from kgrag_nb.baselines import no_rag_prompt
     if method not in ("nli", "qa"): raise ValueError(f"probe: method={method!r}; use 'nli' (True/False, Eq. 7) or 'qa' (App. B.4)")
     if method == "qa" and (expected is None or len(expected) != len(texts)):
         raise ValueError("probe: QA-probing needs `expected`, one answer per text (see qa_probe_question)")
     if not texts: return []
     prompts = [probe_prompt(t) for t in texts] if method == "nli" else [no_rag_prompt(t) for t in texts]
-    temps = draw_temperatures(len(texts), n_probe, low=0.0, high=1.0, seed=seed)
+    temps = item_temperatures(texts, n_probe, seed=seed)
     outs = [client.complete(prompts, temperature=[float(x) for x in temps[:, j]], max_tokens=max_tokens if method == "nli" else 24,
                             stop=["\n"], seed=seed + j, desc=f"{method}-probing {j + 1}/{n_probe}") for j in range(n_probe)]
     rows = []
@@ -341,7 +352,7 @@ def probe(client,  # `kgrag_nb.llm.LLMClient`
                          in_model=probe_rule(verdicts, min_true)))
     return rows
 
-# %% ../nbs/14_awaken.ipynb #c032
+# %% ../nbs/14_awaken.ipynb #c033
 def awaken(client,  # `kgrag_nb.llm.LLMClient`
            questions: list[str],  # question texts
            knowledge: list[str],  # one verbalized knowledge item per question
@@ -357,7 +368,18 @@ def awaken(client,  # `kgrag_nb.llm.LLMClient`
                            seed=seed, desc=f"awakening T={temperature}")
     return [[parse_awakening_answer(a) for a in row] for row in outs]
 
-# %% ../nbs/14_awaken.ipynb #c034
+# %% ../nbs/14_awaken.ipynb #c035
+def task1_data(dataset: str = "cwq") -> tuple:
+    "(records, backend, map_id) for Task 1 offline: CWQ questions whose topic entity is in FB15k-237, a LocalBackend."
+    from kgrag_nb.datasets import load_qa, load_kg, topic_in_kg, mid_to_fb15k
+    from kgrag_nb.backends import LocalBackend
+    if dataset != "cwq":
+        raise ValueError(f"task1_data: {dataset!r} needs Wikidata 2-hop subgraphs, i.e. the online backend: build "
+                         "kgrag_nb.backends.SparqlBackend('https://query.wikidata.org/sparql', dialect='wikidata') and pass "
+                         "its records and map_id=None to run_awakening; offline only 'cwq' (on FB15k-237) is available")
+    recs, kg = load_qa("cwq"), load_kg("fb15k237")
+    return [r for r, ok in zip(recs, topic_in_kg(recs, kg)) if ok], LocalBackend(kg), mid_to_fb15k
+
 TABLES = ("questions", "candidates", "knowledge", "answers")
 
 def _jsonable(df: pd.DataFrame) -> pd.DataFrame:
@@ -436,7 +458,7 @@ def run_awakening(records: list,  # QA records (CWQ: `load_qa('cwq')`, topic ent
     if out_dir is not None: save_run(result, out_dir)
     return result
 
-# %% ../nbs/14_awaken.ipynb #c036
+# %% ../nbs/14_awaken.ipynb #c037
 def intersect_ids(id_sets: list) -> set:
     "Questions present in every set (Table 2's intersection); empty for no sets."
     id_sets = [set(s) for s in id_sets]
@@ -455,7 +477,10 @@ def base_ids(result: dict) -> set:
     q = result["questions"]
     return set(q.loc[(q["status"] == "ok") & (q["answerable"] == 0), "id"])
 
-def _hits_row(ans: pd.DataFrame, ids: set, label: str, seed: int, n_resamples: int) -> dict:
+def hits_row(ans: pd.DataFrame,  # rows of `result['answers']` for one type (and mode, temperature)
+             ids: set,  # the questions to score
+             label: str, seed: int = 0, n_resamples: int = 1000) -> dict:
+    "One table row: label, F, Hits@1 and Hits@10 (%) with 95% bootstrap CIs over the questions `ids`."
     a = ans[ans["id"].isin(ids)]
     row = {"knowledge type": label, "F": len(a)}
     for col, name in (("hits1", "Hits@1"), ("hits10", "Hits@10")):
@@ -474,10 +499,10 @@ def awakening_table(result: dict, types=MAIN_TYPES, mode: str = "triple", method
     per = {t: passing_ids(result["knowledge"], t, mode, method, min_true) & base for t in types}
     common = intersect_ids(list(per.values())) if intersection else None
     nr = ans[(ans["type"] == "No RAG")]
-    rows = [_hits_row(nr, common if intersection else base, "No RAG", seed, n_resamples)]
+    rows = [hits_row(nr, common if intersection else base, "No RAG", seed, n_resamples)]
     for t in types:
         a = ans[(ans["type"] == t) & (ans["mode"] == mode) & np.isclose(ans["temperature"], temperature)]
-        rows.append(_hits_row(a, common if intersection else per[t], f"{KNOWLEDGE_TYPES[t]} ({t})", seed, n_resamples))
+        rows.append(hits_row(a, common if intersection else per[t], f"{KNOWLEDGE_TYPES[t]} ({t})", seed, n_resamples))
     return pd.DataFrame(rows)
 
 def filter_counts(result: dict, types=tuple(KNOWLEDGE_TYPES), mode: str = "triple", method: str = "nli",
@@ -505,7 +530,7 @@ def distance_table(result: dict, types=("T3", "T7", "T8"), mode: str = "triple",
          for t in types]
     return t4.assign(**{"mean hops to answer": d})[["knowledge type", "F", "Hits@1", "Hits@1 CI", "mean hops to answer"]]
 
-# %% ../nbs/14_awaken.ipynb #c043
+# %% ../nbs/14_awaken.ipynb #c044
 # awakening_unseen_entity_kgqa.txt, Table 2 (Instruct, intersection): model -> dataset -> type -> (F, Hits@1, Hits@10)
 PAPER_TABLE2 = {'Llama3.1-70B-Instruct': {'2wiki': {'No RAG': (693, 0.0, 16.2),
                                      'T1': (693, 5.9, 17.6),
