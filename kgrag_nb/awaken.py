@@ -19,7 +19,7 @@ __all__ = ['AWAKENING_TEMPLATE', 'PROBE_TEMPLATE', 'Triple', 'KNOWLEDGE_TYPES', 
            'leaks_answer', 'distances_to', 'knowledge_distance', 'minilm_scorer', 'ranking_query', 'rank_top1',
            'extract_knowledge', 'probe_rule', 'item_temperatures', 'probe', 'awaken', 'task1_data', 'save_run',
            'run_awakening', 'intersect_ids', 'passing_ids', 'base_ids', 'hits_row', 'awakening_table', 'filter_counts',
-           'distance_table', 'paper_rows']
+           'distance_table', 'paper_rows', 'plot_comparison']
 
 # %% ../nbs/14_awaken.ipynb #c005
 # awakening_unseen_entity_kgqa.txt, App. E, "The prompt template used in Awakening LLMs" (verbatim, + answer cue)
@@ -844,3 +844,20 @@ def paper_rows(table: dict,  # one of PAPER_TABLE2 / PAPER_TABLE4 / PAPER_TABLE1
             rows.append({"source": f"paper: {label}".strip(), "model": m,
                          "knowledge type": t if t == "No RAG" else f"{KNOWLEDGE_TYPES[t]} ({t})", "F": f, "Hits@1": h1, "Hits@10": h10})
     return pd.DataFrame(rows)
+
+# %% ../nbs/14_awaken.ipynb #c047
+def plot_comparison(frame: pd.DataFrame,  # rows with columns `by`, `hue` and `metric`
+                    metric: str = "Hits@1",  # column to plot
+                    by: str = "knowledge type",  # x groups
+                    hue: str = "series",  # bars within a group (e.g. "ours: <model>", "paper: <model>")
+                    title: str = "", ax=None):
+    "Grouped bars of `metric` per `by` and `hue` (missing values, e.g. F = 0, drawn as empty bars)."
+    import matplotlib.pyplot as plt
+    piv = frame.pivot_table(index=by, columns=hue, values=metric, aggfunc="first", sort=False)
+    if ax is None: fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(piv)), 3.4))
+    else: fig = ax.figure
+    piv.plot.bar(ax=ax, rot=30, width=0.8)
+    ax.set_ylabel(f"{metric} (%)"); ax.set_xlabel(""); ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, frameon=False, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    return fig
