@@ -853,7 +853,8 @@ def plot_comparison(frame: pd.DataFrame,  # rows with columns `by`, `hue` and `m
                     title: str = "", ax=None):
     "Grouped bars of `metric` per `by` and `hue` (missing values, e.g. F = 0, drawn as empty bars)."
     import matplotlib.pyplot as plt
-    piv = frame.pivot_table(index=by, columns=hue, values=metric, aggfunc="first", sort=False)
+    f = frame.drop_duplicates([by, hue])
+    piv = f.set_index([by, hue])[metric].astype(float).unstack(hue).reindex(index=f[by].unique(), columns=f[hue].unique())
     if ax is None: fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(piv)), 3.4))
     else: fig = ax.figure
     piv.plot.bar(ax=ax, rot=30, width=0.8)
