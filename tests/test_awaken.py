@@ -1,0 +1,296 @@
+"""Tests of kgrag_nb.awaken: awakening paper Task 1 (awakening_unseen_entity_kgqa.txt §4.2, Table 1, Eq. 7, App. B, E).
+
+Hand-built tiny KGs with hand-computed expectations for every Table 1 pattern, the answer-leak filter, the probing rule
+and the intersection; hypothesis properties; one integration test of the whole pipeline on two CWQ questions against
+the real embedded llama.cpp server (marked `llm`).
+"""
+import json, re
+from functools import reduce
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from kgrag_nb.awaken import (AWAKENING_TEMPLATE, KNOWLEDGE_TYPES, MAIN_TYPES, PAPER_TABLE2, PAPER_TABLE4, PAPER_TABLE7,
+                             PAPER_TABLE10, PAPER_TABLE11, PROBE_TEMPLATE, awakening_prompt, awakening_table,
+                             distances_to, extract_knowledge, filter_counts, find_gold_path, gold_relations,
+                             intersect_ids, item_temperatures, knowledge_candidates, knowledge_distance, leaks_answer,
+                             parse_awakening_answer, parse_probe, passing_ids, probe_prompt, probe_rule,
+                             qa_probe_question, rank_top1, ranking_query, relation_matches, relation_parts,
+                             relation_text, run_awakening, task1_data, verbalize_knowledge)
+from kgrag_nb.backends import LocalBackend
+from kgrag_nb.kg import KG
+
+
+def words(x): return set(re.findall(r"\w+", x.lower()))
+def overlap_scorer(q, texts): return [len(words(q) & words(t)) for t in texts]
+
+
+# ---------------------------------------------------------------- App. E prompts
+def test_awakening_prompt_verbatim():
+    p = awakening_prompt("Who owns the Pistons?", ["Tom Gores, owns, Detroit Pistons", "Detroit Pistons, mascot, Hooper"])
+    assert p.startswith("I will give you some knowledge about the question, the knowledge may be not help you directly answer")
+    assert "- Knowledge: Paris is the capital of France.\n- Question: What is the capital of France?\n- Short Answer: Paris.\n" in p
+    assert p.endswith("- Knowledge: Tom Gores, owns, Detroit Pistons; Detroit Pistons, mascot, Hooper\n"
+                      "- Question: Who owns the Pistons?\n- Short Answer:")
+    with pytest.raises(ValueError, match="empty question"): awakening_prompt("  ", ["k"])
+    with pytest.raises(ValueError, match="no knowledge"): awakening_prompt("Q?", ["  "])
+
+
+def test_probe_prompt_verbatim():
+    p = probe_prompt('Tom Gores, owns, "Detroit Pistons"')
+    assert p.startswith("Determine the truthfulness of a given claim using logical reasoning and evidence-based evaluation.")
+    assert '- **Claim**: "The Great Wall of China is visible from space."' in p
+    assert p.endswith("- **Claim**: \"Tom Gores, owns, 'Detroit Pistons'\"\n- **Conclusion**:")
+    assert probe_prompt(["a, r, b", "b, s, c"]) == probe_prompt("a, r, b; b, s, c")
+    assert PROBE_TEMPLATE.count("{claim}") == 1 and AWAKENING_TEMPLATE.count("{knowledge}") == 1
+
+
+def test_parsers():
+    assert parse_probe(" True. Tom Gores owns it.") is True
+    assert parse_probe(" False, because true owners differ") is False  # the first verdict word counts
+    assert parse_probe("TRUE") is True and parse_probe(" untrue") is None and parse_probe("") is None
+    assert parse_awakening_answer(" 2004.\n- Question: next") == "2004"
+    assert parse_awakening_answer("- Short Answer: Detroit Pistons.") == "Detroit Pistons"
+
+
+@given(st.lists(st.text(alphabet="abc xyz\t", min_size=1), min_size=1, max_size=4), st.text(alphabet="abcQ? \n", min_size=1))
+def test_prompt_whitespace_property(knowledge, question):
+    q = " ".join(question.split())
+    items = [" ".join(k.split()) for k in knowledge if k.split()]
+    if not q or not items:
+        with pytest.raises(ValueError): awakening_prompt(question, knowledge)
+        return
+    p = awakening_prompt(question, knowledge)
+    assert p.endswith(f"- Knowledge: {'; '.join(items)}\n- Question: {q}\n- Short Answer:")
+
+
+@given(st.sampled_from(["True", "true", "False", "FALSE"]), st.text(alphabet="xyz .,", max_size=20))
+def test_parse_probe_property(word, rest):
+    assert parse_probe(f" {word}{'.' if rest else ''} {rest}") is (word.lower() == "true")
+
+
+# ---------------------------------------------------------------- Stage 1: gold path
+def test_gold_relations_and_matching():
+    class R:
+        meta = {"sparql": "ns:m.01 ns:people.person.education ?y .\n?y ns:education.education.institution ?x ."}
+        evidence_ids, evidence = [("m.01", "common.topic.notable_types", "m.02")], []
+    g = gold_relations(R())
+    assert g == {"people.person.education", "education.education.institution", "common.topic.notable_types"}
+    assert relation_parts("/a/b/c./d/e/f") == ["a.b.c", "d.e.f"] and relation_parts("P69") == ["P69"]
+    assert relation_matches("/people/person/education./education/education/institution", g)
+    assert not relation_matches("/people/person/education./education/education/degree", g)
+    assert not relation_matches("P69", set())
+    assert relation_text("/people/person/education./education/education/institution") == "institution"
+
+
+# a tiny KG where the gold path's first hop is stored *into* A_q: (b, owned_by^-1 ...) and a hub of variants
+TRIPLES = [("pistons", "owned_by", "tom"),  # gold hop 1 (incoming to A_q)
+           ("pistons", "won", "finals2004"),  # gold hop 2 to the answer
+           ("tom", "founded", "platinum"),  # T2
+           ("tom", "P31", "human"),  # a type triple: T4, not T2
+           ("financier", "profession_of", "tom"),  # T3
+           ("pistons", "mascot", "hooper"), ("pistons", "arena", "palace"),  # T5
+           ("tom", "lives_in", "detroit"), ("pistons", "based_in", "detroit"),  # T6 via Z = detroit
+           ("bulls", "owned_by", "jerry"), ("jerry", "knows", "tom"),  # T7 (bulls, jerry not A_q/B)
+           ("bulls", "won", "finals1998"), ("bulls", "rival_of", "pistons"),  # T8
+           ("tom", "watched", "finals2004")]  # leaks the answer
+LABELS = {"tom": "Tom Gores", "pistons": "Detroit Pistons", "finals2004": "2004 NBA Finals", "platinum": "Platinum Equity",
+          "human": "human", "financier": "Financier", "hooper": "Hooper", "palace": "The Palace", "detroit": "Detroit",
+          "bulls": "Chicago Bulls", "jerry": "Jerry Reinsdorf", "finals1998": "1998 NBA Finals"}
+
+
+@pytest.fixture
+def toy():
+    return LocalBackend(KG.from_triples(TRIPLES, name="toy", entity_labels=LABELS))
+
+
+def test_find_gold_path_incoming_hop(toy):
+    gp = find_gold_path(toy, ["tom"], ["finals2004"], {"owned_by", "won"})
+    assert gp == dict(a_q="tom", b="pistons", answer="finals2004", hop1=("pistons", "owned_by", "tom"),
+                      hop2=("pistons", "won", "finals2004"), r1="owned_by", r2="won")
+    assert find_gold_path(toy, ["tom"], ["finals2004"], {"owned_by"}) is None  # R² must be gold too
+    assert find_gold_path(toy, ["nobody"], ["finals2004"], {"owned_by", "won"}) is None
+    assert find_gold_path(toy, ["finals2004"], ["finals2004"], {"won"}) is None  # A_q may not be the answer
+
+
+def test_knowledge_candidates_each_pattern(toy):
+    gp = find_gold_path(toy, ["tom"], ["finals2004"], {"owned_by", "won"})
+    sub = toy.khop_triples(["tom", "pistons"], 2)
+    c = knowledge_candidates(gp, sub, toy.entity_types("tom"))
+    assert set(c) == set(KNOWLEDGE_TYPES)
+    assert c["T1"] == [[("pistons", "owned_by", "tom")]]
+    assert c["T2"] == [[("tom", "founded", "platinum")], [("tom", "lives_in", "detroit")], [("tom", "watched", "finals2004")]]
+    assert c["T3"] == [[("financier", "profession_of", "tom")], [("jerry", "knows", "tom")]]
+    assert c["T4"] == [[("tom", "instance-of", "human")]]
+    assert c["T5"] == [[("pistons", "arena", "palace")], [("pistons", "based_in", "detroit")], [("pistons", "mascot", "hooper")]]
+    assert c["T6"] == [[("tom", "lives_in", "detroit"), ("pistons", "based_in", "detroit")]]
+    assert c["T7"] == [[("bulls", "owned_by", "jerry")]]
+    assert c["T8"] == [[("bulls", "won", "finals1998")]]
+    assert len(knowledge_candidates(gp, sub, [], max_t6=0)["T6"]) == 0
+
+
+def test_leak_filter_and_distance(toy):
+    assert leaks_answer([("tom", "watched", "finals2004")], "x", ["finals2004"], [])
+    assert leaks_answer([("a", "r", "b")], "Tom saw the 2004 nba finals!", [], ["2004 NBA Finals"])
+    assert not leaks_answer([("a", "r", "b")], "Tom saw the 2004 finals", [], ["2004 NBA Finals"])
+    assert not leaks_answer([("a", "r", "b")], "anything", [], ["..."])  # no word tokens: no leak, no error
+    chain = [("a", "r", "b"), ("b", "r", "c"), ("d", "r", "c"), ("x", "r", "y")]
+    d = distances_to(chain, ["a"])
+    assert d == {"a": 0, "b": 1, "c": 2, "d": 3}
+    assert knowledge_distance([("d", "r", "c")], d) == 2 and knowledge_distance([("x", "r", "y")], d) is None
+    assert distances_to(chain, ["zzz"]) == {}
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 7), st.integers(0, 7)), max_size=20), st.integers(0, 7))
+def test_distance_property(edges, target):
+    tri = [(f"e{h}", "r", f"e{t}") for h, t in edges]
+    d = distances_to(tri, [f"e{target}"])
+    for h, _, t in tri:  # BFS distances differ by at most one along every edge, and both ends are reached or neither
+        assert (h in d) == (t in d)
+        if h in d: assert abs(d[h] - d[t]) <= 1
+    assert all(v == 0 for k, v in d.items() if k == f"e{target}")
+
+
+def test_extract_knowledge_toy():
+    # gold_relations reads dotted Freebase names (SPARQL `ns:` names, crucial triples): give the toy KG dotted gold relations
+    dotted = {"owned_by": "x.y.owned_by", "won": "x.y.won"}
+    kg = KG.from_triples([(h, dotted.get(r, r), t) for h, r, t in TRIPLES], name="toy2", entity_labels=LABELS)
+
+    class Rec:
+        id, question, answers = "toy-1", "Team owner Tom Gores won the Championship in what year?", ["2004 NBA Finals"]
+        topic_entities, evidence = [{"id": "tom", "name": "Tom Gores"}], []
+        evidence_ids, meta = [("pistons", "x.y.owned_by", "tom"), ("pistons", "x.y.won", "finals2004")], {}
+    ex = extract_knowledge(Rec(), LocalBackend(kg), scorer=overlap_scorer)
+    q, k = ex["question"], pd.DataFrame(ex["knowledge"])
+    assert q["status"] == "ok" and (q["a_q"], q["b"], q["answer"]) == ("tom", "pistons", "finals2004")
+    t2 = k[(k["type"] == "T2") & (k["mode"] == "triple")].iloc[0]
+    assert (t2.n_candidates, t2.n_after_leak_filter) == (3, 2)  # "Tom Gores, watched, 2004 NBA Finals" dropped
+    # ranked against "Tom Gores, x.y.owned_by, Detroit Pistons": the three T5 candidates share 2 words each; ties keep the first
+    t5 = k[(k["type"] == "T5") & (k["mode"] == "triple")].iloc[0]
+    assert t5.text == "Detroit Pistons, arena, The Palace" and t5.dist_to_answer == 1 and t5.score == 2
+    assert (t5.qa_question, t5.qa_expected) == ("What is the arena of Detroit Pistons?", "The Palace")
+    assert set(k["mode"]) == {"triple", "head_relation"} and len(k) == 16
+    assert all(not leaks_answer([], t, [], Rec.answers) for t in k["text"].dropna())
+    Rec.answers = ["Nonexistent Answer"]  # missing pieces give a status, not an error
+    assert extract_knowledge(Rec(), LocalBackend(kg), scorer=overlap_scorer)["question"]["status"] == "answer not in KG"
+    Rec.answers, Rec.topic_entities = ["2004 NBA Finals"], [{"id": "nobody"}]
+    assert extract_knowledge(Rec(), LocalBackend(kg), scorer=overlap_scorer)["question"]["status"] == "topic entity not in KG"
+
+
+def test_ranking():
+    i, s = rank_top1("Tom Gores, owns, Detroit Pistons", ["a b", "Detroit Pistons, mascot", "Tom Gores owns"], overlap_scorer)
+    assert i == 2 and list(s) == [0, 2, 3]
+    assert rank_top1("q", [], overlap_scorer)[0] == -1
+    with pytest.raises(ValueError, match="scorer returned shape"): rank_top1("q", ["a", "b"], lambda q, t: [1.0])
+    gp = dict(a_q="tom", b="pistons", r1="/sports/team/owners")
+    assert ranking_query(gp, LABELS) == "Tom Gores, owners, Detroit Pistons"
+    assert ranking_query(gp, LABELS, mode="head_relation") == "Tom Gores, owners"
+
+
+def test_verbalize_and_qa_probe():
+    k = [("tom", "/business/person/founded", "platinum"), ("platinum", "P31", "/organization/organization")]
+    assert verbalize_knowledge(k, LABELS) == "Tom Gores, founded, Platinum Equity; Platinum Equity, P31, organization"
+    assert qa_probe_question(k, LABELS) == ("What is the founded of Tom Gores?", "Platinum Equity")
+
+
+# ---------------------------------------------------------------- probing rule (Eq. 7) and intersection
+def test_probe_rule():
+    assert probe_rule([True, True, True]) and not probe_rule([True, True, False]) and not probe_rule([True, None, True])
+    assert not probe_rule([]) and not probe_rule(None)
+    assert probe_rule([False, True, None], min_true=1) and not probe_rule([False, None], min_true=1)
+
+
+@given(st.lists(st.sampled_from([True, False, None]), min_size=1, max_size=5), st.integers(1, 5))
+def test_probe_rule_property(verdicts, k):
+    assert probe_rule(verdicts) == all(v is True for v in verdicts)
+    assert probe_rule(verdicts, min_true=k) == (sum(v is True for v in verdicts) >= k)
+    if probe_rule(verdicts): assert probe_rule(verdicts, min_true=1)  # the relaxation only adds questions
+
+
+@given(st.lists(st.sets(st.integers(0, 9)), max_size=5))
+def test_intersect_property(sets):
+    got = intersect_ids(sets)
+    assert got == (reduce(set.intersection, sets) if sets else set())
+    assert all(got <= s for s in sets)
+
+
+def test_item_temperatures():
+    a = item_temperatures(["x", "y", "z"], 3, seed=4)
+    assert a.shape == (3, 3) and (a >= 0).all() and (a <= 1).all()
+    assert (item_temperatures(["z"], 3, seed=4)[0] == a[2]).all()  # depends on the text, not its position
+    assert not (item_temperatures(["z"], 3, seed=5)[0] == a[2]).all()
+
+
+def toy_result():
+    v3, v2, v0 = [True] * 3, [True, False, True], [None, False, False]
+    return dict(
+        questions=pd.DataFrame(dict(id=["q1", "q2", "q3", "q4"], status=["ok", "ok", "ok", "no gold 2-hop path"],
+                                    answerable=[0, 0, 0, None])),
+        knowledge=pd.DataFrame(dict(id=["q1", "q1", "q2", "q2", "q3", "q3"], type=["T1", "T2"] * 3, mode="triple", text="k",
+                                    nli_probe_verdicts=[v3, v3, v3, v2, v0, v3])),
+        answers=pd.DataFrame(dict(id=["q1", "q2", "q3", "q1", "q2", "q1", "q2", "q3"],
+                                  type=["No RAG"] * 3 + ["T1", "T1", "T2", "T2", "T2"], mode=["-"] * 3 + ["triple"] * 5,
+                                  temperature=0.7, hits1=[0, 0, 0, 1, 0, 0, 1, 1], hits10=[1, 0, 0, 1, 1, 0, 1, 1])),
+        params=dict(n_probe=3))
+
+
+def test_awakening_tables_hand_computed():
+    res = toy_result()
+    assert passing_ids(res["knowledge"], "T2") == {"q1", "q3"} and passing_ids(res["knowledge"], "T2", min_true=2) == {"q1", "q2", "q3"}
+    t2 = awakening_table(res, ["T1", "T2"], intersection=True, n_resamples=200)  # Table 2: only q1 has both types
+    assert t2["F"].tolist() == [1, 1, 1] and t2["Hits@1"].tolist() == [0.0, 100.0, 0.0] and t2["Hits@10"].tolist() == [100.0, 100.0, 0.0]
+    t4 = awakening_table(res, ["T1", "T2"], intersection=False, n_resamples=200)  # Table 4: own questions
+    assert t4["F"].tolist() == [3, 2, 2] and t4["Hits@1"].tolist() == [0.0, 50.0, 50.0]
+    assert np.isclose(t4["Hits@10"].iloc[0], 100 / 3)
+    t2r = awakening_table(res, ["T1", "T2"], intersection=True, min_true=2, n_resamples=200)
+    assert t2r["F"].tolist() == [2, 2, 2] and t2r["Hits@1"].tolist() == [0.0, 50.0, 50.0]
+    fc = filter_counts(res, ["T1", "T2"], min_true=1).set_index("filter")["F"]
+    assert fc["questions read"] == 4 and fc["gold 2-hop path in KG (Step 2, stage 1)"] == 3
+    assert fc["unanswerable closed-book (Step 1, Eq. 6)"] == 3
+    assert fc["T2 in model (nli-probing, all 3 True, Eq. 7)"] == 2 and fc["T2 in model (nli-probing, >= 1 True; relaxed)"] == 3
+    empty = awakening_table(res, ["T1", "T2"], method="nli", intersection=True, min_true=4, n_resamples=200)
+    assert empty["F"].tolist() == [0, 0, 0] and empty["Hits@1"].isna().all()
+
+
+# ---------------------------------------------------------------- data and the paper's numbers
+def test_task1_data_errors():
+    with pytest.raises(ValueError, match="online backend"): task1_data("2wiki")
+
+
+def test_paper_numbers_spot_checks():
+    # values read off awakening_unseen_entity_kgqa.txt
+    assert PAPER_TABLE2["Qwen2.5-32B-Instruct"]["cwq"]["T5"] == (256, 38.7, 50.4)
+    assert PAPER_TABLE2["Llama3.1-8B-Instruct"]["2wiki"]["No RAG"] == (815, 0.0, 13.3)
+    assert PAPER_TABLE4["Llama3.1-8B-Instruct"]["2wiki"]["T1"] == (1668, 4.1, 14.2)
+    assert PAPER_TABLE10["Llama3.1-70B-Instruct"]["cwq"]["T6"] == (270, 28.1, 37.0)
+    assert PAPER_TABLE11["Llama3.1-8B-Instruct"]["cwq"]["T7"] == (355, 18.0, 39.2)
+    assert PAPER_TABLE7["qa"]["original"]["T1"] == (110, 33.6, 48.2)
+    for t in (PAPER_TABLE2, PAPER_TABLE4, PAPER_TABLE11):
+        assert all(set(per[d]) == {"No RAG", *MAIN_TYPES} for per in t.values() for d in ("cwq", "2wiki"))
+
+
+# ---------------------------------------------------------------- the pipeline against the real model
+@pytest.mark.llm
+def test_run_awakening_two_questions_embedded(embedded_server, tmp_path):
+    from kgrag_nb.llm import LLMClient
+    records, backend, map_id = task1_data("cwq")
+    client = LLMClient(embedded_server.url, cache=tmp_path / "llm.sqlite", progress=False)
+    res = run_awakening(records, backend, client, n_questions=2, map_id=map_id, types=["T1", "T5"], min_true=1,
+                        out_dir=tmp_path / "trace")
+    q, k, a = res["questions"], res["knowledge"], res["answers"]
+    assert (q["status"] == "ok").sum() == 2 and q.loc[q["status"] == "ok", "answerable"].isin([0, 1]).all()
+    assert (a["type"] == "No RAG").sum() == 2 and a["samples"].map(len).eq(10).all()
+    live = k[k["step1_unanswerable"] & k["text"].notna()]
+    assert live["nli_probe_raw"].map(len).eq(3).all() and live["nli_probe_verdicts"].map(len).eq(3).all()
+    awakened = a[a["type"] != "No RAG"]
+    assert set(zip(awakened["id"], awakened["type"])) == set(zip(live.loc[live["nli_in_model"], "id"], live.loc[live["nli_in_model"], "type"]))
+    assert all((h1 == int(c[0] == 1)) and (h10 == int(any(c))) for h1, h10, c in zip(a["hits1"], a["hits10"], a["correct"]))
+    for name in ("questions", "candidates", "knowledge", "answers"):  # every intermediate saved, one line per row
+        lines = (tmp_path / "trace" / f"awaken_{name}.jsonl").read_text().splitlines()
+        assert len(lines) == len(res[name]) and all(json.loads(x) for x in lines)
+    n = client.usage.requests  # the cache makes a second run free
+    run_awakening(records, backend, client, n_questions=2, map_id=map_id, types=["T1", "T5"], min_true=1)
+    assert client.usage.requests == n
