@@ -21,8 +21,8 @@ from .metrics import acc_r, hits_at_k, bootstrap_ci
 __all__ = ['EXTRACTION_TEMPLATE', 'DISAMBIGUATION_TEMPLATE', 'TOP_LEVEL_TYPES', 'TYPE_TEMPLATE', 'KNOWLEDGE_SETS', 'METHODS',
            'DECOMPOSITION_TEMPLATE', 'PAPER_MODELS', 'PAPER_DATASETS', 'PAPER_TABLE3', 'question_topics', 'kg_stats',
            'IncompleteKG', 'build_incomplete_kg', 'extraction_prompt', 'parse_extraction', 'relation_candidates',
-           'disambiguation_prompt', 'parse_choice', 'type_prompt', 'parse_type', 'build_knowledge', 'knowledge_sets',
-           'DiFaR', 'merge_hits', 'decomposition_prompt', 'parse_decomposition', 'entity_queries',
+           'disambiguation_prompt', 'parse_choice', 'type_prompt', 'parse_type', 'nearest_type', 'build_knowledge',
+           'knowledge_sets', 'DiFaR', 'merge_hits', 'decomposition_prompt', 'parse_decomposition', 'entity_queries',
            'run_unseen_entity_qa', 'summarize_unseen', 'paper_table3']
 
 # %% ../nbs/15_unseen.ipynb #c005
@@ -200,8 +200,9 @@ def disambiguation_prompt(question: str,  # the question
 def parse_choice(completion: str,  # the model's answer
                  n: int,  # number of candidates
                 ) -> int | None:
-    "0-based index of the first number in 1..n in `completion`, None when there is none."
-    for m in re.finditer(r"\d+", str(completion)):
+    "0-based index of the first number in 1..n in the completion's first non-empty line, None when there is none."
+    line = next((l for l in str(completion).splitlines() if l.strip()), "")
+    for m in re.finditer(r"\d+", line):
         if 1 <= int(m.group()) <= n: return int(m.group()) - 1
     return None
 
@@ -216,18 +217,23 @@ TOP_LEVEL_TYPES = (
     "vehicle", "award", "language", "religion", "taxon", "occupation", "academic discipline", "currency",
     "ethnic group", "time period")
 
-TYPE_TEMPLATE = """Types: {types}
+TYPE_TEMPLATE = """Choose the type of the entity from this list: {types}.
+
+Question: Who owns the Detroit Pistons?
+Entity: Detroit Pistons
+Type: sports team
 
 Question: {question}
-From the list of types, the type of "{entity}" is:"""
+Entity: {entity}
+Type:"""
 
 def type_prompt(question: str,  # the question (context)
                 entity: str,  # A_q
                 types: Sequence[str] = TOP_LEVEL_TYPES,  # allowed types
                ) -> str:
-    "Our prompt (App. E has none) asking the LLM for the most likely type of `A_q` among `types`, with `question` as context."
+    "Our one-shot prompt (App. E has none) asking the LLM for the most likely type of `A_q` among `types`, with `question` as context."
     if not types: raise ValueError("type_prompt: empty types; pass e.g. TOP_LEVEL_TYPES")
-    return TYPE_TEMPLATE.format(types=", ".join(types), question=_one_line(question), entity=_one_line(entity).replace('"', "'"))
+    return TYPE_TEMPLATE.format(types=", ".join(types), question=_one_line(question), entity=_one_line(entity))
 
 def parse_type(completion: str,  # the model's answer
                types: Sequence[str] = TOP_LEVEL_TYPES,  # allowed types
@@ -237,7 +243,19 @@ def parse_type(completion: str,  # the model's answer
     hits = [(m.start(), -len(t), t) for t in types for m in [re.search(rf"\b{re.escape(t.lower())}\b", line)] if m]
     return min(hits)[2] if hits else None
 
-# %% ../nbs/15_unseen.ipynb #c026
+# %% ../nbs/15_unseen.ipynb #c024
+def nearest_type(answer: str,  # the model's answer to `type_prompt`
+                 types: Sequence[str] = TOP_LEVEL_TYPES,  # allowed types
+                 embedder=None,  # sentence embedder (None = all-MiniLM-L6-v2)
+                ) -> str | None:
+    "The type whose embedding is nearest to the answer's first line (e.g. 'movie' -> 'film'); None for an empty answer."
+    from kgrag_nb.retrieval import embed
+    line = next((l.strip(" .\"'") for l in str(answer).splitlines() if l.strip(" .\"'")), "")
+    if not line: return None
+    v = embed([line, *types], embedder)
+    return list(types)[int(np.argmax(v[1:] @ v[0]))]
+
+# %% ../nbs/15_unseen.ipynb #c028
 KNOWLEDGE_SETS = {"T7": ("T7",), "T1*": ("T1*",), "T4": ("T4",), "T7+T1*": ("T7", "T1*"), "T7+T1*+T4": ("T7", "T1*", "T4")}
 METHODS = ("No RAG", "DiFaR (question)", "QD-DiFaR (question)", "DiFaR (entity)", "QD-DiFaR (entity)",
            *(f"Ours ({k})" for k in KNOWLEDGE_SETS))  # Table 3 rows, in the paper's order
@@ -260,7 +278,7 @@ def knowledge_sets(items: dict) -> dict:
     "Method -> knowledge list for our five Table 3 rows (a row is empty when one of its items is missing)."
     return {f"Ours ({name})": [items[t] for t in parts] if all(t in items for t in parts) else [] for name, parts in KNOWLEDGE_SETS.items()}
 
-# %% ../nbs/15_unseen.ipynb #c029
+# %% ../nbs/15_unseen.ipynb #c031
 class DiFaR:
     "Unsupervised DiFaR over a KG: verbalised triples embedded with the sentence embedder, exact FAISS search."
     def __init__(self,
@@ -290,7 +308,7 @@ def merge_hits(hit_lists: list[list[dict]],  # DiFaR hits of several sub-queries
             if h["triple"] not in best or h["score"] > best[h["triple"]]["score"]: best[h["triple"]] = h
     return sorted(best.values(), key=lambda h: (-h["score"], h["triple"]))[:k]
 
-# %% ../nbs/15_unseen.ipynb #c031
+# %% ../nbs/15_unseen.ipynb #c033
 DECOMPOSITION_TEMPLATE = """Decompose the complex question into simple single-hop sub-questions, one per line.
 
 Question: Where did the founder of Microsoft go to college?
@@ -332,7 +350,7 @@ def entity_queries(sub_questions: Sequence[str],  # sub-questions
         out.append(", ".join(dict.fromkeys(found)) if found else names[0])
     return out
 
-# %% ../nbs/15_unseen.ipynb #c034
+# %% ../nbs/15_unseen.ipynb #c036
 def _gen(client, prompts, **kw) -> list[str]:
     return [o[0] for o in client.complete(prompts, **kw)] if prompts else []
 
@@ -383,15 +401,17 @@ def run_unseen_entity_qa(records: list,  # QARecords (those without a topic enti
         # 2. disambiguation with A_q (our prompt)
         with_c = [t for t in trace if t["candidates"]]
         raw = _gen(client, [disambiguation_prompt(t["question"], t["entity"], [c["text"] for c in t["candidates"]]) for t in with_c],
-                   max_tokens=6, stop=["\n"], desc="disambiguation", **gen)
+                   max_tokens=8, desc="disambiguation", **gen)  # no newline stop: a base model often starts with one
         for t, c in zip(with_c, raw):
             j = parse_choice(c, len(t["candidates"]))
             t["disambiguation"] = dict(raw=c, choice=0 if j is None else j, fallback=j is None)
         # 3. type of A_q (our prompt, TOP_LEVEL_TYPES)
-        raw = _gen(client, [type_prompt(t["question"], t["entity"], types) for t in trace], max_tokens=8, stop=["\n"], desc="type", **gen)
-        for t, c in zip(trace, raw):
-            ty = parse_type(c, types)
-            t["type"] = dict(raw=c, type=ty or "thing", fallback=ty is None)
+        raw = _gen(client, [type_prompt(t["question"], t["entity"], types) for t in trace], max_tokens=10, desc="type", **gen)
+        for t, c in zip(trace, raw):  # a listed type named in the answer, else the nearest listed type, else "thing"
+            ty, src = parse_type(c, types), "parsed"
+            if ty is None: ty, src = nearest_type(c, types, emb), "nearest"
+            if ty is None: ty, src = "thing", "default"
+            t["type"] = dict(raw=c, type=ty, source=src, fallback=src != "parsed")
         # 4. knowledge T7, T1*, T4
         labels = inc.kg.entity_labels
         for t in trace:
@@ -445,7 +465,7 @@ def run_unseen_entity_qa(records: list,  # QARecords (those without a topic enti
         (p / "per_method.jsonl").write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
     return frame
 
-# %% ../nbs/15_unseen.ipynb #c036
+# %% ../nbs/15_unseen.ipynb #c038
 def summarize_unseen(frame: pd.DataFrame,  # from `run_unseen_entity_qa`
                      seed: int = 0,  # bootstrap seed
                      n_resamples: int = 1000) -> pd.DataFrame:  # bootstrap resamples
@@ -461,7 +481,7 @@ def summarize_unseen(frame: pd.DataFrame,  # from `run_unseen_entity_qa`
         rows.append(row)
     return pd.DataFrame(rows)
 
-# %% ../nbs/15_unseen.ipynb #c039
+# %% ../nbs/15_unseen.ipynb #c041
 PAPER_MODELS = ("Llama3.1-8B-Instruct", "Qwen2.5-32B-Instruct", "Llama3.1-70B-Instruct")
 PAPER_DATASETS = ("mintaka", "2wiki", "cwq")
 # awakening_unseen_entity_kgqa.txt, Table 3: per method, (H@1, H@10) for models x datasets in the order above

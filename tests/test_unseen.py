@@ -16,7 +16,7 @@ from kgrag_nb.kg import KG
 from kgrag_nb.unseen import (DiFaR, KNOWLEDGE_SETS, METHODS, PAPER_TABLE3, TOP_LEVEL_TYPES, build_incomplete_kg,
                              build_knowledge, decomposition_prompt, disambiguation_prompt, entity_queries,
                              extraction_prompt, kg_stats, knowledge_sets, merge_hits, paper_table3, parse_choice,
-                             parse_decomposition, parse_extraction, parse_type, question_topics, relation_candidates,
+                             nearest_type, parse_decomposition, parse_extraction, parse_type, question_topics, relation_candidates,
                              run_unseen_entity_qa, summarize_unseen, type_prompt)
 
 
@@ -144,11 +144,18 @@ def test_choice_type_decomposition_parsing():
         ["Who founded X?", "Where was he born?", "When?"]
     assert parse_decomposition(" \n", "The question?") == ["The question?"]
     assert decomposition_prompt("Who?").endswith("Question: Who?\nSub-questions:\n1.")
-    assert type_prompt("Q?", "E", ["human", "city"]).startswith("Types: human, city\n")
+    assert type_prompt("Q?", "E", ["human", "city"]).startswith("Choose the type of the entity from this list: human, city.\n")
+    assert parse_choice("\n\n 2. x\n1", 3) == 1 and parse_choice(" x\n1", 3) is None
     p = disambiguation_prompt("Q?", "E", ["a, r, b", "c, r, d"])
     assert "\n1. a, r, b\n2. c, r, d\n" in p
     with pytest.raises(ValueError, match="no candidates"): disambiguation_prompt("Q?", "E", [])
     assert entity_queries(["Where is Paris?", "Who?"], ["Tom", "Paris"]) == ["Paris", "Tom"]
+
+
+def test_nearest_type_real_embedder(emb):
+    assert nearest_type(" movie", embedder=emb) == "film"
+    assert nearest_type(" town\nQuestion: 3", ["human", "city", "film"], emb) == "city"
+    assert nearest_type("", embedder=emb) is None
 
 
 def test_knowledge_construction():
@@ -234,7 +241,7 @@ def test_pipeline_embedded(embedded_server, tmp_path, emb):
     assert [t["id"] for t in trace] == ["a", "b"]
     for t in trace:
         assert t["candidates"] and all(c["head"] not in inc.masked and c["tail"] not in inc.masked for c in t["candidates"])
-        assert t["type"]["type"] in (*TOP_LEVEL_TYPES, "thing") and 0 <= t["disambiguation"]["choice"] < len(t["candidates"])
+        assert t["type"]["type"] in (*TOP_LEVEL_TYPES, "thing") and t["type"]["source"] in ("parsed", "nearest", "default") and 0 <= t["disambiguation"]["choice"] < len(t["candidates"])
         assert t["knowledge"]["Ours (T1*)"][0].startswith(t["entity"] + ", ")
         assert len(t["difar"]["DiFaR (question)"]) == 3 and t["decomposition"]["sub_questions"]
     ours = out[out["method"] == "Ours (T7+T1*+T4)"]
