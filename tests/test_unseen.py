@@ -243,7 +243,7 @@ def test_pipeline_embedded(embedded_server, tmp_path, emb):
         assert t["candidates"] and all(c["head"] not in inc.masked and c["tail"] not in inc.masked for c in t["candidates"])
         assert t["type"]["type"] in (*TOP_LEVEL_TYPES, "thing") and t["type"]["source"] in ("parsed", "nearest", "default") and 0 <= t["disambiguation"]["choice"] < len(t["candidates"])
         assert t["knowledge"]["Ours (T1*)"][0].startswith(t["entity"] + ", ")
-        assert len(t["difar"]["DiFaR (question)"]) == 3 and t["decomposition"]["sub_questions"]
+        assert len(t["difar"]["DiFaR (question)"]) == min(3, inc.kg.num_triples) == 2 and t["decomposition"]["sub_questions"]
     ours = out[out["method"] == "Ours (T7+T1*+T4)"]
     assert ours["knowledge"].map(len).eq(3).all() and not ours["no_knowledge"].any()
     # the cache answers a second run without new requests
