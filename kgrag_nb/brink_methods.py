@@ -20,14 +20,15 @@ from .metrics import brink_normalize
 
 # %% auto #0
 __all__ = ['BRINK_METHODS', 'BRINK_SETTINGS', 'METHOD_FAMILIES', 'DEVIATIONS', 'Step', 'LLM_ONLY_PROMPT', 'ROG_PLAN_PROMPT',
-           'PATH_ANSWER_PROMPT', 'TOG_PRUNE_PROMPT', 'TRIPLE_ANSWER_PROMPT', 'ORACLE_PROMPT', 'GROUP', 'MethodConfig',
-           'short_relation_names', 'relation_names', 'step_label', 'relation_path_of', 'relation_paths_to',
-           'instantiate', 'path_end', 'path_text', 'triples_of', 'triple_text', 'clip_lines', 'template_question',
-           'question_view', 'answer_prompt', 'parse_answer', 'candidate_steps', 'parse_steps', 'parse_relation_paths',
-           'train_path_ranker', 'rank_paths', 'beam_ends', 'expand_beam', 'beam_context', 'run_methods',
-           'method_llm_only', 'method_rog', 'method_trained_paths', 'method_tog', 'method_knn_triples', 'method_oracle',
-           'score_predictions', 'rule_type_hhr', 'failure_ratio', 'sample_rules', 'experiment_benchmark',
-           'brink_experiment']
+           'PATH_ANSWER_PROMPT', 'TOG_PRUNE_PROMPT', 'TRIPLE_ANSWER_PROMPT', 'ORACLE_PROMPT', 'GROUP', 'PAPER_TABLE5',
+           'PAPER_TABLE6', 'PAPER_TABLE7', 'PAPER_APPJ_RETRIEVAL_SHARE', 'PAPER_CLAIMS', 'PAPER_METHOD_OF',
+           'SETTING_COLORS', 'MethodConfig', 'short_relation_names', 'relation_names', 'step_label', 'relation_path_of',
+           'relation_paths_to', 'instantiate', 'path_end', 'path_text', 'triples_of', 'triple_text', 'clip_lines',
+           'template_question', 'question_view', 'answer_prompt', 'parse_answer', 'candidate_steps', 'parse_steps',
+           'parse_relation_paths', 'train_path_ranker', 'rank_paths', 'beam_ends', 'expand_beam', 'beam_context',
+           'run_methods', 'method_llm_only', 'method_rog', 'method_trained_paths', 'method_tog', 'method_knn_triples',
+           'method_oracle', 'score_predictions', 'rule_type_hhr', 'failure_ratio', 'sample_rules',
+           'experiment_benchmark', 'brink_experiment', 'study_predictions', 'plot_setting_bars']
 
 # %% ../nbs/13_brink_methods.ipynb #c004
 BRINK_METHODS = ("llm_only", "rog", "trained_paths", "tog", "knn_triples", "oracle")
@@ -616,13 +617,17 @@ def score_predictions(df: pd.DataFrame,  # rows of run_methods (any number of gr
         rows.append(row)
     return pd.DataFrame(rows)
 
-def rule_type_hhr(df: pd.DataFrame) -> pd.DataFrame:  # rows of run_methods
-    "Per (kg, setting, mode, method, rule type): n, Hits@Any, Hits@Hard and HHR (BRINK §5.3, Figure 3)."
+def rule_type_hhr(df: pd.DataFrame,  # rows of run_methods
+                  n_resamples: int = 1000,  # bootstrap resamples of the HHR CI
+                  seed: int = 0) -> pd.DataFrame:  # bootstrap seed
+    "Per (kg, setting, mode, method, rule type): n, Hits@Any, Hits@Hard, HHR with a bootstrap CI (BRINK §5.3, Figure 3)."
+    from kgrag_nb.metrics import bootstrap_ratio_ci, brink_per_question
     rows = []
-    for key, g in df.groupby(GROUP, sort=False):
-        res = evaluate([dict(id=r.id, prediction=r.prediction) for r in g.itertuples()], _qrecs(g), split=None, n_resamples=10)
-        for t, v in res["by_rule_type"].items():
-            rows.append(dict(zip(GROUP, key), rule_type=t, n=v["n"], hits_any=v["hits_any"], hits_hard=v["hits_hard"], hhr=v["hhr"]))
+    for key, g in df.groupby(GROUP + ["rule_type"], sort=False):
+        per = brink_per_question(g["prediction"].tolist(), g["answers"].tolist(), g["hard_answer"].tolist())
+        hhr, lo, hi = bootstrap_ratio_ci(per["hits_hard"], per["hits_any"], n_resamples=n_resamples, seed=seed)
+        rows.append(dict(zip(GROUP + ["rule_type"], key), n=len(g), hits_any=float(per["hits_any"].mean()),
+                         hits_hard=float(per["hits_hard"].mean()), hhr=hhr, hhr_lo=lo, hhr_hi=hi))
     return pd.DataFrame(rows)
 
 def failure_ratio(df: pd.DataFrame,  # rows of run_methods
@@ -696,3 +701,69 @@ def brink_experiment(kg_name: str,  # dataset name
             frames.append(run_methods(bench, test, methods, client, setting, mode, config, question_source=questions,
                                       out_path=bench.path / "predictions" / f"{setting}_{mode}.jsonl"))
     return bench, pd.concat(frames, ignore_index=True)
+
+# %% ../nbs/13_brink_methods.ipynb #c050
+# BRINK (brink_incomplete_kg_benchmark.txt) App. C.2, Table 5: GoG, (Hits@Any, HHR, F1)
+PAPER_TABLE5 = {("family", "complete"): (0.60, 0.96, 0.48), ("family", "incomplete"): (0.58, 0.28, 0.36),
+                ("fb15k237", "complete"): (0.46, 0.57, 0.26), ("fb15k237", "incomplete"): (0.20, 0.23, 0.11)}
+# BRINK App. H, Table 6: proportion of questions whose target entity is predicted with rule + alternative path given
+PAPER_TABLE6 = {"GPT-3.5-turbo": {"family": 0.88, "fb15k237": 0.86, "wikidata5m": 0.84},
+                "GPT-4o": {"family": 0.91, "fb15k237": 0.94, "wikidata5m": 0.90}}
+# BRINK App. I, Table 7 (percent): Hits@1, permissive F1, recall, precision
+PAPER_TABLE7 = {("RoG", "complete"): (69.54, 43.97, 47.25, 46.08), ("RoG", "incomplete"): (62.97, 33.24, 33.63, 37.81),
+                ("PoG", "complete"): (57.59, 30.21, 27.49, 56.99), ("PoG", "incomplete"): (45.26, 18.56, 18.47, 45.66)}
+PAPER_APPJ_RETRIEVAL_SHARE = 0.7  # BRINK App. J: retrieval : reasoning failures "approximately 7:3"
+PAPER_CLAIMS = {
+    "fig1": "§5.1: in most cases both Hits@Any and F1 drop noticeably from the complete to the incomplete KG.",
+    "fig2": "§5.2: across all models and datasets HHR drops significantly from complete to incomplete; training-based "
+            "methods (RoG, GNN-RAG) drop less than non-trained ones (PoG, ToG).",
+    "fig3": "§5.3: on FB15k-237, RoG keeps HHR better than PoG on most rule types under incompleteness, except symmetry.",
+    "fig4": "§5.4: text labels give clearly higher F1; KG ids (Freebase mids) perform nearly like private ids.",
+}
+PAPER_METHOD_OF = {"rog": "RoG", "tog": "PoG"}  # our family closest to the system the paper singles out (Fig. 3, Table 7)
+
+# %% ../nbs/13_brink_methods.ipynb #c053
+def study_predictions(run,  # kgrag_nb.reproduce.StudyRun (records sample sizes)
+                      client,  # its LLMClient
+                      kgs: Sequence[str],  # dataset names
+                      methods: Sequence[str] = BRINK_METHODS,  # methods
+                      modes: dict | None = None,  # kg -> labelling modes (default: private_id only)
+                      n_test: int = 5, max_rules: int = 10, per_rule: int = 10, tau: float = BRINK_TAU,
+                      max_len=3,  # int, or dict kg -> int
+                      seed: int = 0, questions: str = "template",
+                      config: MethodConfig | None = None) -> pd.DataFrame:
+    "Predictions of `methods` on every KG, setting and mode (the shared experiment of the BRINK studies)."
+    frames = []
+    for name in kgs:
+        ml = max_len[name] if isinstance(max_len, dict) else max_len
+        ms = (modes or {}).get(name, ["private_id"])
+        bench, df = brink_experiment(name, client, methods, BRINK_SETTINGS, ms, n_test, max_rules, per_rule, tau, ml, seed,
+                                     questions, config, run.cfg)
+        run.record_sample_size(f"{name} test questions", df["id"].nunique())
+        run.record_sample_size(f"{name} train questions", len(bench.split("train")))
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True)
+
+SETTING_COLORS = {"complete": "#d62728", "incomplete": "#1f77b4"}  # BRINK Fig. 1-2: complete red, incomplete blue
+
+def plot_setting_bars(scores: pd.DataFrame,  # score_predictions rows (one mode)
+                      metric: str,  # column with metric_lo / metric_hi
+                      kgs: Sequence[str],  # one panel each
+                      methods: Sequence[str],  # bars order
+                      title: str = ""):
+    "Grouped bars (complete red, incomplete blue) with bootstrap CIs, one panel per KG; returns the figure."
+    import matplotlib.pyplot as plt, seaborn as sns
+    sns.set_theme(style="whitegrid", context="paper")
+    fig, axes = plt.subplots(1, len(kgs), figsize=(4.2 * len(kgs), 3.2), squeeze=False)
+    for ax, kg in zip(axes[0], kgs):
+        for j, setting in enumerate(BRINK_SETTINGS):
+            s = scores[(scores.kg == kg) & (scores.setting == setting)].set_index("method").reindex(list(methods))
+            x = np.arange(len(methods)) + (j - 0.5) * 0.38
+            v = s[metric].to_numpy(float)
+            err = np.vstack([v - s[f"{metric}_lo"].to_numpy(float), s[f"{metric}_hi"].to_numpy(float) - v])
+            ax.bar(x, v, 0.38, color=SETTING_COLORS[setting], label=setting, yerr=np.nan_to_num(err), capsize=2)
+        ax.set_xticks(np.arange(len(methods)), list(methods), rotation=35, ha="right")
+        ax.set_ylim(0, 1.05); ax.set_title(kg); ax.set_ylabel(metric)
+    axes[0][0].legend(loc="upper right", fontsize=7)
+    fig.suptitle(title); fig.tight_layout()
+    return fig
