@@ -858,6 +858,9 @@ def plot_comparison(frame: pd.DataFrame,  # rows with columns `by`, `hue` and `m
     if ax is None: fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(piv)), 3.4))
     else: fig = ax.figure
     piv.plot.bar(ax=ax, rot=30, width=0.8)
+    for c in ax.containers:  # print each value (n/a for a missing one, e.g. F = 0) so zero bars are visible
+        ax.bar_label(c, labels=[f"{v:.0f}" if np.isfinite(v) else "n/a" for v in c.datavalues], fontsize=6)
+    plt.setp(ax.get_xticklabels(), ha="right")
     ax.set_ylabel(f"{metric} (%)"); ax.set_xlabel(""); ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, frameon=False, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
