@@ -11,15 +11,15 @@ from .baselines import parse_short_answer
 from .metrics import acc_r, bootstrap_ci
 
 # %% auto #0
-__all__ = ['AWAKENING_TEMPLATE', 'PROBE_TEMPLATE', 'Triple', 'KNOWLEDGE_TYPES', 'MAIN_TYPES', 'GENERIC_TYPE_PREFIXES', 'TABLES',
-           'PAPER_TABLE2', 'PAPER_TABLE4', 'PAPER_TABLE10', 'PAPER_TABLE11', 'PAPER_TABLE7', 'PAPER_TABLE8',
-           'PAPER_TABLE9', 'PAPER_FIG6', 'PAPER_FIG7', 'awakening_prompt', 'parse_awakening_answer', 'probe_prompt',
-           'parse_probe', 'gold_relations', 'relation_parts', 'relation_matches', 'find_gold_path',
-           'knowledge_candidates', 'verbalize_knowledge', 'relation_text', 'type_label', 'qa_probe_question',
-           'leaks_answer', 'distances_to', 'knowledge_distance', 'minilm_scorer', 'ranking_query', 'rank_top1',
-           'extract_knowledge', 'probe_rule', 'item_temperatures', 'probe', 'awaken', 'task1_data', 'save_run',
-           'run_awakening', 'intersect_ids', 'passing_ids', 'base_ids', 'hits_row', 'awakening_table', 'filter_counts',
-           'distance_table', 'paper_rows', 'plot_comparison']
+__all__ = ['AWAKENING_TEMPLATE', 'PROBE_TEMPLATE', 'Triple', 'KNOWLEDGE_TYPES', 'MAIN_TYPES', 'BGE_RERANKER',
+           'GENERIC_TYPE_PREFIXES', 'TABLES', 'PAPER_TABLE2', 'PAPER_TABLE4', 'PAPER_TABLE10', 'PAPER_TABLE11',
+           'PAPER_TABLE7', 'PAPER_TABLE8', 'PAPER_TABLE9', 'PAPER_FIG6', 'PAPER_FIG7', 'awakening_prompt',
+           'parse_awakening_answer', 'probe_prompt', 'parse_probe', 'gold_relations', 'relation_parts',
+           'relation_matches', 'find_gold_path', 'knowledge_candidates', 'verbalize_knowledge', 'relation_text',
+           'type_label', 'qa_probe_question', 'leaks_answer', 'distances_to', 'knowledge_distance', 'minilm_scorer',
+           'make_scorer', 'ranking_query', 'rank_top1', 'extract_knowledge', 'probe_rule', 'item_temperatures', 'probe',
+           'awaken', 'task1_data', 'save_run', 'run_awakening', 'intersect_ids', 'passing_ids', 'base_ids', 'hits_row',
+           'awakening_table', 'filter_counts', 'distance_table', 'paper_rows', 'plot_comparison']
 
 # %% ../nbs/14_awaken.ipynb #c005
 # awakening_unseen_entity_kgqa.txt, App. E, "The prompt template used in Awakening LLMs" (verbatim, + answer cue)
@@ -227,6 +227,22 @@ def minilm_scorer(query: str, texts: list[str]) -> np.ndarray:
     if not texts: return np.zeros(0)
     v = embed([query] + list(texts))
     return np.asarray(v[1:] @ v[0], dtype=float)
+
+BGE_RERANKER = "BAAI/bge-reranker-v2-m3"  # the paper's reranker (§4.2 Stage 2, ref. [44]); needs a download
+
+def make_scorer(name: str | None = None,  # None / "minilm" = offline MiniLM cosine; else a cross-encoder (e.g. BGE_RERANKER)
+                device: str = "cpu"):
+    "A reranker `scorer(query, texts) -> scores`: MiniLM cosine, or a sentence-transformers CrossEncoder by name/path."
+    if name in (None, "", "minilm"): return minilm_scorer
+    from sentence_transformers import CrossEncoder
+    try: model = CrossEncoder(name, device=device)
+    except Exception as e:
+        raise ValueError(f"make_scorer: cannot load reranker {name!r} ({type(e).__name__}: {e}); download it first "
+                         "(needs internet) or use 'minilm' (offline)") from e
+    def scorer(query: str, texts: list[str]) -> np.ndarray:
+        if not texts: return np.zeros(0)
+        return np.asarray(model.predict([(query, t) for t in texts], show_progress_bar=False), dtype=float)
+    return scorer
 
 def ranking_query(gold_path: dict, labels: dict, relation_labels: dict | None = None,
                   mode: str = "triple") -> str:  # "triple" = A_q–R_q¹–B (§4.2); "head_relation" = A_q–R_q¹ (App. B.8)
