@@ -69,9 +69,9 @@ class MethodConfig:
     k: int = 8  # k-NN triples shown
     max_triples: int = 300  # 2-hop triples ranked by k-NN
     max_relations: int = 12  # relations listed per prompt
-    max_context_chars: int = 700  # retrieved context cut to this many characters (the server has 2,048 tokens)
-    max_tokens: int = 40  # tokens generated per answer
-    plan_tokens: int = 40  # tokens generated per relation plan / pruning
+    max_context_chars: int = 500  # retrieved context cut to this many characters (the server has 2,048 tokens)
+    max_tokens: int = 32  # tokens generated per answer
+    plan_tokens: int = 32  # tokens generated per relation plan / pruning
     temperature: float = 0.0  # BRINK App. F: temperature 0
     seed: int = 0  # seed of samples (ToG entity pruning, k-hop caps)
 
@@ -340,7 +340,7 @@ Answer:"""
 def answer_prompt(template: str,  # one of the answer templates
                   q: dict,  # question view (question, topic_entity)
                   context_lines: Sequence[str] = (),  # retrieved context, most relevant first
-                  max_chars: int = 700,  # context budget
+                  max_chars: int = 500,  # context budget
                   **extra) -> str:  # other fields (e.g. rule)
     "Fill an answer template; the context is cut to `max_chars` (a line '(none)' when nothing was retrieved)."
     lines = clip_lines(list(context_lines), max_chars) or ["(none)"]
@@ -535,13 +535,23 @@ def _answer_with_paths(kg, qs, client, cfg, shown, paths_per_q, calls_before, de
     return [_record(parse_answer(o), kg, q["_topic"], ps, shown, c + 1, p)
             for q, ps, o, p, c in zip(qs, paths_per_q, outs, prompts, calls_before)]
 
-def method_llm_only(kg, qs, client, cfg, shown, train):
+def method_llm_only(kg: KG,  # KG of the setting (complete or incomplete)
+                    qs: list,  # question views (`question_view` + '_topic' index)
+                    client,  # kgrag_nb.llm.LLMClient
+                    cfg: MethodConfig,  # knobs
+                    shown: np.ndarray,  # shown string of every entity
+                    train: list) -> list[dict]:  # training questions (used by trained_paths)
     "Closed book: the question and topic entity only (no retrieval)."
     prompts = [LLM_ONLY_PROMPT.format(question=q["question"], topic=q["topic_entity"]) for q in qs]
     outs = _complete(client, prompts, cfg, cfg.max_tokens, "llm_only")
     return [_record(parse_answer(o), kg, q["_topic"], [], shown, 1, p) for q, o, p in zip(qs, outs, prompts)]
 
-def method_rog(kg, qs, client, cfg, shown, train):
+def method_rog(kg: KG,  # KG of the setting (complete or incomplete)
+               qs: list,  # question views (`question_view` + '_topic' index)
+               client,  # kgrag_nb.llm.LLMClient
+               cfg: MethodConfig,  # knobs
+               shown: np.ndarray,  # shown string of every entity
+               train: list) -> list[dict]:  # training questions (used by trained_paths)
     "RoG-style: the LLM plans relation paths from the relations at the topic; the paths are instantiated, then reasoned over."
     plans = [ROG_PLAN_PROMPT.format(question=q["question"], relations=", ".join(
         step_label(kg, s) for s in candidate_steps(kg, [q["_topic"]], cfg.max_relations))) for q in qs]
@@ -549,13 +559,23 @@ def method_rog(kg, qs, client, cfg, shown, train):
     paths = [_paths_for(kg, q["_topic"], parse_relation_paths(o, kg, cfg.max_hops, cfg.n_paths), cfg) for q, o in zip(qs, outs)]
     return _answer_with_paths(kg, qs, client, cfg, shown, paths, [1] * len(qs), "rog answer")
 
-def method_trained_paths(kg, qs, client, cfg, shown, train):
+def method_trained_paths(kg: KG,  # KG of the setting (complete or incomplete)
+                         qs: list,  # question views (`question_view` + '_topic' index)
+                         client,  # kgrag_nb.llm.LLMClient
+                         cfg: MethodConfig,  # knobs
+                         shown: np.ndarray,  # shown string of every entity
+                         train: list) -> list[dict]:  # training questions (used by trained_paths)
     "Training-based: relation paths ranked on the train split (same KG setting), top ones instantiated, then reasoned over."
     model = train_path_ranker(kg, train, cfg.max_hops)
     paths = [_paths_for(kg, q["_topic"], rank_paths(model, q, kg, cfg.n_paths), cfg) for q in qs]
     return _answer_with_paths(kg, qs, client, cfg, shown, paths, [0] * len(qs), "trained_paths answer")
 
-def method_tog(kg, qs, client, cfg, shown, train):
+def method_tog(kg: KG,  # KG of the setting (complete or incomplete)
+               qs: list,  # question views (`question_view` + '_topic' index)
+               client,  # kgrag_nb.llm.LLMClient
+               cfg: MethodConfig,  # knobs
+               shown: np.ndarray,  # shown string of every entity
+               train: list) -> list[dict]:  # training questions (used by trained_paths)
     "ToG-style: depth x (LLM prunes the frontier's relations to `width`, follow them, sample `max_beam` paths), then reason."
     beams, hist, calls = [[[]] for _ in qs], [[] for _ in qs], [0] * len(qs)
     for d in range(cfg.depth):
@@ -574,7 +594,12 @@ def method_tog(kg, qs, client, cfg, shown, train):
     paths = [beam_context(h)[:cfg.max_paths] for h in hist]
     return _answer_with_paths(kg, qs, client, cfg, shown, paths, calls, "tog answer")
 
-def method_knn_triples(kg, qs, client, cfg, shown, train):
+def method_knn_triples(kg: KG,  # KG of the setting (complete or incomplete)
+                       qs: list,  # question views (`question_view` + '_topic' index)
+                       client,  # kgrag_nb.llm.LLMClient
+                       cfg: MethodConfig,  # knobs
+                       shown: np.ndarray,  # shown string of every entity
+                       train: list) -> list[dict]:  # training questions (used by trained_paths)
     "G-Retriever-style retrieval: the k 2-hop triples most similar to the question (MiniLM), given as triples."
     got = [_retrieve_knn(kg, q, cfg, shown) for q in qs]
     prompts = [answer_prompt(TRIPLE_ANSWER_PROMPT, q, lines, cfg.max_context_chars) for q, (_, lines) in zip(qs, got)]
@@ -582,7 +607,12 @@ def method_knn_triples(kg, qs, client, cfg, shown, train):
     return [_record(parse_answer(o), kg, q["_topic"], [[t] for t in idx], shown, 1, p)
             for q, (idx, _), o, p in zip(qs, got, outs, prompts)]
 
-def method_oracle(kg, qs, client, cfg, shown, train):
+def method_oracle(kg: KG,  # KG of the setting (complete or incomplete)
+                  qs: list,  # question views (`question_view` + '_topic' index)
+                  client,  # kgrag_nb.llm.LLMClient
+                  cfg: MethodConfig,  # knobs
+                  shown: np.ndarray,  # shown string of every entity
+                  train: list) -> list[dict]:  # training questions (used by trained_paths)
     "Perfect retrieval (BRINK App. H): the rule and the grounding's body triples (the alternative path)."
     bodies = [[int(i) for i in kg.index_of(kg.encode(q["alternative_path"]))] for q in qs]
     for q, b in zip(qs, bodies):
