@@ -177,11 +177,13 @@ def verbalize_knowledge(knowledge: list,  # triples of one knowledge item
     def ent(e): return labels.get(e) or type_label(e)
     return "; ".join(f"{ent(h)}{sep}{rl.get(r) or relation_text(r)}{sep}{ent(t)}" for h, r, t in knowledge)
 
-def relation_text(relation: str) -> str:
+def relation_text(relation: str,  # a relation id (Freebase path or e.g. a Wikidata PID)
+                 ) -> str:
     "A relation as Table 1 writes it: the last name of a Freebase relation (`/sports/.../owners` -> `owners`); other ids as is."
     return type_label(relation) if relation.startswith("/") else relation
 
-def type_label(x: str) -> str:
+def type_label(x: str,  # an entity / type / relation id
+              ) -> str:
     "Readable text of an id without a label (`/people/person` -> `person`, `Q5` stays)."
     s = str(x).rstrip("/").split("/")[-1]
     return s.replace("_", " ") or str(x)
@@ -201,7 +203,9 @@ def leaks_answer(knowledge: list,  # triples of one knowledge item
     if any(h in ids or t in ids for h, _, t in knowledge): return True
     return any(acc_r(text, [a]) for a in answers if re.search(r"\w", str(a)))
 
-def distances_to(triples: list, targets) -> dict:
+def distances_to(triples: list,  # (h, r, t) triples of the graph to search
+                 targets,  # entities at distance 0 (the answer entities)
+                ) -> dict:
     "Undirected hop distance from every entity of `triples` to the nearest of `targets` (unreached entities left out)."
     adj = {}
     for h, _, t in triples: adj.setdefault(h, set()).add(t); adj.setdefault(t, set()).add(h)
@@ -215,13 +219,17 @@ def distances_to(triples: list, targets) -> dict:
         frontier = nxt
     return dist
 
-def knowledge_distance(knowledge: list, dist: dict) -> int | None:
+def knowledge_distance(knowledge: list,  # triples of one knowledge item
+                       dist: dict,  # entity -> hops, from `distances_to`
+                      ) -> int | None:
     "Hops from the knowledge's nearest entity to the answer (None when not connected)."
     ds = [dist[e] for h, _, t in knowledge for e in (h, t) if e in dist]
     return min(ds) if ds else None
 
 # %% ../nbs/14_awaken.ipynb #c022
-def minilm_scorer(query: str, texts: list[str]) -> np.ndarray:
+def minilm_scorer(query: str,  # the ranking query (`ranking_query`)
+                  texts: list[str],  # verbalized candidates
+                 ) -> np.ndarray:
     "Cosine similarity of `query` to each of `texts` under the offline MiniLM embedder (the default reranker)."
     from kgrag_nb.retrieval import embed
     if not texts: return np.zeros(0)
@@ -253,7 +261,10 @@ def ranking_query(gold_path: dict, labels: dict, relation_labels: dict | None = 
     if mode == "head_relation": return f"{a}, {r}"
     raise ValueError(f"ranking_query: mode={mode!r}; use 'triple' (§4.2) or 'head_relation' (App. B.8)")
 
-def rank_top1(query: str, texts: list[str], scorer=None) -> tuple[int, np.ndarray]:
+def rank_top1(query: str,  # the ranking query
+              texts: list[str],  # verbalized candidates
+              scorer=None,  # `scorer(query, texts) -> scores`; None = `minilm_scorer`
+             ) -> tuple[int, np.ndarray]:
     "(index of the best text, all scores) under `scorer` (default `minilm_scorer`); (-1, []) for no texts."
     if not texts: return -1, np.zeros(0)
     s = np.asarray((scorer or minilm_scorer)(query, list(texts)), dtype=float)
@@ -401,7 +412,9 @@ TABLES = ("questions", "candidates", "knowledge", "answers")
 def _jsonable(df: pd.DataFrame) -> pd.DataFrame:
     return df.map(lambda v: v.tolist() if isinstance(v, np.ndarray) else v)
 
-def save_run(result: dict, out_dir) -> list[Path]:
+def save_run(result: dict,  # from `run_awakening`
+             out_dir,  # folder to write into (created)
+            ) -> list[Path]:
     "Write the tables of a `run_awakening` result as `<out_dir>/awaken_<table>.jsonl` (one JSON object per row)."
     out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -475,7 +488,8 @@ def run_awakening(records: list,  # QA records (CWQ: `load_qa('cwq')`, topic ent
     return result
 
 # %% ../nbs/14_awaken.ipynb #c037
-def intersect_ids(id_sets: list) -> set:
+def intersect_ids(id_sets: list,  # one set of question ids per knowledge type (or model)
+                 ) -> set:
     "Questions present in every set (Table 2's intersection); empty for no sets."
     id_sets = [set(s) for s in id_sets]
     return set.intersection(*id_sets) if id_sets else set()
@@ -488,7 +502,8 @@ def passing_ids(knowledge: pd.DataFrame, type_: str, mode: str = "triple", metho
     if col not in k: return set()
     return set(k.loc[[probe_rule(v, min_true) if isinstance(v, (list, tuple, np.ndarray)) else False for v in k[col]], "id"])
 
-def base_ids(result: dict) -> set:
+def base_ids(result: dict,  # from `run_awakening`
+            ) -> set:
     "Step-1-unanswerable questions with a gold path (the No-RAG population, F of Table 4's No-RAG row)."
     q = result["questions"]
     return set(q.loc[(q["status"] == "ok") & (q["answerable"] == 0), "id"])
