@@ -108,7 +108,7 @@ def _start(self: EmbeddedServer) -> EmbeddedServer:
     "Start the server (or reuse one serving the same alias on the port) and wait until it reports its model."
     if self.running: return self
     if port_in_use(self.host, self.port):
-        served = served_models(self.url)
+        served = served_models(self.url, timeout=15.0)  # a busy server answers late: wait before calling it foreign
         if served is not None and self.model in served: self.reused = True; return self
         raise RuntimeError(f"port {self.port} on {self.host} is taken by {'a server of ' + str(served) if served else 'another program'}; "
                            f"pass port=... (or set KGRAG_EMBEDDED_PORT) or stop that program")
