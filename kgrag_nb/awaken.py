@@ -8,7 +8,7 @@ import json, re
 from pathlib import Path
 import numpy as np, pandas as pd
 from .baselines import parse_short_answer
-from .metrics import acc_r, bootstrap_ci
+from .metrics import acc_r, percent_cis
 
 # %% auto #0
 __all__ = ['AWAKENING_TEMPLATE', 'PROBE_TEMPLATE', 'Triple', 'KNOWLEDGE_TYPES', 'MAIN_TYPES', 'BGE_RERANKER',
@@ -514,10 +514,9 @@ def hits_row(ans: pd.DataFrame,  # rows of `result['answers']` for one type (and
     "One table row: label, F, Hits@1 and Hits@10 (%) with 95% bootstrap CIs over the questions `ids`."
     a = ans[ans["id"].isin(ids)]
     row = {"knowledge type": label, "F": len(a)}
-    for col, name in (("hits1", "Hits@1"), ("hits10", "Hits@10")):
-        if len(a): p, lo, hi = bootstrap_ci(a[col].to_numpy(float), n_resamples=n_resamples, seed=seed)
-        else: p = lo = hi = np.nan
-        row |= {name: 100 * p, f"{name} CI": f"[{100 * lo:.1f}, {100 * hi:.1f}]" if len(a) else ""}
+    cis = percent_cis(a, {"hits1": "Hits@1", "hits10": "Hits@10"}, seed, n_resamples) if len(a) else {}
+    for name in ("Hits@1", "Hits@10"):
+        row |= {name: cis.get(name, np.nan), f"{name} CI": f"[{cis[name + ' CI low']:.1f}, {cis[name + ' CI high']:.1f}]" if cis else ""}
     return row
 
 def awakening_table(result: dict, types=MAIN_TYPES, mode: str = "triple", method: str = "nli", temperature: float = 0.7,

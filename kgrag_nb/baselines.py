@@ -5,7 +5,7 @@
 # %% ../nbs/09_baselines.ipynb #c002
 from __future__ import annotations
 import numpy as np, pandas as pd
-from .metrics import acc_r, bootstrap_ci
+from .metrics import acc_r, percent_cis
 
 # %% auto #0
 __all__ = ['AWAKENING_NO_RAG_TEMPLATE', 'PAPER_NO_RAG', 'no_rag_prompt', 'parse_short_answer', 'draw_temperatures', 'closed_book',
@@ -86,9 +86,7 @@ def closed_book(client,  # a `kgrag_nb.llm.LLMClient`
 def summarize_closed_book(per_question: pd.DataFrame, label: str, seed: int = 0, n_resamples: int = 1000) -> dict:
     "Headline numbers of one closed-book run with 95% bootstrap CIs (in %)."
     out = {"dataset": label, "n": len(per_question)}
-    for col, name in (("hits1", "Hits@1"), ("hits10", "Hits@10"), ("answerable", "answerable")):
-        point, low, high = bootstrap_ci(per_question[col].to_numpy(float), n_resamples=n_resamples, seed=seed)
-        out.update({name: 100 * point, f"{name} CI low": 100 * low, f"{name} CI high": 100 * high})
+    out |= percent_cis(per_question, {"hits1": "Hits@1", "hits10": "Hits@10", "answerable": "answerable"}, seed, n_resamples)
     out["unanswerable (Step 1)"] = int((per_question["answerable"] == 0).sum())
     return out
 

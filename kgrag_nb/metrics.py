@@ -17,7 +17,7 @@ __all__ = ['TIE_POLICIES', 'acc_r_tokens', 'squad_normalize', 'brink_normalize',
            'brink_split', 'brink_sets', 'brink_scores', 'brink_per_question', 'hard_hits_rate', 'brink_evaluate',
            'permissive_scores', 'permissive_evaluate', 'exact_match', 'token_f1', 'CharTokenizer', 'rouge_scores',
            'bleu', 'sentence_bleu', 'bleu_n', 'context_recall', 'filtered_ranks', 'ranking_metrics', 'kbqa_hits_at_1',
-           'following_rate', 'MannWhitney', 'mann_whitney', 'bootstrap_ci', 'bootstrap_ratio_ci']
+           'following_rate', 'MannWhitney', 'mann_whitney', 'bootstrap_ci', 'bootstrap_ratio_ci', 'percent_cis']
 
 # %% ../nbs/06_metrics.ipynb #c005
 _PUNCT_DELETE = str.maketrans("", "", string.punctuation)
@@ -464,3 +464,15 @@ def bootstrap_ratio_ci(numerators,  # per-question numerators (e.g. hits_hard)
     dist = [ratio(num[idx].sum(1), den[idx].sum(1)) for idx in _resample_chunks(num.size, n_resamples, seed)]
     low, high = np.percentile(np.concatenate(dist), [50 * (1 - ci), 50 * (1 + ci)])
     return float(ratio(np.array([num.sum()]), np.array([den.sum()]))[0]), float(low), float(high)
+
+# %% ../nbs/06_metrics.ipynb #pcis0
+def percent_cis(rows,  # per-question rows: a DataFrame (or dict of arrays) with the columns named in `columns`
+                columns: dict,  # column -> display name, e.g. {"hits1": "Hits@1"}
+                seed: int = 0,  # bootstrap seed
+                n_resamples: int = 1000) -> dict:  # bootstrap resamples
+    "Mean of each column in %, with its 95% bootstrap CI in %: `{name: .., 'name CI low': .., 'name CI high': ..}`."
+    out = {}
+    for col, name in columns.items():
+        point, low, high = bootstrap_ci(np.asarray(rows[col], dtype=float), n_resamples=n_resamples, seed=seed)
+        out |= {name: 100 * point, f"{name} CI low": 100 * low, f"{name} CI high": 100 * high}
+    return out

@@ -15,7 +15,7 @@ from .kg import KG, AWAKENING_MAX_SUBGRAPH_TRIPLES
 from .backends import KGBackend, LocalBackend, RelationRetriever, RELATION_MODES
 from .datasets import mid_to_fb15k
 from .baselines import no_rag_prompt, parse_short_answer
-from .metrics import acc_r, hits_at_k, bootstrap_ci
+from .metrics import acc_r, hits_at_k, percent_cis
 
 # %% auto #0
 __all__ = ['EXTRACTION_TEMPLATE', 'DISAMBIGUATION_TEMPLATE', 'TOP_LEVEL_TYPES', 'TYPE_TEMPLATE', 'KNOWLEDGE_SETS', 'METHODS',
@@ -474,9 +474,7 @@ def summarize_unseen(frame: pd.DataFrame,  # from `run_unseen_entity_qa`
     for m in [m for m in METHODS if m in set(frame["method"])]:
         d = frame[frame["method"] == m]
         row = dict(method=m, F=len(d))
-        for col, name in (("hits1", "Hits@1"), ("hits10", "Hits@10")):
-            pt, lo, hi = bootstrap_ci(d[col].to_numpy(float), n_resamples=n_resamples, seed=seed)
-            row.update({name: 100 * pt, f"{name} CI low": 100 * lo, f"{name} CI high": 100 * hi})
+        row |= percent_cis(d, {"hits1": "Hits@1", "hits10": "Hits@10"}, seed, n_resamples)
         row["no knowledge"] = int(d["no_knowledge"].sum())
         rows.append(row)
     return pd.DataFrame(rows)
