@@ -82,6 +82,8 @@ UPSTREAM = {  # repository @ commit of each mirror folder (SOURCES.md); full SHA
     "flashrag": f"{_RAW}/RUC-NLPIR/FlashRAG/be9453de",
     "hipporag": f"{_RAW}/OSU-NLP-Group/HippoRAG/c617143f01477243992a63b2e2151cc003dd3b21",
     "kag": f"{_RAW}/OpenSPG/KAG/0564dc67",
+    "litm": f"{_RAW}/nelson-liu/lost-in-the-middle/29b8a6d0",
+    "cmdd": f"{_RAW}/Toyhom/Chinese-medical-dialogue-data/26724a4357fcd142f0cab81188cacf1a2dd8a827",
 }
 
 # %% ../nbs/02_datasets.ipynb #c010
@@ -132,6 +134,9 @@ _MIRROR = {  # mirror path: (sha256, size in bytes, upstream key, upstream path,
     "scopecoe/HotpotQA_CoE.json": ("6ea8e635978f1cb9b94ae5dfd57db43907de3d98668f9cda83046a980d1583ee", 1954330, "scopecoe", "data/HotpotQA_CoE.json", None),
     "nq_open/NQ-open.dev.jsonl": ("f15567f38099f3615f5b8a685c0aef449c11ad90d3da3735e8d1b98115b40616", 391316, "nq", "nq_open/NQ-open.dev.jsonl", None),
     "nq_open/wiki_passages_sample_1000.jsonl": ("4ff49380c38844c413c5d022e9c269b21a00726130f561b518600f2beb7cc6ed", 677910, "flashrag", "examples/quick_start/indexes/sample_data.jsonl", None),
+    "nq_open/nq-open-oracle.jsonl.gz": ("6a7f72b846f663a133ef952244e5a4e43f06bcf190afe34e8fbe687ce0d1653e", 900334, "litm", "qa_data/nq-open-oracle.jsonl.gz", None),
+    # upstream name `Data_数据/IM_内科/样例_内科5000-6000.csv` (GB18030), renamed to ASCII in the mirror, content unchanged
+    "medical_zh/chinese_medical_dialogue_neike_sample_5000-6000.csv": ("133e5f7e9a3255468375c258381d131b1dc0a4fff6d431cbe743884139b1eb25", 3481463, "cmdd", "Data_%E6%95%B0%E6%8D%AE/IM_%E5%86%85%E7%A7%91/%E6%A0%B7%E4%BE%8B_%E5%86%85%E7%A7%915000-6000.csv", None),
     "2wiki/2wikimultihopqa_corpus.json": ("9d6e352952aafb18dab22bf8195039461321a44a949df902ae83bce134ad238a", 3083943, "hipporag", "reproduce/dataset/2wikimultihopqa_corpus.json", None),
     "2wiki/dev_two_records.json": ("38904f170708531e9afc6d76a78f5f3f5d6391aaffce51497b3673866d821bd6", 12328, "kag", "kag/open_benchmark/2wiki/data/qa_sub.json", None),
 }
@@ -259,6 +264,16 @@ REGISTRY: dict[str, DatasetSpec] = {s.name: s for s in [
     _spec("rog_webqsp", "qa", [], _WEBQSP + "; @inproceedings{luo2024rog, Luo et al., Reasoning on Graphs, ICLR 2024}", "see homepage",
           "https://huggingface.co/datasets/rmanluo/RoG-webqsp", "RoG's WebQSP with per-question subgraphs (Hugging Face "
           "dataset). No direct file download here.", online=[]),
+    _spec("nq_open_oracle", "qa", ["nq_open/nq-open-oracle.jsonl.gz"],
+          _NQ + "; @article{liu2024lost, Liu et al., Lost in the Middle: How Language Models Use Long Contexts, TACL 2024}",
+          "MIT (lost-in-the-middle repository); NQ data CC BY-SA 3.0", "https://github.com/nelson-liu/lost-in-the-middle",
+          "2,655 NQ-open dev questions, each with its annotated gold Wikipedia passage (`ctxs[0]`: title, text; every "
+          "passage contains an answer). Gzipped JSON lines. Used by the missing-knowledge RAG study (missing_knowledge_rag.txt §4.1)."),
+    _spec("medical_zh", "qa", ["medical_zh/chinese_medical_dialogue_neike_sample_5000-6000.csv"],
+          "@misc{toyhom2019cmdd, Toyhom, Chinese medical dialogue data, GitHub 2019}", "MIT (Chinese-medical-dialogue-data repository)",
+          "https://github.com/Toyhom/Chinese-medical-dialogue-data",
+          "Chinese online medical consultations, internal medicine sample (columns department,title,ask,answer; GB18030; "
+          "7,644 rows). The same genre as Huatuo-26M's consultation QA, its offline substitute in the missing-knowledge RAG study."),
     _spec("huatuo26m", "qa", [], "@article{li2023huatuo26m, Li et al., Huatuo-26M, a Large-scale Chinese Medical QA Dataset, arXiv 2023}",
           "see homepage", "https://github.com/FreedomIntelligence/Huatuo-26M",
           "Used by the missing-knowledge RAG paper (missing_knowledge_rag.txt §4); download per the homepage. Not in the mirror.", online=[]),

@@ -41,7 +41,9 @@ def test_registry_covers_every_mirror_file_once():
     online = [s for s in REGISTRY.values() if not s.offline_available]
     assert {"wikidata5m", "2wikimultihopqa", "mintaka_train", "mintaka_test", "codex-m-splits"} <= {s.name for s in online}
     assert all(f.sha256 is None and f.url.startswith("http") for s in online for f in s.files)
-    assert len(list_datasets()) == len(REGISTRY) == 30
+    assert len(list_datasets()) == len(REGISTRY) == 32
+    assert REGISTRY["nq_open_oracle"].file("nq-open-oracle.jsonl.gz").url.endswith("/nelson-liu/lost-in-the-middle/29b8a6d0/qa_data/nq-open-oracle.jsonl.gz")
+    assert REGISTRY["medical_zh"].offline_available and "GB18030" in REGISTRY["medical_zh"].notes
 
 
 def test_archive_members_name_the_archive_url():
