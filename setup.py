@@ -14,6 +14,6 @@ setuptools.setup(
     include_package_data=True, python_requires=">=" + c["min_python"],
     install_requires=req("requirements"),
     extras_require={"cpu": req("cpu_requirements"), "gpu": req("gpu_requirements"), "dev": req("dev_requirements")},
-    entry_points={"console_scripts": req("console_scripts"), "nbdev": [f"{c['lib_path']}={c['lib_path']}._modidx:d"]},
+    entry_points={"console_scripts": req("console_scripts"), "kgrag_nb.studies": req("study_modules"), "nbdev": [f"{c['lib_path']}={c['lib_path']}._modidx:d"]},
     zip_safe=False,
 )

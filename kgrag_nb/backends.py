@@ -15,7 +15,7 @@ import numpy as np
 
 from .config import Config, get_config
 from .kg import KG, AWAKENING_MAX_SUBGRAPH_TRIPLES
-from .cli import benchmark
+from .hooks import benchmark
 
 # %% auto #0
 __all__ = ['RDFS_LABEL', 'RDF_TYPE', 'WD', 'WDT', 'FB', 'WIKIDATA_ENDPOINT', 'DIALECTS', 'DEFAULT_BASE_IRI', 'DIRECTIONS',

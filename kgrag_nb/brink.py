@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from .cli import evaluator
+from .hooks import evaluator
 from .kg import KG
 from .metrics import bootstrap_ci, bootstrap_ratio_ci, brink_normalize, brink_per_question, hard_hits_rate, permissive_scores
 

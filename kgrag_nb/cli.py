@@ -6,18 +6,14 @@
 from __future__ import annotations
 import argparse, json, sys
 from .config import get_config
+from .hooks import SUBCOMMANDS, BENCHMARKS, EVALUATORS, subcommand, benchmark, load_study_modules
 
 # %% auto #0
-__all__ = ['SUBCOMMANDS', 'STUDY_MODULES', 'BENCHMARKS', 'EVALUATORS', 'subcommand', 'benchmark', 'evaluator', 'build_parser',
-           'main']
+__all__ = ['build_parser', 'main']
 
 # %% ../nbs/10_cli.ipynb #c004
-SUBCOMMANDS = []
-STUDY_MODULES = ["kgrag_nb.backends", "kgrag_nb.rules", "kgrag_nb.brink", "kgrag_nb.brink_methods", "kgrag_nb.awaken", "kgrag_nb.unseen", "kgrag_nb.jcql", "kgrag_nb.missing", "kgrag_nb.coe"]
-
-def subcommand(fn):
-    "Register `fn(subparsers)`, which adds a subcommand to `kgrag` and sets its handler with `set_defaults(func=...)`."
-    SUBCOMMANDS.append(fn); return fn
+# The registries (`SUBCOMMANDS`, `BENCHMARKS`, `EVALUATORS`) and their decorators live in `kgrag_nb.hooks`, the lowest
+# layer, so that study modules register without importing the CLI; the CLI imports the study modules (entry points).
 
 # %% ../nbs/10_cli.ipynb #c005
 def _parse_value(text: str):
@@ -94,14 +90,6 @@ def _serve(sub):
     p.set_defaults(func=run)
 
 # %% ../nbs/10_cli.ipynb #c008
-BENCHMARKS = {}  # name -> (function returning a dict or a list of dicts, help text)
-
-def benchmark(name: str, help: str = ""):
-    "Register `fn(n=None, **kwargs) -> dict | list[dict]` as `kgrag bench NAME` (`n`: the benchmark's size knob)."
-    def register(fn):
-        BENCHMARKS[name] = (fn, help); return fn
-    return register
-
 @benchmark("llm", "client vs raw openai requests/s on one server, and the warm-cache rerun")
 def _bench_llm(n=None, llm_url=None, **kw):
     from kgrag_nb.bench import bench_llm
@@ -148,14 +136,6 @@ def _datasets(sub):
     p.set_defaults(func=run)
 
 # %% ../nbs/10_cli.ipynb #c010
-EVALUATORS = {}  # name -> (function adding options to its parser and returning the handler, help text)
-
-def evaluator(name: str, help: str = ""):
-    "Register `add(parser) -> handler` as `kgrag evaluate NAME` (a study's scorer for predictions from any system)."
-    def register(add):
-        EVALUATORS[name] = (add, help); return add
-    return register
-
 @subcommand
 def _evaluate(sub):
     p = sub.add_parser("evaluate", help="score a system's predictions on a benchmark (see `kgrag evaluate -h`)")
@@ -174,8 +154,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `kgrag` console script."
-    import importlib, importlib.util
-    for mod in STUDY_MODULES:  # study modules register their subcommands with @subcommand when imported
-        if importlib.util.find_spec(mod): importlib.import_module(mod)
+    load_study_modules()  # study modules (entry points `kgrag_nb.studies`) register their subcommands when imported
     args = build_parser().parse_args(argv)
     return args.func(args)

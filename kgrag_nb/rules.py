@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 from .kg import KG
-from .cli import subcommand, benchmark
+from .hooks import subcommand, benchmark
 
 # %% auto #0
 __all__ = ['VAR_NAMES', 'RULE_TYPES', 'OTHER_PATTERNS', 'TSV_COLUMNS', 'MIN_PARALLEL_ITEMS', 'BRINK_TABLE1', 'APP_A2',
