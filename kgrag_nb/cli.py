@@ -4,7 +4,7 @@
 
 # %% ../nbs/10_cli.ipynb #c002
 from __future__ import annotations
-import argparse, json, sys
+import argparse, json, signal, sys
 from .config import get_config
 from .hooks import SUBCOMMANDS, BENCHMARKS, EVALUATORS, subcommand, benchmark, load_study_modules
 
@@ -80,7 +80,7 @@ def _serve(sub):
             serve.serve_vllm(args.model, tensor_parallel_size=args.tensor_parallel_size, host=args.host, port=args.port)
             return 0
         import time
-        server = serve.EmbeddedServer(get_config(), port=args.port, n_ctx=args.n_ctx).start()
+        server = serve.EmbeddedServer(get_config(), port=args.port, n_ctx=args.n_ctx, shared=True).start()  # others may reuse it
         print(f"serving {server.model} at {server.url} (Ctrl-C stops)", flush=True)
         try:
             while True: time.sleep(3600)
@@ -152,8 +152,24 @@ def build_parser() -> argparse.ArgumentParser:
     for add in SUBCOMMANDS: add(sub)
     return parser
 
+def _terminate_like_ctrl_c(signum, frame):
+    "SIGTERM handler: raise KeyboardInterrupt so every `finally` (servers, kernels, manifests) runs as on Ctrl-C."
+    raise KeyboardInterrupt(f"signal {signum}")
+
 def main(argv: list[str] | None = None) -> int:
-    "Entry point of the `kgrag` console script."
+    "Entry point of the `kgrag` console script (SIGTERM stops it like Ctrl-C: exit code 143, servers stopped)."
+    terminated = []
+    def on_sigterm(signum, frame): terminated.append(signum); _terminate_like_ctrl_c(signum, frame)
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        rc = _main(argv)
+        return 143 if terminated else rc
+    except KeyboardInterrupt:
+        print("kgrag: terminated" if terminated else "kgrag: interrupted", file=sys.stderr)
+        return 143 if terminated else 130
+    finally: signal.signal(signal.SIGTERM, previous)
+
+def _main(argv: list[str] | None = None) -> int:
     load_study_modules()  # study modules (entry points `kgrag_nb.studies`) register their subcommands when imported
     args = build_parser().parse_args(argv)
     return args.func(args)

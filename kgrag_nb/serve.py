@@ -4,7 +4,7 @@
 
 # %% ../nbs/04_serve.ipynb #c002
 from __future__ import annotations
-import atexit, os, shutil, signal, socket, subprocess, sys, time
+import atexit, ctypes, json, os, shutil, signal, socket, subprocess, sys, time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -13,8 +13,8 @@ import httpx
 from .config import EMBEDDED_MODEL_ALIAS, Config, get_config
 
 # %% auto #0
-__all__ = ['LOOPBACK', 'embedded_model_path', 'free_port', 'port_in_use', 'served_models', 'EmbeddedServer', 'llm_endpoint',
-           'vllm_command', 'serve_vllm']
+__all__ = ['LOOPBACK', 'embedded_model_path', 'free_port', 'port_in_use', 'served_models', 'EmbeddedServer', 'server_state',
+           'run_llama_server', 'llm_endpoint', 'vllm_command', 'serve_vllm']
 
 # %% ../nbs/04_serve.ipynb #c005
 _ASSEMBLED: dict[Path, Path] = {}
@@ -68,7 +68,9 @@ class EmbeddedServer:
                  n_threads: int | None = None,  # CPU threads; None = all cores
                  log_path: str | Path | None = None,  # server log; None = cfg.cache_dir/logs/llama_server_<port>.log
                  model_path: str | Path | None = None,  # GGUF file; None = embedded_model_path(cfg)
-                 startup_timeout: float = 120.0):  # seconds to wait for the server to report its model
+                 startup_timeout: float = 120.0,  # seconds to wait for the server to report its model
+                 shared: bool = False,  # other processes may reuse it (`kgrag serve embedded`); owned servers are never adopted
+                 deterministic: bool = True):  # evaluate every prompt from scratch (no KV prefix reuse), see above
         self.cfg = cfg or get_config()
         self.host, self.port = self.cfg.embedded_host, int(port or self.cfg.embedded_port)
         if self.host not in LOOPBACK:
@@ -77,6 +79,7 @@ class EmbeddedServer:
         self.n_ctx, self.n_threads, self.model_path, self.startup_timeout = n_ctx, n_threads, model_path, startup_timeout
         self.log_path = Path(log_path) if log_path else self.cfg.cache_dir / "logs" / f"llama_server_{self.port}.log"
         self.model, self.proc, self.reused = EMBEDDED_MODEL_ALIAS, None, False
+        self.shared, self.deterministic, self.replaced_orphan = shared, deterministic, None
 
     @property
     def url(self) -> str:
@@ -98,15 +101,72 @@ class EmbeddedServer:
         try: return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError: return "(no log)"
 
+# %% ../nbs/04_serve.ipynb #c011a
+def _state_path(cfg: Config, port: int) -> Path: return cfg.cache_dir / "servers" / f"{int(port)}.json"
+
+def _pid_alive(pid) -> bool:
+    "True when a process with this pid exists (and is not a zombie)."
+    try: os.kill(int(pid), 0)
+    except (OSError, ValueError, TypeError): return False
+    try: return Path(f"/proc/{int(pid)}/stat").read_text().split(") ")[-1][:1] != "Z"
+    except OSError: return True  # no /proc: trust kill(0)
+
+def server_state(cfg: Config, port: int) -> dict | None:
+    "The state file of the embedded server on `port` (server pid, owner pid, shared), or None when there is none."
+    try: return json.loads(_state_path(cfg, port).read_text())
+    except (OSError, ValueError): return None
+
+def _parent_death_signal():
+    "preexec_fn: ask the kernel to SIGTERM this child when its parent dies (Linux); elsewhere a no-op."
+    try: ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except OSError: pass
+
+def run_llama_server():
+    "Entry point of the embedded server process: `llama_cpp.server` with KV prefix reuse turned off (deterministic)."
+    import llama_cpp, llama_cpp.server.__main__ as server_main  # only inside the server process (heavy)
+    generate = llama_cpp.Llama.generate
+    def generate_from_scratch(self, tokens, *args, **kwargs):
+        if kwargs.get("reset", True): self.n_tokens = 0  # forget the previous request: the whole prompt is evaluated
+        return generate(self, tokens, *args, **kwargs)
+    llama_cpp.Llama.generate = generate_from_scratch
+    server_main.main()
+
 # %% ../nbs/04_serve.ipynb #c012
 def _command(self: EmbeddedServer, model_path: Path) -> list[str]:
-    argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(model_path), "--model_alias", self.model,
+    head = ([sys.executable, "-c", "from kgrag_nb.serve import run_llama_server; run_llama_server()"] if self.deterministic
+            else [sys.executable, "-m", "llama_cpp.server"])
+    argv = head + ["--model", str(model_path), "--model_alias", self.model,
             "--host", self.host, "--port", str(self.port), "--n_ctx", str(self.n_ctx)]
     return argv + (["--n_threads", str(self.n_threads)] if self.n_threads else [])
+
+def _terminate(pid: int, timeout: float = 10.0):
+    "SIGTERM `pid`, SIGKILL after `timeout` seconds."
+    try: os.kill(pid, signal.SIGTERM)
+    except OSError: return
+    deadline = time.monotonic() + timeout
+    while _pid_alive(pid) and time.monotonic() < deadline: time.sleep(0.1)
+    if _pid_alive(pid):
+        try: os.kill(pid, signal.SIGKILL)
+        except OSError: pass
+
+def _wait_port_free(host: str, port: int, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while port_in_use(host, port) and time.monotonic() < deadline: time.sleep(0.1)
 
 def _start(self: EmbeddedServer) -> EmbeddedServer:
     "Start the server (or reuse one serving the same alias on the port) and wait until it reports its model."
     if self.running: return self
+    if port_in_use(self.host, self.port):
+        state = server_state(self.cfg, self.port)
+        if state and _pid_alive(state.get("server_pid")) and not state.get("shared") and state.get("owner_pid") != os.getpid():
+            if _pid_alive(state.get("owner_pid")):  # another live run owns it and will stop it: never adopt, start our own
+                self.port = free_port(self.host)
+                return self.start()
+            self.replaced_orphan = state["server_pid"]  # its owner is gone: an orphan; stop it and take the port
+            _terminate(int(state["server_pid"]))
+            _wait_port_free(self.host, self.port)
+            _state_path(self.cfg, self.port).unlink(missing_ok=True)
+            return self.start()
     if port_in_use(self.host, self.port):
         served = served_models(self.url, timeout=15.0)  # a busy server answers late: wait before calling it foreign
         if served is not None and self.model in served: self.reused = True; return self
@@ -121,8 +181,12 @@ def _start(self: EmbeddedServer) -> EmbeddedServer:
         log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(argv)}\n".encode())
         log.flush()
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True)  # Ctrl-C in a notebook does not kill it; stop() does
+                                     start_new_session=True,  # Ctrl-C in a notebook does not kill it; stop() does
+                                     preexec_fn=_parent_death_signal)  # ... and it dies with this process, even on SIGKILL
     atexit.register(self.stop)
+    path = _state_path(self.cfg, self.port); path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dict(server_pid=self.proc.pid, owner_pid=os.getpid(), shared=self.shared, model=self.model,
+                                    started=time.strftime("%Y-%m-%dT%H:%M:%S"))))
     deadline = time.monotonic() + self.startup_timeout
     while time.monotonic() < deadline:
         if self.proc.poll() is not None:
@@ -142,6 +206,8 @@ def _stop(self: EmbeddedServer, timeout: float = 10.0):  # seconds between SIGTE
     proc, self.proc = self.proc, None
     if proc is None: return
     atexit.unregister(self.stop)
+    state = server_state(self.cfg, self.port)
+    if state and state.get("server_pid") == proc.pid: _state_path(self.cfg, self.port).unlink(missing_ok=True)
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try: proc.wait(timeout)
