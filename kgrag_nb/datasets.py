@@ -324,16 +324,17 @@ def _json_store(path: Path, data: dict):
 
 def cached_sha256(path: Path | str,  # file to hash
                   cfg: Config | None = None) -> str:  # config whose `cache_dir` holds the hash cache
-    "sha256 of `path`, reusing the cached value while the file's mtime and size are unchanged."
+    "sha256 of `path`, reusing the cached value while the file's size, mtime, inode and ctime are unchanged."
     cfg = cfg or get_config()
     path = Path(path).resolve()
     st = path.stat()
     cache_file = cfg.cache_dir / "datasets" / "sha256_cache.json"
     cache = _json_load(cache_file)
     hit = cache.get(str(path))
-    if hit and hit.get("mtime_ns") == st.st_mtime_ns and hit.get("size") == st.st_size: return hit["sha256"]
+    stamp = {"mtime_ns": st.st_mtime_ns, "size": st.st_size, "ino": st.st_ino, "ctime_ns": st.st_ctime_ns}
+    if hit and all(hit.get(k) == v for k, v in stamp.items()): return hit["sha256"]
     digest = file_sha256(path)
-    cache[str(path)] = {"mtime_ns": st.st_mtime_ns, "size": st.st_size, "sha256": digest}
+    cache[str(path)] = stamp | {"sha256": digest}
     _json_store(cache_file, cache)
     return digest
 
@@ -351,6 +352,9 @@ def _check_member_path(archive, name: str, dest: Path, symlinks: set) -> PurePos
     rel = PurePosixPath(*[p for p in parts if p not in ("", ".")]) if parts else PurePosixPath(".")
     for i in range(1, len(rel.parts)):
         if PurePosixPath(*rel.parts[:i]) in symlinks: raise _unsafe(archive, name, "passes through a symlink member", dest)
+        if (dest / PurePosixPath(*rel.parts[:i])).is_symlink():  # a link already in the folder would redirect the write
+            raise _unsafe(archive, name, f"would be written through the existing symlink {dest / PurePosixPath(*rel.parts[:i])}", dest)
+    if (dest / rel).is_symlink(): raise _unsafe(archive, name, f"would overwrite the existing symlink {dest / rel}", dest)
     return rel
 
 def _check_link(archive, name: str, rel: PurePosixPath, target: str, dest: Path, hard: bool):

@@ -186,6 +186,26 @@ def test_safe_extract_refuses_escaping_members(tmp_path, members, reason, fmt):
     assert not (tmp_path / "a" / "evil").exists() and not Path("/tmp/kgrag_evil_abs").exists()
 
 
+@pytest.mark.parametrize("fmt", ["tar", "zip"])
+def test_safe_extract_refuses_to_write_through_a_symlink_already_in_the_folder(tmp_path, fmt):
+    outside = tmp_path / "outside"; outside.mkdir()
+    dest = tmp_path / "out"; dest.mkdir(); (dest / "d").symlink_to(outside)
+    members = [("d/x.txt", b"x")]
+    archive = _zip(tmp_path / "a.zip", members) if fmt == "zip" else _tar(tmp_path / "a.tar.gz", members)
+    with pytest.raises(UnsafeArchiveError, match="existing symlink"): safe_extract(archive, dest)
+    assert not (outside / "x.txt").exists()
+
+
+def test_a_byte_changed_with_size_and_mtime_kept_is_detected(tmp_path):
+    c = get_config(cache_dir=tmp_path / "cache")
+    p = tmp_path / "facts.txt"; p.write_bytes(b"a\tr\tb\n")
+    first = cached_sha256(p, c)
+    st = p.stat()
+    p.write_bytes(b"a\tr\tc\n"); os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert p.stat().st_size == st.st_size and p.stat().st_mtime_ns == st.st_mtime_ns
+    assert cached_sha256(p, c) == file_sha256(p) != first
+
+
 def test_safe_extract_rejects_non_archives(tmp_path):
     p = tmp_path / "x.tar.gz"; p.write_text("not an archive")
     with pytest.raises(UnsafeArchiveError, match="neither a tar nor a zip"):
