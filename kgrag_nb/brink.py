@@ -4,7 +4,7 @@
 
 # %% ../nbs/12_brink.ipynb #c002
 from __future__ import annotations
-import hashlib, itertools, json, math, re
+import hashlib, itertools, json, math, re, warnings
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -510,8 +510,12 @@ def read_predictions(predictions) -> dict:  # JSONL path, list of {'id', 'predic
         path = Path(predictions)
         if not path.exists(): raise FileNotFoundError(f"predictions file {path} does not exist")
         items, where = [], lambda i: f"{path}: line {i}"
-        with open(path, encoding="utf-8") as fh:
-            for i, line in enumerate(fh, 1):
+        with open(path, "rb") as fh:
+            for i, raw in enumerate(fh, 1):
+                try: line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise PredictionFormatError(f"{path}: line {i} is not valid UTF-8 (byte {e.start}: {raw[e.start:e.start + 1]!r}); "
+                                                "save the predictions file as UTF-8") from None
                 if not line.strip(): continue
                 try: rec = json.loads(line)
                 except json.JSONDecodeError as e:
@@ -559,6 +563,10 @@ def evaluate(predictions,  # JSONL path, list of dicts (`id` + prediction) or di
                                     f"predict every question or pass missing='empty' (--missing empty)")
     outs = [preds.get(str(q["id"]), []) for q in qs]
     golds = [q["answers"] for q in qs]
+    verbatim = sum(isinstance(o, list) and o == list(g) for o, g in zip(outs, golds))
+    if qs and verbatim == len(qs):
+        warnings.warn(f"all {len(qs)} predictions equal the gold answer lists verbatim: is the predictions file the "
+                      "benchmark's own questions file? Scores of 1.0 here measure nothing", stacklevel=2)
     hards = [q.get("hard_answer") for q in qs]
     has_hard = all(h is not None for h in hards)
     per = brink_per_question(outs, golds, hards if has_hard else None)

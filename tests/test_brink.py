@@ -3,7 +3,7 @@
 Hand-built tiny KGs and hand-made rules with hand-computed expectations; hypothesis properties of the removal step;
 the CLI through `kgrag_nb.cli.main`; question generation against the real embedded llama.cpp server (marked `llm`).
 """
-import json, math
+import json, math, warnings
 
 import numpy as np
 import pandas as pd
@@ -505,3 +505,19 @@ def test_generate_questions_family_embedded(embedded_server, tmp_path):
     gen = {r["id"]: r["generation"] for r in generate_questions(fam, recs, client)}
     assert client.usage.cache_hits == 3 and client.usage.requests == 3
     assert all(gen[q["id"]] == q["generation"] for q in load_benchmark(bm.path).questions)
+
+
+def test_the_gold_file_given_as_predictions_is_warned_about(tmp_path, capsys):
+    q = tmp_path / "q.jsonl"
+    q.write_text('{"id": "a", "answers": ["x", "y"]}\n{"id": "b", "answers": ["z"]}\n')
+    with pytest.warns(UserWarning, match="predictions equal the gold answer lists verbatim"):
+        assert main(["evaluate", "brink", "--predictions", str(q), "--dataset", str(q), "--split", "all"]) == 0
+    p = tmp_path / "p.jsonl"; p.write_text('{"id": "a", "prediction": ["x", "y"]}\n{"id": "b", "prediction": ["w"]}\n')
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a real system's answers (not all verbatim gold) raise no warning
+        evaluate(p, q, split="all", n_resamples=20)
+
+
+def test_invalid_utf8_in_predictions_names_the_file_and_line(tmp_path):
+    p = tmp_path / "p.jsonl"; p.write_bytes(b'{"id": "a", "prediction": "x"}\n{"id": "b", "prediction": "\xff"}\n')
+    with pytest.raises(PredictionFormatError, match=r"p\.jsonl: line 2 is not valid UTF-8"): read_predictions(p)
