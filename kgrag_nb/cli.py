@@ -4,7 +4,7 @@
 
 # %% ../nbs/10_cli.ipynb #c002
 from __future__ import annotations
-import argparse, json, signal, sys
+import argparse, json, os, signal, sys
 from .config import get_config
 from .hooks import SUBCOMMANDS, BENCHMARKS, EVALUATORS, subcommand, benchmark, load_study_modules
 
@@ -148,6 +148,7 @@ def _evaluate(sub):
 def build_parser() -> argparse.ArgumentParser:
     "The `kgrag` argument parser with every registered subcommand."
     parser = argparse.ArgumentParser(prog="kgrag", description="kgrag_nb: reproducible KG-RAG studies over incomplete knowledge")
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error (default: one line)")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in SUBCOMMANDS: add(sub)
     return parser
@@ -170,6 +171,16 @@ def main(argv: list[str] | None = None) -> int:
     finally: signal.signal(signal.SIGTERM, previous)
 
 def _main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("KGRAG_DEBUG") == "1"
+    try: return _dispatch(argv)
+    except (KeyboardInterrupt, SystemExit): raise
+    except Exception as e:  # a user-facing error: one line naming the problem; --debug shows the traceback
+        if debug: raise
+        print(f"kgrag: error: {type(e).__name__}: {e}".splitlines()[0] + "  (run with --debug for the traceback)", file=sys.stderr)
+        return 1
+
+def _dispatch(argv: list[str]) -> int:
     load_study_modules()  # study modules (entry points `kgrag_nb.studies`) register their subcommands when imported
     args = build_parser().parse_args(argv)
     return args.func(args)
