@@ -20,7 +20,10 @@ Not allowed although sometimes imported late: faiss 0.08 s, bm25s 0.1 s, openai 
 anyway), httpx 0.06 s, pooch 0.03 s, pyoxigraph 0.03 s, pyarrow (pandas imports it already), tqdm, the rest of the
 standard library, and every `kgrag_nb` module: those belong at the top, where the reader sees them.
 
-`KNOWN_UPWARD` and `KNOWN_HIDDEN` name the offenders left in modules that other branches of issue 8 own; the
+The base layers `kg` and `retrieval` hold no paper's defaults: no parameter defaults to, and no module constant is
+named after, a paper (`AWAKENING_...`, `BRINK_...`); a study passes its paper's values.
+
+`KNOWN_UPWARD`, `KNOWN_HIDDEN` and `KNOWN_PAPER_CONSTANTS` name the offenders left in modules that other branches of issue 8 own; the
 coordinator shrinks them when those branches merge (a stale entry fails `test_known_lists_are_not_stale`).
 """
 from __future__ import annotations
@@ -37,8 +40,9 @@ NOT_MODULES = {"__init__", "_modidx"}  # the package root (only `__version__`) a
 # rank that may not import each other, except the study layer: a dict study -> its modules in import order.
 # Deviation from DESIGN.md: `backends` sits above `retrieval` (DESIGN: right above `kg`): its `RelationRetriever`
 # (Awakening §5.2) embeds and indexes relation texts with `retrieval`, and its `kgrag bench relation-retrieval`
-# loads `datasets`; nothing below `retrieval` uses it. `baselines` (not in DESIGN) is shared by the awakening study
-# and `closed_book_baseline`, so it sits above the method layer `kgqa`, below the studies.
+# loads `datasets`; nothing below `retrieval` uses it. `baselines` (not in DESIGN) is the awakening paper's closed-book
+# protocol (App. E prompt, §4.2 Step 1, App. C sampling, Table 3 No-RAG row), used only by `awaken`, `unseen` and the
+# awakening artefact `closed_book_baseline`: it is the first module of the awakening study, not a shared layer.
 LAYERS = [
     ["hooks"],
     ["config"],
@@ -51,10 +55,9 @@ LAYERS = [
     ["metrics"],
     ["papers"],
     ["kgqa"],
-    ["baselines"],
     ["reproduce"],
     {"brink": ["rules", "brink", "brink_methods"],
-     "awakening": ["awaken", "unseen"],
+     "awakening": ["baselines", "awaken", "unseen"],
      "jcql": ["jcql"], "missing": ["missing"], "coe": ["coe"]},
     ["report"],
     ["bench"],
@@ -84,6 +87,14 @@ KNOWN_HIDDEN: set[tuple[str, str]] = {
     # cli: the `reproduce` and `list` subcommands belong to the runner branch
     ("cli", "kgrag_nb.reproduce"),
 }
+
+
+# paper-named constants still defined in a base layer for modules of other branches; shrink after merging
+KNOWN_PAPER_CONSTANTS: set[tuple[str, str]] = {
+    ("kg", "AWAKENING_MAX_SUBGRAPH_TRIPLES"),  # unseen.py imports it from kgrag_nb.kg; it belongs to the awakening study
+}
+NO_PAPER_DEFAULTS = ["kg", "retrieval"]  # issue 8 item 2: paper-specific defaults leave these base layers
+PAPER_PREFIXES = ("AWAKENING", "BRINK", "UNSEEN", "JCQL", "COE", "MKR", "MISSING")
 
 
 def _rank() -> dict[str, tuple[int, str | None, int]]:
@@ -197,8 +208,46 @@ def test_no_hidden_imports_beyond_the_allow_list():
 
 def test_known_lists_are_not_stale():
     hidden = {(m, n) for m, n, _ in hidden_imports()}
-    stale = sorted((KNOWN_HIDDEN - hidden) | (KNOWN_UPWARD - upward_imports()))
-    assert not stale, f"fixed offenders still listed in KNOWN_HIDDEN / KNOWN_UPWARD: {stale}; delete them from tests/test_layers.py"
+    consts = set().union(*(paper_defaults(m)[1] for m in NO_PAPER_DEFAULTS if m in IMPORTS))
+    stale = sorted((KNOWN_HIDDEN - hidden) | (KNOWN_UPWARD - upward_imports()) | (KNOWN_PAPER_CONSTANTS - consts))
+    assert not stale, f"fixed offenders still listed: {stale}; delete them from tests/test_layers.py (KNOWN_HIDDEN / KNOWN_UPWARD / KNOWN_PAPER_CONSTANTS)"
+
+
+def _paper_names(node) -> set[str]:
+    "Names in an expression that are named after a paper (`AWAKENING_IVF['nlist']` -> {'AWAKENING_IVF'})."
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id.startswith(PAPER_PREFIXES)}
+
+
+def paper_defaults(mod: str) -> tuple[list[str], set[tuple[str, str]]]:
+    "(`function(param=NAME)` strings of paper-named defaults, {(mod, constant)} of paper-named module constants) of `mod`."
+    tree = ast.parse((PKG / f"{mod}.py").read_text())
+    defaults = []
+    for f in ast.walk(tree):
+        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = f.args
+            pos = a.posonlyargs + a.args
+            pairs = list(zip(pos[len(pos) - len(a.defaults):], a.defaults)) + [(k, d) for k, d in zip(a.kwonlyargs, a.kw_defaults) if d]
+            defaults += [f"{f.name}({arg.arg}={name})" for arg, d in pairs for name in sorted(_paper_names(d))]
+    consts = {(mod, t.id) for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+              for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+              if isinstance(t, ast.Name) and t.id.startswith(PAPER_PREFIXES)}
+    return defaults, consts
+
+
+@pytest.mark.parametrize("mod", NO_PAPER_DEFAULTS)
+def test_base_layers_hold_no_paper_defaults(mod):
+    if mod not in IMPORTS: pytest.skip(f"kgrag_nb/{mod}.py does not exist")
+    defaults, consts = paper_defaults(mod)
+    assert not defaults, f"kgrag_nb/{mod}.py: parameters default to a paper's value: {defaults}; default to a generic value (or None) and let the study pass its paper's"
+    extra = sorted(consts - KNOWN_PAPER_CONSTANTS)
+    assert not extra, f"kgrag_nb/{mod}.py defines paper constants {extra}; move them to the study module that uses them"
+
+
+def test_paper_default_check_on_a_hand_case(tmp_path, monkeypatch):
+    "The check finds a paper-named default, also inside an expression, and a paper-named constant."
+    (tmp_path / "fake.py").write_text("AWAKENING_X = 1\nY = 2\ndef f(a, b=AWAKENING_X, *, c=BRINK_D['k'], d=Y): pass\n")
+    monkeypatch.setattr(__import__(__name__, fromlist=["PKG"]), "PKG", tmp_path)
+    assert paper_defaults("fake") == (["f(b=AWAKENING_X)", "f(c=BRINK_D)"], {("fake", "AWAKENING_X")})
 
 
 @pytest.mark.parametrize("src, expected", [
@@ -223,3 +272,4 @@ def test_layer_rule_on_hand_cases():
     assert ok("kg", "config") and ok("cli", "hooks") and ok("unseen", "awaken") and ok("brink_methods", "rules")
     assert not ok("config", "kg") and not ok("kg", "retrieval") and not ok("awaken", "unseen")
     assert not ok("awaken", "brink") and not ok("rules", "cli") and not ok("kgqa", "brink_methods")
+    assert ok("awaken", "baselines") and not ok("brink_methods", "baselines") and not ok("baselines", "awaken")
