@@ -259,7 +259,7 @@ def rouge_scores(prediction: str,  # generated text
                  tokenizer=None,  # object with `.tokenize(text)`; None = rouge-score's default; `CharTokenizer()` for Chinese
                 ) -> dict[str, float]:
     "ROUGE-1/2/L F-measures via `rouge-score` (missing_knowledge_rag.txt §3.1; reported in §3.4, Table 3)."
-    from rouge_score import rouge_scorer
+    from rouge_score import rouge_scorer  # heavy (1.1 s to import, pulls nltk): only for ROUGE
     scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=use_stemmer, tokenizer=tokenizer)
     pred, refs = _need_str(prediction, "prediction"), _aliases(reference, "reference")
     scores = scorer.score(refs[0], pred) if len(refs) == 1 else scorer.score_multi(refs, pred)
@@ -400,7 +400,7 @@ def mann_whitney(x,  # sample 1 (e.g. per-question correctness under CoE)
                  alternative: str = "two-sided",  # "two-sided", "greater" (x > y) or "less"
                 ) -> MannWhitney:
     "Mann-Whitney U test via `scipy.stats.mannwhitneyu` (chain_of_evidence.txt §5.2 and §6.2, p < 0.05) with rank-biserial effect size."
-    from scipy.stats import mannwhitneyu
+    from scipy.stats import mannwhitneyu  # heavy (0.9 s to import): only for this test
     x, y = np.asarray(x, dtype=float).ravel(), np.asarray(y, dtype=float).ravel()
     if x.size == 0 or y.size == 0: raise ValueError("mann_whitney: x and y each need at least one value")
     if alternative not in ("two-sided", "greater", "less"): raise ValueError(f"alternative={alternative!r}: use 'two-sided', 'greater' or 'less'")

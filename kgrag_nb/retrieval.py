@@ -52,7 +52,7 @@ def load_embedder(name: str | None = None,  # model name or path; None = `cfg.em
     name = str(name) if name else (cfg or get_config()).embedder
     key = (name, device)
     if key in _EMBEDDERS: return _EMBEDDERS[key]
-    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import SentenceTransformer  # heavy (7 s to import, pulls torch): only when a model loads
     if name == DEFAULT_EMBEDDER:
         with _hf_offline(): model = SentenceTransformer(str(default_embedder_path()), device=device, local_files_only=True)
     else:
