@@ -6,23 +6,32 @@
 from __future__ import annotations
 import abc, email.utils, hashlib, json, re, sqlite3, threading, time, warnings, contextlib
 from abc import ABC, abstractmethod
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlparse
 
+import faiss
+import httpx
 import numpy as np
+import pyoxigraph as ox
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
+from tqdm.auto import tqdm
 
 from .config import Config, get_config
 from .kg import KG, AWAKENING_MAX_SUBGRAPH_TRIPLES
+from .datasets import load_kg, load_qa, mid_to_fb15k
+from .retrieval import DEFAULT_NPROBE, DenseIndex, embed, load_embedder
 from .hooks import benchmark
 
 # %% auto #0
 __all__ = ['RDFS_LABEL', 'RDF_TYPE', 'WD', 'WDT', 'FB', 'WIKIDATA_ENDPOINT', 'DIALECTS', 'DEFAULT_BASE_IRI', 'DIRECTIONS',
-           'Triple', 'RETRY_STATUSES', 'DEFAULT_USER_AGENT', 'RELATION_MODES', 'SparqlDialect', 'kg_to_rdf',
-           'kg_to_store', 'KGBackend', 'LocalBackend', 'SparqlError', 'SparqlQueryError', 'SparqlUnavailableError',
-           'SparqlCache', 'patch_method', 'SparqlBackend', 'OxigraphEndpoint', 'CountingEncoder', 'RelationRetriever',
-           'cwq_relation_queries', 'relation_benchmark_kg', 'bench_relation_retrieval']
+           'Triple', 'RETRY_STATUSES', 'DEFAULT_USER_AGENT', 'RELATION_MODES', 'AWAKENING_IVF', 'SparqlDialect',
+           'kg_to_rdf', 'kg_to_store', 'KGBackend', 'LocalBackend', 'SparqlError', 'SparqlQueryError',
+           'SparqlUnavailableError', 'SparqlCache', 'patch_method', 'SparqlBackend', 'OxigraphEndpoint',
+           'CountingEncoder', 'RelationRetriever', 'cwq_relation_queries', 'relation_benchmark_kg',
+           'bench_relation_retrieval']
 
 # %% ../nbs/01b_kg_backends.ipynb #c006
 RDFS_LABEL = "http://www.w3.org/2000/01/rdf-schema#label"
@@ -172,7 +181,6 @@ def kg_to_store(kg: KG,  # graph to load
                 types: Mapping | None = None,  # entity id -> type ids
                 store=None):  # a pyoxigraph.Store to add to (default: a new in-memory store)
     "A `pyoxigraph.Store` holding `kg_to_rdf(kg, ...)`."
-    import pyoxigraph as ox
     store = ox.Store() if store is None else store
     store.load(kg_to_rdf(kg, dialect, base_iri, types).encode("utf-8"), format=ox.RdfFormat.N_TRIPLES)
     return store
@@ -367,6 +375,10 @@ class SparqlCache:
         with contextlib.closing(self._connect()) as con: return con.execute("SELECT COUNT(*) FROM results").fetchone()[0]
 
 # %% ../nbs/01b_kg_backends.ipynb #c024
+class _Retry(Exception):
+    "A retryable SPARQL failure (timeout, transport error, 429/5xx): `args[0]` says what, `retry_after` the server's wait."
+    def __init__(self, problem: str, retry_after: float | None = None): super().__init__(problem); self.retry_after = retry_after
+
 def _retry_after(value: str | None) -> float | None:
     "Seconds to wait from a `Retry-After` header (delta-seconds or an HTTP date), None when absent or unreadable."
     if not value: return None
@@ -408,7 +420,6 @@ class SparqlBackend(KGBackend):
                  batch_size: int = 100,  # entities per VALUES block
                  method: str = "auto",  # "auto" (GET for short queries, POST otherwise), "get" or "post"
                  cfg: Config | None = None):  # config (cache folder)
-        import httpx
         u = urlparse(str(endpoint_url))
         if u.scheme not in ("http", "https") or not u.netloc:
             raise ValueError(f"endpoint_url={endpoint_url!r} must be an http(s) URL, e.g. {WIKIDATA_ENDPOINT!r}")
@@ -452,15 +463,13 @@ def _send(self, query: str):
 
 @patch_method(SparqlBackend)
 def _request(self, query: str) -> dict:
-    "Send `query` with rate limiting and retries; the parsed JSON result."
-    import httpx
-    for attempt in range(self.max_retries + 1):
+    "Send `query` with rate limiting and retries (tenacity; waits `backoff_s * 2**retry` or Retry-After); the parsed JSON."
+    def attempt():
         self._wait_turn()
         self.stats["requests"] += 1
-        wait = None
         try: r = self._send(query)
-        except httpx.TimeoutException: problem = f"no answer within timeout={self.timeout} s"
-        except httpx.TransportError as e: problem = f"{type(e).__name__}: {e}"
+        except httpx.TimeoutException: raise _Retry(f"no answer within timeout={self.timeout} s") from None
+        except httpx.TransportError as e: raise _Retry(f"{type(e).__name__}: {e}") from None
         else:
             if r.status_code == 200:
                 try: return r.json()
@@ -472,10 +481,14 @@ def _request(self, query: str) -> dict:
                 raise SparqlQueryError(f"{self.url} answered HTTP {r.status_code} {r.reason_phrase} to the query starting "
                                        f"{_query_start(query)!r}: {' '.join(r.text.split())[:500]!r}. Fix the query (or the "
                                        f"ids in it); retrying will not help")
-            problem, wait = f"HTTP {r.status_code} {r.reason_phrase}", _retry_after(r.headers.get("Retry-After"))
-        if attempt == self.max_retries: break
-        self.stats["retries"] += 1
-        time.sleep(min(self.max_backoff_s, wait if wait is not None else self.backoff_s * 2 ** attempt))
+            raise _Retry(f"HTTP {r.status_code} {r.reason_phrase}", _retry_after(r.headers.get("Retry-After")))
+    def wait(rs):
+        after = rs.outcome.exception().retry_after
+        return min(self.max_backoff_s, after if after is not None else self.backoff_s * 2 ** (rs.attempt_number - 1))
+    def count(rs): self.stats["retries"] += 1
+    try: return Retrying(retry=retry_if_exception_type(_Retry), stop=stop_after_attempt(self.max_retries + 1), wait=wait,
+                         before_sleep=count, reraise=True)(attempt)
+    except _Retry as e: problem = e.args[0]
     raise SparqlUnavailableError(f"{self.url}: {problem} on all {self.max_retries + 1} attempts for the query starting "
                                  f"{_query_start(query)!r}. The endpoint is down, overloaded or unreachable: try later, "
                                  f"raise max_retries / timeout, or lower the batch size / max_triples of heavy queries")
@@ -538,7 +551,6 @@ def neighbors(self, entity: str, direction: str = "both", limit: int | None = 10
 @patch_method(SparqlBackend)
 def khop_triples(self, seeds, hops: int = 2, max_triples: int | None = AWAKENING_MAX_SUBGRAPH_TRIPLES) -> list[Triple]:
     "Triples within `hops` hops of `seeds`, both directions, at most `max_triples` (LIMIT per query; see above)."
-    from collections import Counter
     _check_cap(hops, max_triples)
     seeds = _seed_list(seeds)
     for s in seeds: self.dialect.entity_iri(s)  # validate before sending anything
@@ -656,7 +668,6 @@ class OxigraphEndpoint:
 
     def answer(self, method: str, query: str | None) -> tuple[int, str, bytes, dict]:
         "(status, content type, body, extra headers) for one request; logs it."
-        import pyoxigraph as ox
         with self._lock:
             entry = dict(t=time.monotonic(), method=method, query=query, status=None)
             self.requests.append(entry); n = len(self.requests)
@@ -709,6 +720,8 @@ class CountingEncoder:
     def __repr__(self): return f"CountingEncoder({self.texts} texts in {self.calls} calls)"
 
 RELATION_MODES = ("faithful", "distinct")
+# Awakening (awakening_unseen_entity_kgqa.txt) App. C: NLIST 4096, TRAIN_FACTO 40, SAMPLE_PER_BATCH 20,000
+AWAKENING_IVF = dict(nlist=4096, train_factor=40, sample_per_batch=20_000)
 
 # %% ../nbs/01b_kg_backends.ipynb #c043
 class RelationRetriever:
@@ -719,13 +732,12 @@ class RelationRetriever:
                  embedder=None,  # model, model name or None = `load_embedder()`; wrap in CountingEncoder to count
                  cache_dir: Path | str | bool | None = None,  # embedding cache of `embed` (queries; distinct texts)
                  batch_size: int = 64,  # encoder batch size
-                 nlist: int = 4096,  # IVF lists, Awakening App. C "NLIST"
-                 train_factor: int = 40,  # training vectors per list, App. C "TRAIN_FACTO"
-                 sample_per_batch: int = 20_000,  # vectors encoded and added per batch, App. C "SAMPLE_PER_BATCH"
+                 nlist: int = AWAKENING_IVF["nlist"],  # IVF lists, Awakening App. C "NLIST"
+                 train_factor: int = AWAKENING_IVF["train_factor"],  # training vectors per list, App. C "TRAIN_FACTO"
+                 sample_per_batch: int = AWAKENING_IVF["sample_per_batch"],  # vectors encoded and added per batch, App. C "SAMPLE_PER_BATCH"
                  nprobe: int | None = None,  # first nprobe of the faithful search (None = retrieval.DEFAULT_NPROBE)
                  seed: int = 0,  # k-means and training-sample seed
                  progress: bool = False):  # progress bar while encoding the triples (faithful)
-        from kgrag_nb.retrieval import load_embedder
         if mode not in RELATION_MODES: raise ValueError(f"mode={mode!r} is not one of {RELATION_MODES}")
         if kg.num_triples == 0: raise ValueError(f"KG {kg.name!r} has no triples to retrieve from")
         self.kg, self.mode, self.cache_dir, self.batch_size, self.seed = kg, mode, cache_dir, batch_size, seed
@@ -746,9 +758,6 @@ class RelationRetriever:
 @patch_method(RelationRetriever)
 def _build_faithful(self, nlist, train_factor, sample_per_batch, nprobe, progress):
     "Encode every triple's relation text (in batches of `sample_per_batch`), build the IVF index, note list radii."
-    import faiss
-    from tqdm.auto import tqdm
-    from kgrag_nb.retrieval import DenseIndex, DEFAULT_NPROBE
     texts = self.texts[self._tid]
     parts = []
     for i in tqdm(range(0, len(texts), sample_per_batch), disable=not progress, desc="encoding triples"):
@@ -772,7 +781,6 @@ def _build_faithful(self, nlist, train_factor, sample_per_batch, nprobe, progres
 @patch_method(RelationRetriever)
 def _build_distinct(self):
     "Embed each relation text that occurs once; exact inner-product index over them; triples grouped by text."
-    from kgrag_nb.retrieval import embed, DenseIndex
     self._present = np.flatnonzero(self._count)
     v = embed(self.texts[self._present].tolist(), self.encoder, cache_dir=self.cache_dir, batch_size=self.batch_size)
     self.dense = DenseIndex("flat_ip", v.shape[1]).add(v)
@@ -782,7 +790,6 @@ def _build_distinct(self):
 
 @patch_method(RelationRetriever)
 def _query(self, text: str) -> np.ndarray:
-    from kgrag_nb.retrieval import embed
     if not isinstance(text, str) or not text.strip(): raise ValueError(f"relation_text must be a non-empty string, got {text!r}")
     return embed([text], self.encoder, cache_dir=self.cache_dir, batch_size=self.batch_size)[0]
 
@@ -790,7 +797,6 @@ def _query(self, text: str) -> np.ndarray:
 @patch_method(RelationRetriever)
 def _faithful_search(self, q: np.ndarray, k: int):
     "Certified IVF search: (triple ids of the top-k texts, [(text id, score)]), growing neighbours and nprobe."
-    import faiss
     ix, n_all = self.dense.index, self.dense.index.ntotal
     nl, qn = ix.nlist, float(np.linalg.norm(q))
     bound = self._centroids @ q + qn * self._radius  # best score any vector of each list can reach
@@ -856,7 +862,6 @@ def top_triples(self, relation_text: str, n: int = 10, nprobe: int | None = None
 # %% ../nbs/01b_kg_backends.ipynb #c049
 def cwq_relation_queries(cfg: Config | None = None) -> list[str]:
     "Distinct R_q^1 of CWQ: the first Freebase relation of each question's gold SPARQL, in FB15k-237's label style."
-    from kgrag_nb.datasets import load_qa
     out = []
     for r in load_qa("cwq", cfg):
         m = re.search(r"ns:([a-z0-9_]+\.[a-z0-9_]+\.[a-z0-9_]+)", r.meta.get("sparql") or "")
@@ -867,7 +872,6 @@ def relation_benchmark_kg(n: int = 20_000,  # triples in the sample; 0 = all of 
                           seed: int = 0,  # sample seed
                           cfg: Config | None = None) -> KG:
     "FB15k-237 triples within 2 hops (40,000 cap) of CWQ topic entities, `n` of them sampled uniformly (0: all FB15k-237)."
-    from kgrag_nb.datasets import load_kg, load_qa, mid_to_fb15k
     kg = load_kg("fb15k237", cfg=cfg)
     if not n: return kg
     idx = kg._vocab.eidx
@@ -891,7 +895,6 @@ def bench_relation_retrieval(n: int = 20_000,  # sampled triples (see relation_b
                              embedder=None,  # model name (default cfg.embedder, all-MiniLM-L6-v2)
                              cfg: Config | None = None) -> dict:
     "Faithful (vector per triple, IVF) vs distinct (vector per relation) retrieval: encoder calls, time, same candidates."
-    from kgrag_nb.retrieval import load_embedder
     cfg = cfg or get_config()
     kg = relation_benchmark_kg(n, seed, cfg)
     queries = cwq_relation_queries(cfg)[:n_queries]

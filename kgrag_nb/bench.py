@@ -5,9 +5,16 @@
 # %% ../nbs/08_bench.ipynb #c003
 from __future__ import annotations
 import asyncio, json, tempfile, time
+from contextlib import nullcontext
 from pathlib import Path
 import numpy as np
+import pandas as pd
+from openai import AsyncOpenAI
 from .config import Config, get_config
+from .datasets import load_kg
+from .hooks import benchmark
+from .llm import LLMClient
+from .serve import llm_endpoint
 
 # %% auto #0
 __all__ = ['bench_llm', 'bench_kg', 'print_bench']
@@ -20,7 +27,6 @@ def _bench_prompts(n: int) -> list[str]:
 
 async def _raw_round(url: str, model: str, prompts: list[str], concurrency: int, max_tokens: int, api_key: str) -> tuple[float, int]:
     "Send prompts with the bare `openai` async client under a semaphore; (seconds, completion tokens)."
-    from openai import AsyncOpenAI
     raw = AsyncOpenAI(base_url=url, api_key=api_key, max_retries=0)
     gate, tokens = asyncio.Semaphore(concurrency), 0
     async def one(p):
@@ -40,9 +46,6 @@ def bench_llm(url: str | None = None,  # endpoint; None = start (or reuse) the e
               max_tokens: int = 16,
               cfg: Config | None = None) -> dict:
     "Client vs raw `openai` throughput on the same server, and the warm-cache rerun."
-    from contextlib import nullcontext
-    from kgrag_nb.llm import LLMClient
-    from kgrag_nb.serve import llm_endpoint
     cfg = cfg or get_config()
     with (nullcontext(url) if url else llm_endpoint(cfg)) as endpoint, tempfile.TemporaryDirectory() as tmp:
         client = LLMClient.from_config(cfg, base_url=endpoint, cache=Path(tmp) / "bench.sqlite", mode="live", progress=False,
@@ -80,7 +83,6 @@ def bench_kg(kg_name: str = "fb15k237",  # KG from the dataset registry
              hops: int = 2, max_triples: int = 40_000,  # awakening App. C cap
              seed: int = 0, cfg: Config | None = None) -> dict:
     "Load time of a KG and median / p95 time of k-hop subgraph extraction from random entities."
-    from kgrag_nb.datasets import load_kg
     cfg = cfg or get_config()
     t0 = time.perf_counter(); kg = load_kg(kg_name, split="all", cfg=cfg); load_s = time.perf_counter() - t0
     kg.khop_subgraph([0], hops=hops, max_triples=max_triples)  # builds the CSR adjacency once (counted in build_s)
@@ -99,7 +101,16 @@ def print_bench(result: dict | list[dict], as_json: bool = False):
     "Print a benchmark result (one dict: two-column table; a list of dicts: one row each), or the same as JSON."
     if as_json: print(json.dumps(result)); return
     if isinstance(result, list):
-        import pandas as pd
         print(pd.DataFrame(result).to_string(index=False)); return
     width = max(len(k) for k in result)
     for k, v in result.items(): print(f"{k:<{width}}  {v}")
+
+# %% ../nbs/08_bench.ipynb #breg0
+# `kgrag bench llm` and `kgrag bench kg` register here, like every study module's benchmarks (`kgrag_nb.hooks`)
+@benchmark("llm", "client vs raw openai requests/s on one server, and the warm-cache rerun")
+def _bench_llm(n=None, llm_url=None, **kw):
+    return bench_llm(llm_url, **({"n_requests": n} if n else {}), **kw)
+
+@benchmark("kg", "FB15k-237 load time and 2-hop subgraph extraction times")
+def _bench_kg(n=None, **kw):
+    return bench_kg(**({"n_seeds": n} if n else {}), **kw)

@@ -13,8 +13,10 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
+from . import __version__
 from .hooks import evaluator
 from .kg import KG
+from .rules import groundings  # rules, then brink, then brink_methods: the BRINK study's modules in order
 from .metrics import bootstrap_ci, bootstrap_ratio_ci, brink_normalize, brink_per_question, hard_hits_rate, permissive_scores
 
 # %% auto #0
@@ -55,7 +57,7 @@ def select_removals(kg: KG,  # the complete KG
                     groundings_fn: Callable | None = None,  # `fn(kg, rule, limit=, seed=, head_present=True)`; default `kgrag_nb.rules.groundings`
                    ) -> list[Removal]:
     "Head triples to remove, each with the body that infers it, under BRINK's two constraints (§3.2 'Triple Removal')."
-    if groundings_fn is None: from kgrag_nb.rules import groundings as groundings_fn
+    groundings_fn = groundings_fn or groundings
     if int(per_rule) < 1: raise ValueError(f"per_rule={per_rule}: use 1 or more (BRINK §3.2 uses 30)")
     removed, protected, out = set(), set(), []
     for i, rule in enumerate(rules):
@@ -364,7 +366,6 @@ def build_benchmark(kg: KG,  # the complete KG
                     name: str | None = None,  # benchmark name (default: the KG name)
                     groundings_fn: Callable | None = None) -> Benchmark:  # grounding source, see `select_removals`
     "Build a BRINK-style benchmark from `kg` and `rules` (BRINK §3.2-§3.3) and write it to `out_dir`."
-    from kgrag_nb import __version__
     name = name or kg.name.split(":")[0]
     removals = select_removals(kg, rules, per_rule, seed, candidates, groundings_fn)
     if not removals: raise ValueError(f"no rule of {len(rules)} has a grounding in KG {kg.name!r}; mine rules on this KG first")

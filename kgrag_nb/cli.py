@@ -4,9 +4,11 @@
 
 # %% ../nbs/10_cli.ipynb #c002
 from __future__ import annotations
-import argparse, json, os, signal, sys
+import argparse, json, os, signal, sys, time
+from . import datasets, serve
+from .bench import print_bench  # importing bench also registers `kgrag bench llm` and `kgrag bench kg`
 from .config import get_config
-from .hooks import SUBCOMMANDS, BENCHMARKS, EVALUATORS, subcommand, benchmark, load_study_modules
+from .hooks import SUBCOMMANDS, BENCHMARKS, EVALUATORS, subcommand, load_study_modules
 
 # %% auto #0
 __all__ = ['build_parser', 'main']
@@ -73,13 +75,11 @@ def _serve(sub):
     v.add_argument("--host", default="127.0.0.1"); v.add_argument("--port", type=int, default=8000)
     v.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     def run(args):
-        from kgrag_nb import serve
         if args.server == "vllm":
             argv = serve.vllm_command(args.model, tensor_parallel_size=args.tensor_parallel_size, host=args.host, port=args.port)
             if args.dry_run: print(" ".join(argv)); return 0
             serve.serve_vllm(args.model, tensor_parallel_size=args.tensor_parallel_size, host=args.host, port=args.port)
             return 0
-        import time
         server = serve.EmbeddedServer(get_config(), port=args.port, n_ctx=args.n_ctx, shared=True).start()  # others may reuse it
         print(f"serving {server.model} at {server.url} (Ctrl-C stops)", flush=True)
         try:
@@ -90,16 +90,6 @@ def _serve(sub):
     p.set_defaults(func=run)
 
 # %% ../nbs/10_cli.ipynb #c008
-@benchmark("llm", "client vs raw openai requests/s on one server, and the warm-cache rerun")
-def _bench_llm(n=None, llm_url=None, **kw):
-    from kgrag_nb.bench import bench_llm
-    return bench_llm(llm_url, **({"n_requests": n} if n else {}), **kw)
-
-@benchmark("kg", "FB15k-237 load time and 2-hop subgraph extraction times")
-def _bench_kg(n=None, **kw):
-    from kgrag_nb.bench import bench_kg
-    return bench_kg(**({"n_seeds": n} if n else {}), **kw)
-
 @subcommand
 def _bench(sub):
     p = sub.add_parser("bench", help="speed benchmarks (print a table; --json for JSON on stdout)")
@@ -107,7 +97,6 @@ def _bench(sub):
     p.add_argument("--json", action="store_true"); p.add_argument("--llm-url", default=None)
     p.add_argument("--n", type=int, default=None, help="the benchmark's size knob (requests, start entities, ...)")
     def run(args):
-        from kgrag_nb.bench import print_bench
         if args.name == "list":
             for name, (_, text) in sorted(BENCHMARKS.items()): print(f"{name:<22} {text}")
             return 0
@@ -124,7 +113,6 @@ def _datasets(sub):
     p = sub.add_parser("datasets", help="list the dataset registry, or fetch and verify datasets")
     p.add_argument("action", choices=["list", "fetch"]); p.add_argument("names", nargs="*")
     def run(args):
-        from kgrag_nb import datasets
         if args.action == "list":
             for name, spec in datasets.REGISTRY.items():
                 print(f"{name:<22} {spec.kind:<7} {'mirror' if spec.offline_available else 'online':<7} {len(spec.files):>3} files  {spec.license}")

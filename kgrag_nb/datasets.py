@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields, asdict
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from urllib.parse import urlparse
 import pandas as pd
+import pooch
 from .config import Config, get_config
 from .kg import KG
 
@@ -442,7 +443,6 @@ def _find_member(root: Path, member: str, archive: str) -> Path:
 
 def _download(f: DatasetFile, cfg: Config) -> Path:
     "Download `f` with pooch into `cfg.downloads_dir` (extracting archive members safely); returns the local path."
-    import pooch
     target = cfg.downloads_dir / f.path
     target.parent.mkdir(parents=True, exist_ok=True)
     offline_fix = (f"set KGRAG_DATA to a mirror that holds {f.path} (e.g. the shared offline mirror), or connect to the "

@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Iterable, Mapping
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 # %% auto #0
 __all__ = ['COLUMNS', 'DISPLAY_MODES', 'AWAKENING_MAX_SUBGRAPH_TRIPLES', 'PARQUET_FILES', 'KG', 'patch_kg']
@@ -354,13 +356,15 @@ def in_degree(self: KG) -> np.ndarray:
     return np.diff(self._csr("in")[0])
 
 # %% ../nbs/01_kg.ipynb #c027
-AWAKENING_MAX_SUBGRAPH_TRIPLES = 40_000  # awakening_unseen_entity_kgqa.txt App. C
+# awakening_unseen_entity_kgqa.txt App. C. Not a default here (the base layer has no paper's defaults): kept importable
+# from `kgrag_nb.kg` for the awakening study modules until they own it (tests/test_layers.py KNOWN_PAPER_CONSTANTS).
+AWAKENING_MAX_SUBGRAPH_TRIPLES = 40_000
 
 @patch_kg
 def khop_triples(self: KG,
                  seeds,  # seed entity or entities (names or indices)
                  hops: int = 2,  # expansion steps (both directions)
-                 max_triples: int | None = AWAKENING_MAX_SUBGRAPH_TRIPLES,  # cap (None = no cap)
+                 max_triples: int | None = None,  # cap (None = no cap; Awakening App. C caps at 40,000)
                  seed: int = 0,  # RNG seed of the sample taken from the hop that passes the cap
                  return_hops: bool = False):  # also return the hop (1..hops) of each triple
     "Sorted indices of the triples within `hops` hops of `seeds`, nearer hops first when capped."
@@ -393,7 +397,7 @@ def khop_triples(self: KG,
 def khop_subgraph(self: KG,
                   seeds,  # seed entity or entities (names or indices)
                   hops: int = 2,  # expansion steps (both directions)
-                  max_triples: int | None = AWAKENING_MAX_SUBGRAPH_TRIPLES,  # cap, awakening paper App. C
+                  max_triples: int | None = None,  # cap (None = no cap), see `khop_triples`
                   seed: int = 0) -> KG:  # RNG seed for the capped hop
     "The k-hop subgraph of `seeds` as a KG over the same vocabulary (see `khop_triples`)."
     idx = self.khop_triples(seeds, hops, max_triples, seed)
@@ -579,7 +583,7 @@ def _relation_text(self: KG) -> np.ndarray:
 
 @patch_kg
 def entity_display(self: KG,
-                   mode: str = "private_id",  # "private_id" (seeded random integers), "kg_id" or "text"
+                   mode: str = "text",  # "text", "kg_id" or "private_id" (seeded random integers; BRINK's default)
                    seed: int = 0) -> dict:  # RNG seed of the private-id permutation
     "Dict entity id -> the string shown for it in labelling `mode` (BRINK §4.2, §5.4)."
     return dict(zip(self.entities.tolist(), self._display_array(mode, seed).tolist()))
@@ -603,7 +607,6 @@ PARQUET_FILES = ("triples", "entities", "relations", "entity_labels", "relation_
 def to_parquet(self: KG,
                path) -> Path:  # folder to write (created)
     "Write the graph to folder `path` (created); `KG.from_parquet(path)` reads it back exactly."
-    import pyarrow as pa, pyarrow.parquet as pq
     path = Path(path); path.mkdir(parents=True, exist_ok=True)
     h, r, t = self.triples.T
     meta = {b"kgrag_nb.kg": json.dumps({"name": self.name, "format": 1}).encode()}
@@ -620,7 +623,6 @@ def to_parquet(self: KG,
 def from_parquet(cls,
                  path) -> KG:  # folder written by `to_parquet`
     "Read a KG written by `KG.to_parquet`."
-    import pyarrow.parquet as pq
     path = Path(path)
     missing = [f for f in PARQUET_FILES if not (path / f"{f}.parquet").exists()]
     if missing: raise FileNotFoundError(f"{path} is not a KG folder written by KG.to_parquet: missing {missing}")

@@ -4,19 +4,20 @@
 
 # %% ../nbs/03_llm.ipynb #c002
 from __future__ import annotations
-import asyncio, hashlib, json, os, random, sqlite3, threading, time
+import asyncio, hashlib, json, os, random, sqlite3, sys, threading, time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, asdict, fields
 from pathlib import Path
 
 import openai
+from tenacity import AsyncRetrying, Retrying, retry_if_exception, retry_if_exception_type, stop_after_attempt, wait_random
 from tqdm import tqdm
 
 from .config import CACHE_MODES, Config, get_config
 
 # %% auto #0
 __all__ = ['CacheMissError', 'ModelNotServedError', 'EndpointUnreachableError', 'canonical_json', 'request_key', 'ResponseCache',
-           'Usage', 'run_sync', 'is_retryable', 'backoff_delay', 'progress_stream', 'LLMClient']
+           'Usage', 'run_sync', 'is_retryable', 'backoff_delay', 'retrying', 'progress_stream', 'LLMClient']
 
 # %% ../nbs/03_llm.ipynb #c005
 class CacheMissError(KeyError):
@@ -64,11 +65,9 @@ class ResponseCache:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False)
             conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
-            for attempt in range(50):  # switching to WAL needs a moment of exclusive access
-                try: conn.execute("PRAGMA journal_mode=WAL"); break
-                except sqlite3.OperationalError:
-                    if attempt == 49: raise
-                    time.sleep(0.05 * (1 + random.random()))
+            # switching to WAL needs a moment of exclusive access: up to 50 tries, 50-100 ms apart
+            Retrying(retry=retry_if_exception_type(sqlite3.OperationalError), stop=stop_after_attempt(50),
+                     wait=wait_random(0.05, 0.1), reraise=True)(conn.execute, "PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, request TEXT, "
                          "response TEXT NOT NULL, created REAL NOT NULL)")
@@ -155,6 +154,15 @@ def backoff_delay(attempt: int, base: float = 0.5, cap: float = 30.0, err: BaseE
         except (TypeError, ValueError): pass
     return delay
 
+def retrying(max_retries: int,  # retries after the first attempt
+             backoff: float = 0.5,  # first delay in seconds (see `backoff_delay`)
+             on_retry=None,  # called with tenacity's retry state before each wait (e.g. to count retries)
+            ) -> AsyncRetrying:
+    "The client's retry policy as a tenacity `AsyncRetrying`: `is_retryable` errors, `backoff_delay` waits, last error re-raised."
+    return AsyncRetrying(retry=retry_if_exception(is_retryable), stop=stop_after_attempt(max_retries + 1),
+                         wait=lambda rs: backoff_delay(rs.attempt_number - 1, backoff, err=rs.outcome.exception()),
+                         before_sleep=on_retry, reraise=True)
+
 # %% ../nbs/03_llm.ipynb #c022
 def _prompt_start(kind: str, payload, width: int = 60) -> str:
     text = payload if kind == "completion" else (payload[-1].get("content", "") if payload else "")
@@ -164,7 +172,6 @@ def _prompt_start(kind: str, payload, width: int = 60) -> str:
 def progress_stream():
     "Where progress bars go: the terminal that started `kgrag reproduce` when it set KGRAG_PROGRESS_STREAM=terminal"
     " (a papermill kernel inherits that terminal as its original stderr), else the usual stderr (the notebook's output)."
-    import sys
     return sys.__stderr__ if os.environ.get("KGRAG_PROGRESS_STREAM") == "terminal" else sys.stderr
 
 def _per_item(value, count: int, name: str) -> list:
@@ -234,16 +241,12 @@ class LLMClient:
 async def _resolve_model(self: LLMClient, api) -> str:
     "The model id for cache keys, checked against the server's `/v1/models` (asked once per client)."
     if self._served is None:
-        for attempt in range(self.max_retries + 1):
-            try: page = await api.models.list(); self._served = [m.id for m in page.data]; break
-            except openai.NotFoundError:  # endpoint without /models: trust the given name
-                if self.model: self._served = [self.model]; break
-                raise ValueError(f"{self.base_url} has no /models listing; pass the model id (model=... / KGRAG_MODEL)")
-            except Exception as e:
-                if not is_retryable(e) or attempt == self.max_retries:
-                    if isinstance(e, openai.APIConnectionError): raise self._unreachable(e) from e
-                    raise
-                await asyncio.sleep(backoff_delay(attempt, self.backoff, err=e))
+        async def models(): return await api.models.list()  # (an awaitable page, not a coroutine function)
+        try: self._served = [m.id for m in (await retrying(self.max_retries, self.backoff)(models)).data]
+        except openai.NotFoundError:  # endpoint without /models: trust the given name
+            if not self.model: raise ValueError(f"{self.base_url} has no /models listing; pass the model id (model=... / KGRAG_MODEL)")
+            self._served = [self.model]
+        except openai.APIConnectionError as e: raise self._unreachable(e) from e
     served = self._served
     if self.model is None:
         if len(served) != 1:
@@ -257,23 +260,20 @@ LLMClient._resolve_model = _resolve_model
 
 # %% ../nbs/03_llm.ipynb #c025
 async def _send(self: LLMClient, api, kind: str, model: str, payload, params: dict) -> dict:
-    "One generation request with retries; returns the response record."
-    for attempt in range(self.max_retries + 1):
-        self._count(requests=1)
+    "One generation request with retries (`retrying`); returns the response record."
+    attempts = 0
+    async def attempt():
+        nonlocal attempts
+        attempts += 1; self._count(requests=1)
         try:
-            if kind == "completion": r = await api.completions.create(model=model, prompt=payload, **params)
-            else: r = await api.chat.completions.create(model=model, messages=payload, **params)
-            break
-        except Exception as e:
-            self._count(errors=1)
-            if not is_retryable(e) or attempt == self.max_retries:
-                if isinstance(e, openai.APITimeoutError):
-                    raise TimeoutError(f"{self.base_url}: no answer within timeout={self.timeout}s after {attempt + 1} attempt(s); "
-                                       f"raise LLMClient(timeout=...) or lower max_concurrency") from e
-                if isinstance(e, openai.APIConnectionError): raise self._unreachable(e) from e
-                raise
-            self._count(retries=1)
-            await asyncio.sleep(backoff_delay(attempt, self.backoff, err=e))
+            if kind == "completion": return await api.completions.create(model=model, prompt=payload, **params)
+            return await api.chat.completions.create(model=model, messages=payload, **params)
+        except Exception: self._count(errors=1); raise
+    try: r = await retrying(self.max_retries, self.backoff, on_retry=lambda rs: self._count(retries=1))(attempt)
+    except openai.APITimeoutError as e:
+        raise TimeoutError(f"{self.base_url}: no answer within timeout={self.timeout}s after {attempts} attempt(s); "
+                           f"raise LLMClient(timeout=...) or lower max_concurrency") from e
+    except openai.APIConnectionError as e: raise self._unreachable(e) from e
     choice = r.choices[0]
     text = choice.text if kind == "completion" else (choice.message.content or "")
     u = r.usage

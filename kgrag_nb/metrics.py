@@ -11,6 +11,7 @@ from collections import Counter
 from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
+from sacrebleu.metrics import BLEU
 
 # %% auto #0
 __all__ = ['TIE_POLICIES', 'acc_r_tokens', 'squad_normalize', 'brink_normalize', 'acc_r', 'hits_at_k', 'unanswerable',
@@ -258,7 +259,7 @@ def rouge_scores(prediction: str,  # generated text
                  tokenizer=None,  # object with `.tokenize(text)`; None = rouge-score's default; `CharTokenizer()` for Chinese
                 ) -> dict[str, float]:
     "ROUGE-1/2/L F-measures via `rouge-score` (missing_knowledge_rag.txt §3.1; reported in §3.4, Table 3)."
-    from rouge_score import rouge_scorer
+    from rouge_score import rouge_scorer  # heavy (1.1 s to import, pulls nltk): only for ROUGE
     scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=use_stemmer, tokenizer=tokenizer)
     pred, refs = _need_str(prediction, "prediction"), _aliases(reference, "reference")
     scores = scorer.score(refs[0], pred) if len(refs) == 1 else scorer.score_multi(refs, pred)
@@ -279,7 +280,6 @@ def bleu(predictions: Sequence[str],  # generated texts
          tokenize: str = "13a",  # sacrebleu tokenizer: "13a" (default), "zh" for Chinese, "intl", "char", ...
         ) -> float:
     "Corpus BLEU in [0, 1] via `sacrebleu`, default `exp` smoothing (missing_knowledge_rag.txt §3.1; reported in §3.4, Table 3)."
-    from sacrebleu.metrics import BLEU
     preds, streams = _ref_streams(predictions, references)
     score = BLEU(max_ngram_order=max_ngram_order, tokenize=tokenize).corpus_score(preds, streams).score / 100  # sacrebleu is 0-100
     return min(score, 1.0)  # float noise can give 1.0000000000000004
@@ -291,7 +291,6 @@ def sentence_bleu(prediction: str,  # generated text
                   tokenize: str = "13a",  # sacrebleu tokenizer
                  ) -> float:
     "Sentence BLEU in [0, 1] via `sacrebleu` with effective order (short texts are not zeroed by missing 4-grams)."
-    from sacrebleu.metrics import BLEU
     m = BLEU(max_ngram_order=max_ngram_order, tokenize=tokenize, effective_order=True)
     return min(m.sentence_score(_need_str(prediction, "prediction"), _aliases(reference, "reference")).score / 100, 1.0)
 
@@ -401,7 +400,7 @@ def mann_whitney(x,  # sample 1 (e.g. per-question correctness under CoE)
                  alternative: str = "two-sided",  # "two-sided", "greater" (x > y) or "less"
                 ) -> MannWhitney:
     "Mann-Whitney U test via `scipy.stats.mannwhitneyu` (chain_of_evidence.txt §5.2 and §6.2, p < 0.05) with rank-biserial effect size."
-    from scipy.stats import mannwhitneyu
+    from scipy.stats import mannwhitneyu  # heavy (0.9 s to import): only for this test
     x, y = np.asarray(x, dtype=float).ravel(), np.asarray(y, dtype=float).ravel()
     if x.size == 0 or y.size == 0: raise ValueError("mann_whitney: x and y each need at least one value")
     if alternative not in ("two-sided", "greater", "less"): raise ValueError(f"alternative={alternative!r}: use 'two-sided', 'greater' or 'less'")
@@ -415,12 +414,13 @@ def _check_ci(n_resamples, ci):
     if not 0 < ci < 1: raise ValueError(f"ci={ci!r} must be in (0, 1), e.g. 0.95")
 
 
-def _resample_chunks(n: int, n_resamples: int, seed: int, max_cells: int = 4_000_000):
-    "Index matrices (chunk, n) of bootstrap resamples, drawn from one seeded generator."
-    rng = np.random.default_rng(seed)
-    chunk = max(1, min(n_resamples, max_cells // max(n, 1)))
-    for start in range(0, n_resamples, chunk):
-        yield rng.integers(0, n, size=(min(chunk, n_resamples - start), n))
+def _bootstrap(samples: tuple, stat: Callable, n_resamples: int, ci: float, seed: int, paired: bool = False,
+               max_cells: int = 4_000_000) -> tuple[float, float]:
+    "(low, high) of `scipy.stats.bootstrap`'s percentile interval, seeded; resamples in batches of at most `max_cells` values."
+    from scipy.stats import bootstrap  # heavy (0.9 s to import): only when an interval is asked for
+    res = bootstrap(samples, stat, n_resamples=n_resamples, confidence_level=ci, method="percentile", paired=paired,
+                    batch=max(1, max_cells // samples[0].size), rng=np.random.default_rng(seed))
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
 def _as_values(values, name) -> np.ndarray:
@@ -439,14 +439,9 @@ def bootstrap_ci(values,  # per-question values (e.g. brink_per_question(...)["f
     "(point, low, high): the statistic and its percentile-bootstrap confidence interval."
     _check_ci(n_resamples, ci)
     v = _as_values(values, "values")
-    dist = []
-    for idx in _resample_chunks(v.size, n_resamples, seed):
-        m = v[idx]
-        try: d = np.asarray(stat(m, axis=1), dtype=float)
-        except TypeError: d = np.apply_along_axis(stat, 1, m).astype(float)
-        dist.append(d.reshape(len(m)))
-    low, high = np.percentile(np.concatenate(dist), [50 * (1 - ci), 50 * (1 + ci)])
-    return float(stat(v)), float(low), float(high)
+    point = float(stat(v))
+    if v.size == 1: return point, point, point  # every resample is the sample itself
+    return (point, *_bootstrap((v,), stat, n_resamples, ci, seed))
 
 
 def bootstrap_ratio_ci(numerators,  # per-question numerators (e.g. hits_hard)
@@ -460,10 +455,12 @@ def bootstrap_ratio_ci(numerators,  # per-question numerators (e.g. hits_hard)
     _check_ci(n_resamples, ci)
     num, den = _as_values(numerators, "numerators"), _as_values(denominators, "denominators")
     if num.size != den.size: raise ValueError(f"{num.size} numerators but {den.size} denominators; pass one pair per question")
-    def ratio(a, b): return np.divide(a, b, out=np.full(np.shape(a), float(zero_division)), where=b != 0)
-    dist = [ratio(num[idx].sum(1), den[idx].sum(1)) for idx in _resample_chunks(num.size, n_resamples, seed)]
-    low, high = np.percentile(np.concatenate(dist), [50 * (1 - ci), 50 * (1 + ci)])
-    return float(ratio(np.array([num.sum()]), np.array([den.sum()]))[0]), float(low), float(high)
+    def ratio(a, b, axis=-1):
+        a, b = np.sum(a, axis=axis), np.sum(b, axis=axis)
+        return np.divide(a, b, out=np.full(np.shape(a), float(zero_division)), where=b != 0)
+    point = float(ratio(num, den))
+    if num.size == 1: return point, point, point
+    return (point, *_bootstrap((num, den), ratio, n_resamples, ci, seed, paired=True))
 
 # %% ../nbs/06_metrics.ipynb #pcis0
 def percent_cis(rows,  # per-question rows: a DataFrame (or dict of arrays) with the columns named in `columns`

@@ -4,7 +4,7 @@
 
 # %% ../nbs/05_retrieval.ipynb #c003
 from __future__ import annotations
-import contextlib, hashlib, json, os, re, sqlite3, warnings
+import contextlib, hashlib, json, math, os, re, sqlite3, warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -12,13 +12,13 @@ import numpy as np
 import faiss
 import bm25s
 from bm25s.stopwords import STOPWORDS_EN
+from tqdm.auto import tqdm
 
 from .config import get_config, Config, DEFAULT_EMBEDDER
 
 # %% auto #0
-__all__ = ['DENSE_KINDS', 'AWAKENING_IVF', 'DEFAULT_NPROBE', 'default_embedder_path', 'load_embedder', 'embedder_name',
-           'EmbeddingCache', 'embed', 'DenseIndex', 'default_tokenizer', 'BM25Index', 'md5_key', 'md5_dedup',
-           'Retriever']
+__all__ = ['DENSE_KINDS', 'DEFAULT_NPROBE', 'default_embedder_path', 'load_embedder', 'embedder_name', 'EmbeddingCache', 'embed',
+           'DenseIndex', 'default_tokenizer', 'BM25Index', 'md5_key', 'md5_dedup', 'Retriever']
 
 # %% ../nbs/05_retrieval.ipynb #c006
 _EMBEDDERS: dict = {}  # (name, device) -> loaded SentenceTransformer; one load per name and process
@@ -52,7 +52,7 @@ def load_embedder(name: str | None = None,  # model name or path; None = `cfg.em
     name = str(name) if name else (cfg or get_config()).embedder
     key = (name, device)
     if key in _EMBEDDERS: return _EMBEDDERS[key]
-    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import SentenceTransformer  # heavy (7 s to import, pulls torch): only when a model loads
     if name == DEFAULT_EMBEDDER:
         with _hf_offline(): model = SentenceTransformer(str(default_embedder_path()), device=device, local_files_only=True)
     else:
@@ -156,7 +156,6 @@ def embed(texts: Sequence[str],  # texts to embed
     found = store.get(list(dict.fromkeys(keys)), dim) if store is not None else {}
     todo = {k: t for k, t in zip(keys, texts) if k not in found}  # unique missing texts, first occurrence order
     if todo:
-        from tqdm.auto import tqdm
         items = list(todo.items())
         bar = tqdm(total=len(items), desc=f"embedding ({embedder_name(model)})", unit="text",
                    disable=not (progress if progress is not None else len(items) > 1000))
@@ -173,9 +172,7 @@ def embed(texts: Sequence[str],  # texts to embed
 
 # %% ../nbs/05_retrieval.ipynb #c019
 DENSE_KINDS = ("flat_ip", "flat_l2", "ivf_flat")
-# Awakening (awakening_unseen_entity_kgqa.txt) App. C: NLIST 4096, TRAIN_FACTO 40, SAMPLE_PER_BATCH 20,000
-AWAKENING_IVF = dict(nlist=4096, train_factor=40, sample_per_batch=20_000)
-DEFAULT_NPROBE = 16  # not given in the paper (our choice); capped at nlist
+DEFAULT_NPROBE = 16  # IVF lists searched by default (our choice; FAISS's default is 1); capped at nlist
 
 def _as_matrix(x, what: str, dim: int | None = None) -> np.ndarray:
     x = np.asarray(x, dtype=np.float32)
@@ -187,21 +184,21 @@ def _as_matrix(x, what: str, dim: int | None = None) -> np.ndarray:
 
 # %% ../nbs/05_retrieval.ipynb #c020
 class DenseIndex:
-    "A FAISS index over float32 vectors: exact `flat_ip` / `flat_l2`, or approximate `ivf_flat` (Awakening App. C)."
+    "A FAISS index over float32 vectors: exact `flat_ip` / `flat_l2`, or approximate `ivf_flat`."
     def __init__(self,
                  kind: str = "flat_ip",  # "flat_ip", "flat_l2" or "ivf_flat"
                  dim: int | None = None,  # vector dimension; None = taken from the first `add`
-                 nlist: int = AWAKENING_IVF["nlist"],  # IVF lists (reduced for small corpora, see above)
-                 train_factor: int = AWAKENING_IVF["train_factor"],  # training vectors per list
-                 sample_per_batch: int = AWAKENING_IVF["sample_per_batch"],  # vectors added per batch
+                 nlist: int | None = None,  # IVF lists; None = min(4·√n, n // train_factor) (see above)
+                 train_factor: int = 40,  # training vectors per list
+                 sample_per_batch: int = 20_000,  # vectors added per batch (memory only: results do not depend on it)
                  nprobe: int | None = None,  # IVF lists searched; None = min(16, nlist)
                  seed: int = 0,  # seed of the training sample and of k-means
                 ):
         if kind not in DENSE_KINDS: raise ValueError(f"kind={kind!r} is not one of {DENSE_KINDS}")
         for k, v in dict(nlist=nlist, train_factor=train_factor, sample_per_batch=sample_per_batch).items():
-            if int(v) < 1: raise ValueError(f"{k}={v} must be a positive integer")
+            if v is not None and int(v) < 1: raise ValueError(f"{k}={v} must be a positive integer")
         if nprobe is not None and nprobe < 1: raise ValueError(f"nprobe={nprobe} must be >= 1 (or None for the default)")
-        self.kind, self.dim, self.nlist, self.train_factor = kind, dim, int(nlist), int(train_factor)
+        self.kind, self.dim, self.nlist, self.train_factor = kind, dim, None if nlist is None else int(nlist), int(train_factor)
         self.sample_per_batch, self.nprobe, self.seed = int(sample_per_batch), nprobe, seed
         self.index = None
 
@@ -222,11 +219,11 @@ class DenseIndex:
         self.dim, n = x.shape[1], x.shape[0]
         if self.kind != "ivf_flat":
             self.index = self._make(0); return self
-        nlist = self.nlist
+        nlist = self.nlist or max(1, min(round(4 * math.sqrt(n)), n // self.train_factor))
         if n < nlist * self.train_factor:
             nlist = max(1, n // self.train_factor)
             warnings.warn(f"ivf_flat: {n} training vectors < nlist*train_factor = {self.nlist}*{self.train_factor}; "
-                          f"using nlist={nlist} (deviation from Awakening App. C for small corpora)")
+                          f"using nlist={nlist}, fewer lists than requested (a deviation when nlist is a paper's value)")
         m = min(n, nlist * self.train_factor)
         sample = x if m == n else x[np.sort(np.random.default_rng(self.seed).choice(n, m, replace=False))]
         self.index = self._make(nlist)
@@ -273,7 +270,7 @@ class DenseIndex:
         return self
 
     def __repr__(self):
-        extra = f", nlist={getattr(self, 'nlist_used', self.nlist)}" if self.kind == "ivf_flat" else ""
+        extra = f", nlist={getattr(self, 'nlist_used', self.nlist or 'auto')}" if self.kind == "ivf_flat" else ""
         return f"DenseIndex({self.kind!r}, dim={self.dim}, ntotal={self.ntotal}{extra})"
 
 # %% ../nbs/05_retrieval.ipynb #c026

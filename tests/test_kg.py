@@ -203,6 +203,7 @@ def test_labelling_modes():
                          entity_labels={"/m/02mjmr": "Barack Obama", "/m/025s5v9": "Michelle Obama"},
                          relation_labels={"/people/person/spouse": "spouse"})
     assert kg.entity_display("kg_id") == {e: e for e in kg.entities}
+    assert kg.entity_display() == kg.entity_display("text")  # the default is no paper's private-id mode
     assert kg.entity_display("text") == {"/m/0": "/m/0", "/m/025s5v9": "Michelle Obama", "/m/02mjmr": "Barack Obama"}
     priv = kg.entity_display("private_id", seed=7)
     assert sorted(priv.values(), key=int) == ["0", "1", "2"]
@@ -374,7 +375,7 @@ def test_fb15k237_two_hop_subgraphs(fb15k237):
     dist = cs_shortest_path(adj, directed=False, unweighted=True, indices=seeds)  # independent reference
     capped = 0
     for s, d in zip(seeds, dist):
-        idx = kg.khop_triples(s, hops=2)
+        idx = kg.khop_triples(s, hops=2, max_triples=AWAKENING_MAX_SUBGRAPH_TRIPLES)
         assert len(idx) <= AWAKENING_MAX_SUBGRAPH_TRIPLES
         near = np.minimum(d[h], d[t])
         assert (near[idx] <= 1).all()  # every triple within 2 hops
@@ -387,3 +388,4 @@ def test_fb15k237_two_hop_subgraphs(fb15k237):
             capped += 1
             assert len(idx) == AWAKENING_MAX_SUBGRAPH_TRIPLES
     assert capped >= 1  # the hub's 2-hop neighbourhood passes the cap
+    assert len(kg.khop_triples(seeds[-1], hops=2)) > AWAKENING_MAX_SUBGRAPH_TRIPLES  # no cap by default (base layer)

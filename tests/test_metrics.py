@@ -381,3 +381,27 @@ def test_bootstrap_narrows_with_more_data(values, seed):
     _, lo, hi = bootstrap_ci(values, seed=seed)
     _, lo16, hi16 = bootstrap_ci(np.tile(values, 16), seed=seed)
     assert hi16 - lo16 < hi - lo
+
+
+def _old_percentile_bootstrap(num, den, n_resamples, ci, seed, max_cells=4_000_000):
+    "The hand-written numpy bootstrap that `bootstrap_ci` / `bootstrap_ratio_ci` replaced (chunked index draws)."
+    rng, n = np.random.default_rng(seed), len(num)
+    chunk, means, ratios = max(1, min(n_resamples, max_cells // n)), [], []
+    for start in range(0, n_resamples, chunk):
+        idx = rng.integers(0, n, size=(min(chunk, n_resamples - start), n))
+        means.append(num[idx].mean(1))
+        d = den[idx].sum(1)
+        ratios.append(np.divide(num[idx].sum(1), d, out=np.zeros(len(d)), where=d != 0))
+    q = [50 * (1 - ci), 50 * (1 + ci)]
+    return np.percentile(np.concatenate(means), q), np.percentile(np.concatenate(ratios), q)
+
+
+@pytest.mark.parametrize("n, seed, ci", [(2, 0, 0.95), (7, 3, 0.9), (120, 1, 0.95), (4001, 0, 0.95), (6000, 2, 0.99)])
+def test_scipy_bootstrap_keeps_the_published_intervals(n, seed, ci):
+    "scipy.stats.bootstrap (percentile, same seeded generator) gives the intervals of the hand-written version."
+    rng = np.random.default_rng(100 + n)
+    den = rng.integers(0, 2, n).astype(float)
+    num = den * rng.integers(0, 2, n)
+    old_mean, old_ratio = _old_percentile_bootstrap(num, den, 1000, ci, seed)
+    np.testing.assert_allclose(bootstrap_ci(num, n_resamples=1000, ci=ci, seed=seed)[1:], old_mean, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(bootstrap_ratio_ci(num, den, n_resamples=1000, ci=ci, seed=seed)[1:], old_ratio, rtol=0, atol=1e-12)

@@ -120,10 +120,14 @@ def _recall(ids, ref):
 def test_ivf_recall_vs_flat(vectors, tmp_path):
     x, q = vectors
     _, ref = DenseIndex("flat_ip").add(x).search(q, 10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the automatic nlist = min(4·√1000, 1000 // 40) does not warn
+        ivf = DenseIndex("ivf_flat").add(x)
+    assert ivf.nlist_used == 1000 // 40
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
-        ivf = DenseIndex("ivf_flat").add(x)
-    assert ivf.nlist_used == 1000 // 40 and any("deviation" in str(m.message) for m in w)
+        assert DenseIndex("ivf_flat", nlist=4096).add(x).nlist_used == 25  # a paper's nlist, too large: lowered
+    assert any("fewer lists than requested" in str(m.message) for m in w)
     recall = _recall(ivf.search(q, 10)[1], ref)
     assert recall >= 0.9, recall
     # the index really is approximate: probing one list of 25 loses neighbours
