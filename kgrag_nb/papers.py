@@ -128,6 +128,8 @@ def compare(ours: pd.DataFrame,  # our results: the `on` columns and a column pe
     extra = [c for c in mine.columns if c not in ("source", *on, *metrics)]
     mine = mine[["source", *on, *metrics, *extra]]
     both = pd.concat([mine, wide], ignore_index=True)
+    for c in extra:  # integer columns of ours (n, F) stay integers next to the paper's empty cells
+        if pd.api.types.is_integer_dtype(mine[c]): both[c] = both[c].astype("Int64")
     first = {k: i for i, k in enumerate(dict.fromkeys(map(tuple, both[list(on)].astype(str).to_numpy())))}
     both["_key"] = [first[tuple(k)] for k in both[list(on)].astype(str).to_numpy()]
     both["_paper"] = both["source"].str.startswith("paper (")
