@@ -11,10 +11,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from hypothesis import given, settings, strategies as st
 
 from kgrag_nb.config import get_config
-from kgrag_nb.papers import (CLAIM_COLUMNS, COLUMNS, KEY, available_papers, paper_claims, paper_numbers, paper_text,
-                             papers_dir, papers_text_dir)
+from kgrag_nb.papers import (CLAIM_COLUMNS, COLUMNS, KEY, available_papers, compare, paper_claims, paper_numbers,
+                             paper_text, papers_dir, papers_text_dir)
 
 AW, BR = "awakening_unseen_entity_kgqa", "brink_incomplete_kg_benchmark"
 needs_text = pytest.mark.skipif(not papers_text_dir().is_dir(), reason="shared/papers/ (the papers' text) not present")
@@ -410,3 +411,29 @@ def test_brink_claims_are_in_the_text():
            "brink_fig3": "5.3 Fine-Grained Analysis by Rule Type", "brink_fig4": "5.4 Influence of Entity Labeling"}
     for c in paper_claims(BR).itertuples():
         assert f"{c.section.lstrip('§')} " in text and key[c.artefact] in text, c.artefact
+
+
+# ---------------------------------------------------------------- compare: properties on generated frames
+_keys = st.sampled_from(["a", "b", "c", "d"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(ours_keys=st.lists(_keys, unique=True, max_size=4), paper_keys=st.lists(_keys, unique=True, min_size=1, max_size=4),
+       x=st.floats(0, 100, allow_nan=False), long=st.booleans())
+def test_compare_keeps_every_value_once(ours_keys, paper_keys, x, long):
+    ours = pd.DataFrame({"setting": ours_keys, "m1": [x + i for i in range(len(ours_keys))]})
+    paper = pd.DataFrame([dict(paper="p.txt", artefact="", table="Table 9", model="", dataset="", setting=k, metric=m,
+                               value=float(i * 10 + j), note="") for i, k in enumerate(paper_keys) for j, m in enumerate(("m1", "m2"))])
+    out = compare(ours, paper, on=["setting"], metrics=["m1", "m2"], ours_label="t", long=long)
+    wide = out if not long else out.pivot(index=["source", "setting"], columns="metric", values="value").reset_index()
+    assert len(wide) == len(ours_keys) + len(paper_keys)
+    assert set(out["source"]) <= {"ours (t)", "paper (Table 9)"}
+    mine = wide[wide.source == "ours (t)"].set_index("setting")
+    theirs = wide[wide.source == "paper (Table 9)"].set_index("setting")
+    assert mine["m1"].to_dict() == dict(zip(ours_keys, ours["m1"])) and mine["m2"].isna().all()
+    assert theirs["m1"].to_dict() == {k: i * 10.0 for i, k in enumerate(paper_keys)}
+    assert theirs["m2"].to_dict() == {k: i * 10.0 + 1 for i, k in enumerate(paper_keys)}
+    if not long:  # rows grouped by key: ours first, then the paper's, keys in order of first appearance
+        keys = list(dict.fromkeys(ours_keys + paper_keys))
+        assert list(dict.fromkeys(out["setting"])) == keys
+        assert out["source"].tolist() == [s for k in keys for s in (["ours (t)"] if k in ours_keys else []) + (["paper (Table 9)"] if k in paper_keys else [])]
