@@ -8,7 +8,7 @@ import numpy as np, pandas as pd
 from .metrics import acc_r, percent_cis
 
 # %% auto #0
-__all__ = ['AWAKENING_NO_RAG_TEMPLATE', 'PAPER_NO_RAG', 'no_rag_prompt', 'parse_short_answer', 'draw_temperatures', 'closed_book',
+__all__ = ['AWAKENING_NO_RAG_TEMPLATE', 'no_rag_prompt', 'parse_short_answer', 'draw_temperatures', 'closed_book',
            'summarize_closed_book', 'paper_no_rag_rows']
 
 # %% ../nbs/09_baselines.ipynb #c004
@@ -91,15 +91,13 @@ def summarize_closed_book(per_question: pd.DataFrame, label: str, seed: int = 0,
     return out
 
 # %% ../nbs/09_baselines.ipynb #c012
-# awakening_unseen_entity_kgqa.txt, Table 3, row "No RAG" (Unseen Entity QA; Hits@1, Hits@10 in %)
-PAPER_NO_RAG = {
-    "Llama3.1-8B-Instruct": {"mintaka": (51.3, 64.0), "2wiki": (32.8, 47.5), "cwq": (37.9, 50.1)},
-    "Qwen2.5-32B-Instruct": {"mintaka": (55.9, 61.0), "2wiki": (32.7, 37.9), "cwq": (43.6, 43.6)},
-    "Llama3.1-70B-Instruct": {"mintaka": (66.1, 75.0), "2wiki": (39.5, 58.1), "cwq": (51.0, 63.2)},
-}
+from .papers import paper_numbers
 
 def paper_no_rag_rows(dataset: str) -> pd.DataFrame:
-    "The awakening paper's No-RAG Hits@1/Hits@10 for `dataset` (Table 3), one row per model."
-    rows = [{"source": f"paper: {m} (awakening Table 3)", "dataset": dataset, "Hits@1": v[dataset][0], "Hits@10": v[dataset][1]}
-            for m, v in PAPER_NO_RAG.items() if dataset in v]
+    "The awakening paper's No-RAG Hits@1/Hits@10 for `dataset` (Table 3, from `kgrag_nb.papers`), one row per model."
+    t = paper_numbers("awakening_unseen_entity_kgqa.txt", table="Table 3", setting="No RAG")
+    t = t[t["dataset"] == dataset]
+    rows = [{"source": f"paper: {m} (awakening Table 3)", "dataset": dataset,
+             **{k: g.loc[g["metric"] == k, "value"].item() for k in ("Hits@1", "Hits@10")}}
+            for m, g in t.groupby("model", sort=False)]
     return pd.DataFrame(rows)

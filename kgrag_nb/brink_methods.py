@@ -20,14 +20,13 @@ from .metrics import brink_normalize
 
 # %% auto #0
 __all__ = ['BRINK_METHODS', 'BRINK_SETTINGS', 'METHOD_FAMILIES', 'DEVIATIONS', 'Step', 'LLM_ONLY_PROMPT', 'ROG_PLAN_PROMPT',
-           'PATH_ANSWER_PROMPT', 'TOG_PRUNE_PROMPT', 'TRIPLE_ANSWER_PROMPT', 'ORACLE_PROMPT', 'GROUP', 'PAPER_TABLE5',
-           'PAPER_TABLE6', 'PAPER_TABLE7', 'PAPER_APPJ_RETRIEVAL_SHARE', 'PAPER_CLAIMS', 'PAPER_METHOD_OF',
-           'SETTING_COLORS', 'MethodConfig', 'short_relation_names', 'relation_names', 'step_label', 'relation_path_of',
-           'relation_paths_to', 'instantiate', 'path_end', 'path_text', 'triples_of', 'triple_text', 'clip_lines',
-           'template_question', 'question_view', 'answer_prompt', 'parse_answer', 'candidate_steps', 'parse_steps',
-           'parse_relation_paths', 'train_path_ranker', 'rank_paths', 'beam_ends', 'expand_beam', 'beam_context',
-           'run_methods', 'method_llm_only', 'method_rog', 'method_trained_paths', 'method_tog', 'method_knn_triples',
-           'method_oracle', 'score_predictions', 'rule_type_hhr', 'failure_ratio', 'sample_rules',
+           'PATH_ANSWER_PROMPT', 'TOG_PRUNE_PROMPT', 'TRIPLE_ANSWER_PROMPT', 'ORACLE_PROMPT', 'GROUP',
+           'PAPER_METHOD_OF', 'SETTING_COLORS', 'MethodConfig', 'short_relation_names', 'relation_names', 'step_label',
+           'relation_path_of', 'relation_paths_to', 'instantiate', 'path_end', 'path_text', 'triples_of', 'triple_text',
+           'clip_lines', 'template_question', 'question_view', 'answer_prompt', 'parse_answer', 'candidate_steps',
+           'parse_steps', 'parse_relation_paths', 'train_path_ranker', 'rank_paths', 'beam_ends', 'expand_beam',
+           'beam_context', 'run_methods', 'method_llm_only', 'method_rog', 'method_trained_paths', 'method_tog',
+           'method_knn_triples', 'method_oracle', 'score_predictions', 'rule_type_hhr', 'failure_ratio', 'sample_rules',
            'experiment_benchmark', 'brink_experiment', 'study_predictions', 'plot_setting_bars']
 
 # %% ../nbs/13_brink_methods.ipynb #c004
@@ -733,23 +732,6 @@ def brink_experiment(kg_name: str,  # dataset name
     return bench, pd.concat(frames, ignore_index=True)
 
 # %% ../nbs/13_brink_methods.ipynb #c050
-# BRINK (brink_incomplete_kg_benchmark.txt) App. C.2, Table 5: GoG, (Hits@Any, HHR, F1)
-PAPER_TABLE5 = {("family", "complete"): (0.60, 0.96, 0.48), ("family", "incomplete"): (0.58, 0.28, 0.36),
-                ("fb15k237", "complete"): (0.46, 0.57, 0.26), ("fb15k237", "incomplete"): (0.20, 0.23, 0.11)}
-# BRINK App. H, Table 6: proportion of questions whose target entity is predicted with rule + alternative path given
-PAPER_TABLE6 = {"GPT-3.5-turbo": {"family": 0.88, "fb15k237": 0.86, "wikidata5m": 0.84},
-                "GPT-4o": {"family": 0.91, "fb15k237": 0.94, "wikidata5m": 0.90}}
-# BRINK App. I, Table 7 (percent): Hits@1, permissive F1, recall, precision
-PAPER_TABLE7 = {("RoG", "complete"): (69.54, 43.97, 47.25, 46.08), ("RoG", "incomplete"): (62.97, 33.24, 33.63, 37.81),
-                ("PoG", "complete"): (57.59, 30.21, 27.49, 56.99), ("PoG", "incomplete"): (45.26, 18.56, 18.47, 45.66)}
-PAPER_APPJ_RETRIEVAL_SHARE = 0.7  # BRINK App. J: retrieval : reasoning failures "approximately 7:3"
-PAPER_CLAIMS = {
-    "fig1": "§5.1: in most cases both Hits@Any and F1 drop noticeably from the complete to the incomplete KG.",
-    "fig2": "§5.2: across all models and datasets HHR drops significantly from complete to incomplete; training-based "
-            "methods (RoG, GNN-RAG) drop less than non-trained ones (PoG, ToG).",
-    "fig3": "§5.3: on FB15k-237, RoG keeps HHR better than PoG on most rule types under incompleteness, except symmetry.",
-    "fig4": "§5.4: text labels give clearly higher F1; KG ids (Freebase mids) perform nearly like private ids.",
-}
 PAPER_METHOD_OF = {"rog": "RoG", "tog": "PoG"}  # our family closest to the system the paper singles out (Fig. 3, Table 7)
 
 # %% ../nbs/13_brink_methods.ipynb #c053

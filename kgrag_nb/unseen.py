@@ -19,8 +19,8 @@ from .metrics import acc_r, hits_at_k, percent_cis
 
 # %% auto #0
 __all__ = ['EXTRACTION_TEMPLATE', 'DISAMBIGUATION_TEMPLATE', 'TOP_LEVEL_TYPES', 'TYPE_TEMPLATE', 'KNOWLEDGE_SETS', 'METHODS',
-           'DECOMPOSITION_TEMPLATE', 'PAPER_MODELS', 'PAPER_DATASETS', 'PAPER_TABLE3', 'question_topics', 'kg_stats',
-           'IncompleteKG', 'build_incomplete_kg', 'extraction_prompt', 'parse_extraction', 'relation_candidates',
+           'DECOMPOSITION_TEMPLATE', 'PAPER_MODELS', 'PAPER_DATASETS', 'question_topics', 'kg_stats', 'IncompleteKG',
+           'build_incomplete_kg', 'extraction_prompt', 'parse_extraction', 'relation_candidates',
            'disambiguation_prompt', 'parse_choice', 'type_prompt', 'parse_type', 'nearest_type', 'build_knowledge',
            'knowledge_sets', 'DiFaR', 'merge_hits', 'decomposition_prompt', 'parse_decomposition', 'entity_queries',
            'run_unseen_entity_qa', 'summarize_unseen', 'paper_table3']
@@ -480,30 +480,15 @@ def summarize_unseen(frame: pd.DataFrame,  # from `run_unseen_entity_qa`
     return pd.DataFrame(rows)
 
 # %% ../nbs/15_unseen.ipynb #c041
-PAPER_MODELS = ("Llama3.1-8B-Instruct", "Qwen2.5-32B-Instruct", "Llama3.1-70B-Instruct")
+from .papers import paper_numbers
+
+PAPER_MODELS = ("Llama3.1-8B-Instruct", "Qwen2.5-32B-Instruct", "Llama3.1-70B-Instruct")  # Table 3 column groups, in order
 PAPER_DATASETS = ("mintaka", "2wiki", "cwq")
-# awakening_unseen_entity_kgqa.txt, Table 3: per method, (H@1, H@10) for models x datasets in the order above
-_T3 = {
-    "No RAG": "51.3 64.0 32.8 47.5 37.9 50.1 55.9 61.0 32.7 37.9 43.6 43.6 66.1 75.0 39.5 58.1 51.0 63.2",
-    "DiFaR (question)": "25.9 57.0 38.4 48.2 31.3 55.8 32.5 45.0 37.2 38.9 26.6 38.3 41.1 62.1 18.7 42.2 32.0 50.8",
-    "QD-DiFaR (question)": "18.2 44.6 40.0 52.6 23.5 47.1 35.8 48.5 37.8 41.0 30.7 41.4 48.8 66.1 21.6 46.5 39.2 54.0",
-    "DiFaR (entity)": "24.9 62.7 37.7 48.0 22.8 56.3 23.9 39.0 36.5 38.4 20.6 31.6 34.3 59.3 18.0 41.4 27.9 48.7",
-    "QD-DiFaR (entity)": "27.8 60.8 39.2 51.9 30.1 56.1 27.9 44.4 37.6 40.2 20.7 33.9 43.4 65.5 22.5 45.0 32.3 50.8",
-    "Ours (T7)": "42.2 68.2 41.2 53.2 40.0 61.3 51.6 64.7 39.7 43.4 48.5 58.9 61.0 73.8 46.6 58.0 54.0 66.8",
-    "Ours (T1*)": "43.4 68.0 41.9 52.3 36.8 58.1 53.9 65.9 39.8 45.5 44.8 55.3 63.9 75.8 46.2 59.1 48.7 61.6",
-    "Ours (T4)": "53.9 75.2 42.7 53.9 38.6 59.0 56.4 66.6 40.4 45.7 43.5 54.6 63.0 77.5 48.8 63.3 48.2 64.2",
-    "Ours (T7+T1*)": "38.9 63.7 40.9 50.5 37.4 56.6 50.6 63.1 41.3 46.1 49.6 59.1 71.9 83.5 45.6 57.5 53.4 65.1",
-    "Ours (T7+T1*+T4)": "37.0 61.4 40.8 51.0 36.5 55.5 50.3 63.6 40.6 44.7 46.9 57.5 59.4 74.7 46.6 58.7 53.5 64.4",
-}
-PAPER_TABLE3 = {m: {mod: {ds: tuple(map(float, v.split()[2 * (3 * i + j):2 * (3 * i + j) + 2])) for j, ds in enumerate(PAPER_DATASETS)}
-                    for i, mod in enumerate(PAPER_MODELS)} for m, v in _T3.items()}
 
 def paper_table3(dataset: str = "cwq") -> pd.DataFrame:
     "The awakening paper's Table 3 for `dataset`: one row per method, Hits@1 / Hits@10 per model."
     if dataset not in PAPER_DATASETS: raise ValueError(f"Table 3 has {PAPER_DATASETS}, not {dataset!r}")
-    rows = []
-    for m, by_model in PAPER_TABLE3.items():
-        row = dict(method=m)
-        for mod, v in by_model.items(): row[f"{mod} H@1"], row[f"{mod} H@10"] = v[dataset]
-        rows.append(row)
-    return pd.DataFrame(rows)
+    t = paper_numbers("awakening_unseen_entity_kgqa.txt", table="Table 3", dataset=dataset).set_index(["setting", "model", "metric"])["value"]
+    return pd.DataFrame([dict(method=m, **{f"{mod} {h}": t[m, mod, metric] for mod in PAPER_MODELS
+                                           for h, metric in (("H@1", "Hits@1"), ("H@10", "Hits@10"))})
+                         for m in dict.fromkeys(t.index.get_level_values("setting"))])

@@ -12,8 +12,7 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kgrag_nb.awaken import (AWAKENING_TEMPLATE, KNOWLEDGE_TYPES, MAIN_TYPES, PAPER_TABLE2, PAPER_TABLE4, PAPER_TABLE7,
-                             PAPER_TABLE10, PAPER_TABLE11, PROBE_TEMPLATE, awakening_prompt, awakening_table,
+from kgrag_nb.awaken import (AWAKENING_TEMPLATE, KNOWLEDGE_TYPES, MAIN_TYPES, PROBE_TEMPLATE, awakening_prompt, awakening_table, paper_rows,
                              distances_to, extract_knowledge, filter_counts, find_gold_path, gold_relations,
                              intersect_ids, item_temperatures, knowledge_candidates, knowledge_distance, leaks_answer,
                              parse_awakening_answer, parse_probe, passing_ids, probe_prompt, probe_rule,
@@ -260,16 +259,22 @@ def test_task1_data_errors():
     with pytest.raises(ValueError, match="online backend"): task1_data("2wiki")
 
 
-def test_paper_numbers_spot_checks():
-    # values read off awakening_unseen_entity_kgqa.txt
-    assert PAPER_TABLE2["Qwen2.5-32B-Instruct"]["cwq"]["T5"] == (256, 38.7, 50.4)
-    assert PAPER_TABLE2["Llama3.1-8B-Instruct"]["2wiki"]["No RAG"] == (815, 0.0, 13.3)
-    assert PAPER_TABLE4["Llama3.1-8B-Instruct"]["2wiki"]["T1"] == (1668, 4.1, 14.2)
-    assert PAPER_TABLE10["Llama3.1-70B-Instruct"]["cwq"]["T6"] == (270, 28.1, 37.0)
-    assert PAPER_TABLE11["Llama3.1-8B-Instruct"]["cwq"]["T7"] == (355, 18.0, 39.2)
-    assert PAPER_TABLE7["qa"]["original"]["T1"] == (110, 33.6, 48.2)
-    for t in (PAPER_TABLE2, PAPER_TABLE4, PAPER_TABLE11):
-        assert all(set(per[d]) == {"No RAG", *MAIN_TYPES} for per in t.values() for d in ("cwq", "2wiki"))
+def test_paper_rows_spot_checks():
+    # values read off awakening_unseen_entity_kgqa.txt (the CSV itself is checked against the text in test_papers.py)
+    def row(table, dataset, model, t):
+        r = paper_rows(table, dataset, [model]).set_index("knowledge type")
+        return tuple(r.loc[t if t == "No RAG" else f"{KNOWLEDGE_TYPES[t]} ({t})", ["F", "Hits@1", "Hits@10"]])
+    assert row("Table 2", "cwq", "Qwen2.5-32B-Instruct", "T5") == (256, 38.7, 50.4)
+    assert row("Table 2", "2wiki", "Llama3.1-8B-Instruct", "No RAG") == (815, 0.0, 13.3)
+    assert row("Table 4", "2wiki", "Llama3.1-8B-Instruct", "T1") == (1668, 4.1, 14.2)
+    assert row("Table 10", "cwq", "Llama3.1-70B-Instruct", "T6") == (270, 28.1, 37.0)
+    assert row("Table 11", "cwq", "Llama3.1-8B-Instruct", "T7") == (355, 18.0, 39.2)
+    for t in ("Table 2", "Table 4", "Table 11"):
+        for d in ("cwq", "2wiki"):
+            r = paper_rows(t, d, label=t)
+            assert r.groupby("model").size().eq(7).all() and r["model"].nunique() == 5 and set(r["source"]) == {f"paper: {t}"}
+            assert set(r["knowledge type"]) == {"No RAG", *(f"{KNOWLEDGE_TYPES[k]} ({k})" for k in MAIN_TYPES)}
+    with pytest.raises(ValueError, match="no 'mintaka' block"): paper_rows("Table 2", "mintaka")
 
 
 # ---------------------------------------------------------------- the pipeline against the real model
