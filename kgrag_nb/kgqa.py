@@ -199,14 +199,15 @@ def complete_traced(client,  # `kgrag_nb.llm.LLMClient`
                     stage: str,  # stage name (trace records)
                     trace: TraceWriter | None = None,  # where records go (None = not recorded)
                     parse: Callable | Sequence[Callable] | None = None,  # completion -> parsed (or one per prompt)
-                    **kwargs) -> tuple[list, list]:  # `client.complete` arguments, passed unchanged
-    "(completions, parsed) of one batched `client.complete` call, every call recorded; a completion is a list when n > 1."
+                    chat: bool = False,  # prompts are message lists, sent with `client.chat` (instruct models)
+                    **kwargs) -> tuple[list, list]:  # `client.complete` / `client.chat` arguments, passed unchanged
+    "(completions, parsed) of one batched `client.complete` (or `chat`) call, every call recorded; a completion is a list when n > 1."
     prompts, question_ids = list(prompts), [str(i) for i in question_ids]
     if len(prompts) != len(question_ids): raise ValueError(f"{len(prompts)} prompts for {len(question_ids)} question ids")
     parsers = list(parse) if isinstance(parse, (list, tuple)) else [parse] * len(prompts)
     if len(parsers) != len(prompts): raise ValueError(f"{len(parsers)} parsers for {len(prompts)} prompts")
     if not prompts: return [], []
-    outs = client.complete(prompts, **kwargs)
+    outs = (client.chat if chat else client.complete)(prompts, **kwargs)
     outs = [o if kwargs.get("n", 1) > 1 else o[0] for o in outs]
     parsed = [o if f is None else f(o) for f, o in zip(parsers, outs)]
     if trace is not None:
