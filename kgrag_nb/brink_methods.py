@@ -10,24 +10,31 @@ from dataclasses import dataclass, asdict, field, replace
 from pathlib import Path
 from typing import Sequence
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+import seaborn as sns
 from tqdm.auto import tqdm
 
+from .config import get_config
 from .kg import KG
+from .datasets import load_kg
+from .retrieval import embed
+from .metrics import bootstrap_ratio_ci, brink_normalize, brink_per_question
+from .kgqa import (BaseMethod, Question, Prediction, TraceWriter, complete_traced, get_method, register_method,
+                           Step, relation_names, step_label, relation_path_of, relation_paths_to, instantiate, path_end,
+                           path_text, triples_of, triple_text, clip_lines, candidate_steps, parse_steps,
+                           parse_relation_paths, beam_ends, expand_beam, beam_context, short_relation_names)
+from .rules import APP_A2, mine_rules
 from .brink import Benchmark, evaluate, failure_analysis, load_benchmark, build_benchmark, BRINK_TAU
-from .metrics import brink_normalize
 
 # %% auto #0
-__all__ = ['BRINK_METHODS', 'BRINK_SETTINGS', 'METHOD_FAMILIES', 'DEVIATIONS', 'Step', 'LLM_ONLY_PROMPT', 'ROG_PLAN_PROMPT',
+__all__ = ['BRINK_METHODS', 'BRINK_SETTINGS', 'METHOD_FAMILIES', 'DEVIATIONS', 'LLM_ONLY_PROMPT', 'ROG_PLAN_PROMPT',
            'PATH_ANSWER_PROMPT', 'TOG_PRUNE_PROMPT', 'TRIPLE_ANSWER_PROMPT', 'ORACLE_PROMPT', 'GROUP',
-           'PAPER_METHOD_OF', 'SETTING_COLORS', 'MethodConfig', 'short_relation_names', 'relation_names', 'step_label',
-           'relation_path_of', 'relation_paths_to', 'instantiate', 'path_end', 'path_text', 'triples_of', 'triple_text',
-           'clip_lines', 'template_question', 'question_view', 'answer_prompt', 'parse_answer', 'candidate_steps',
-           'parse_steps', 'parse_relation_paths', 'train_path_ranker', 'rank_paths', 'beam_ends', 'expand_beam',
-           'beam_context', 'run_methods', 'method_llm_only', 'method_rog', 'method_trained_paths', 'method_tog',
-           'method_knn_triples', 'method_oracle', 'score_predictions', 'rule_type_hhr', 'failure_ratio', 'sample_rules',
-           'experiment_benchmark', 'brink_experiment', 'study_predictions', 'plot_setting_bars']
+           'PAPER_METHOD_OF', 'SETTING_COLORS', 'MethodConfig', 'template_question', 'question_view', 'answer_prompt',
+           'parse_answer', 'train_path_ranker', 'rank_paths', 'brink_question', 'run_methods', 'BrinkMethod', 'LLMOnly',
+           'RoG', 'TrainedPaths', 'ToG', 'KNNTriples', 'Oracle', 'score_predictions', 'rule_type_hhr', 'failure_ratio',
+           'sample_rules', 'experiment_benchmark', 'brink_experiment', 'study_predictions', 'plot_setting_bars']
 
 # %% ../nbs/13_brink_methods.ipynb #c004
 BRINK_METHODS = ("llm_only", "rog", "trained_paths", "tog", "knn_triples", "oracle")
@@ -77,144 +84,6 @@ class MethodConfig:
     def __post_init__(self):
         for k in ("max_hops", "n_paths", "max_paths", "width", "depth", "max_beam", "k", "max_triples", "max_relations"):
             if int(getattr(self, k)) < 1: raise ValueError(f"MethodConfig.{k}={getattr(self, k)!r}: use 1 or more")
-
-# %% ../nbs/13_brink_methods.ipynb #c011
-Step = tuple  # (relation index, forward)
-
-def short_relation_names(ids: Sequence[str]) -> list[str]:
-    "Freebase-style path ids shortened to their last segments, as few as keep the names distinct ('/film/film/genre' -> 'genre')."
-    parts = [[p for p in re.split(r"[/.]", i) if p] or [i] for i in ids]
-    k = [1] * len(parts)
-    while True:
-        names = [" ".join(p[-j:]).replace("_", " ") for p, j in zip(parts, k)]
-        c = Counter(names)
-        grow = [i for i, n in enumerate(names) if c[n] > 1 and k[i] < len(parts[i])]
-        if not grow: return names
-        for i in grow: k[i] += 1
-
-def relation_names(kg: KG) -> np.ndarray:
-    "Shown name of every relation: short Freebase-style names when every id is a path ('/...'), else the text labels."
-    if "brink_rel" not in kg._cache:
-        ids = kg.relations.tolist()
-        kg._cache["brink_rel"] = np.array(short_relation_names(ids) if ids and all(r.startswith("/") for r in ids)
-                                          else kg._relation_text().tolist(), dtype=object)
-    return kg._cache["brink_rel"]
-
-def step_label(kg: KG,  # graph whose relation names are shown
-               step: Step) -> str:  # (relation index, forward)
-    "The shown name of a step (`relation_names`), prefixed with '~' when followed backwards."
-    r, fwd = int(step[0]), bool(step[1])
-    name = str(relation_names(kg)[r])
-    return name if fwd else f"~{name}"
-
-def relation_path_of(kg: KG,  # the graph
-                     src: int,  # start entity index
-                     path: Sequence[int]) -> tuple:  # triple indices in walking order
-    "The relation path (steps) of a triple path walked from `src`."
-    cur, steps = int(src), []
-    for ti in path:
-        h, r, t = (int(x) for x in kg.triples[int(ti)])
-        if h == cur: steps.append((r, True)); cur = t
-        elif t == cur: steps.append((r, False)); cur = h
-        else: raise ValueError(f"triple {ti} ({h}, {r}, {t}) does not touch entity {cur}; the path must be walkable from src={src}")
-    return tuple(steps)
-
-def _hop(kg: KG, nodes: np.ndarray):
-    "All edges at `nodes` as arrays (owner position, relation, forward, entity at the other end)."
-    T = kg.triples
-    to, oo = kg._gather("out", nodes, owners=True)
-    ti, oi = kg._gather("in", nodes, owners=True)
-    return (np.concatenate([oo, oi]), np.concatenate([T[to, 1], T[ti, 1]]).astype(np.int64),
-            np.concatenate([np.ones(len(to), bool), np.zeros(len(ti), bool)]), np.concatenate([T[to, 2], T[ti, 0]]).astype(np.int64))
-
-def relation_paths_to(kg: KG,  # the graph the retriever sees
-                      src,  # topic entity (id or index)
-                      targets,  # answer entities (ids or indices)
-                      max_hops: int = 2,  # longest path (1 or 2 vectorised; longer ones via KG.paths_between)
-                      limit: int = 200) -> set:  # paths listed per target when max_hops > 2
-    "Distinct relation paths of simple paths (no entity twice) of at most `max_hops` steps from `src` to any of `targets`."
-    s, tg = kg._ent(src), kg._ents(list(targets))
-    if max_hops > 2:
-        out = set()
-        for d in tg:
-            try: paths = kg.paths_between(s, int(d), max_hops=max_hops, limit=limit, as_indices=True)
-            except ValueError: continue  # too many partial paths around a hub
-            out.update(relation_path_of(kg, s, p) for p in paths)
-        return out
-    is_t = np.zeros(kg.num_entities, bool); is_t[tg] = True; is_t[s] = False
-    _, r1, f1, e1 = _hop(kg, np.array([s]))
-    keep = e1 != s
-    r1, f1, e1 = r1[keep], f1[keep], e1[keep]
-    out = {((int(r), bool(f)),) for r, f, e in zip(r1, f1, e1) if is_t[e]}
-    if max_hops < 2 or len(e1) == 0: return out
-    mids = np.unique(e1)
-    own, r2, f2, e2 = _hop(kg, mids)
-    ok = is_t[e2] & (e2 != mids[own])
-    first = {}
-    for r, f, e in zip(r1.tolist(), f1.tolist(), e1.tolist()): first.setdefault(e, set()).add((r, f))
-    for o, r, f in zip(own[ok].tolist(), r2[ok].tolist(), f2[ok].tolist()):
-        out.update((st, (r, f)) for st in first[int(mids[o])])
-    return out
-
-# %% ../nbs/13_brink_methods.ipynb #c013
-def instantiate(kg: KG,  # the graph the retriever sees
-                src,  # topic entity (id or index)
-                rel_path: Sequence[Step],  # steps to follow
-                max_paths: int = 20) -> list[list[int]]:  # at most this many paths (and partial paths per step)
-    "Triple-index paths that follow `rel_path` from `src` on `kg`, in triple order, at most `max_paths`."
-    frontier = [([], kg._ent(src))]
-    for r, fwd in rel_path:
-        nxt = []
-        for tris, e in frontier:
-            idx = kg.neighbors(e, "out" if fwd else "in", as_triples=True)
-            for ti in idx[kg.triples[idx, 1] == int(r)].tolist():
-                nxt.append((tris + [int(ti)], int(kg.triples[ti, 2 if fwd else 0])))
-                if len(nxt) >= max_paths: break
-            if len(nxt) >= max_paths: break
-        frontier = nxt
-        if not frontier: break
-    return [t for t, _ in frontier] if rel_path else []
-
-def path_end(kg: KG, src, path: Sequence[int]) -> int:
-    "Index of the entity reached by walking `path` from `src`."
-    cur = kg._ent(src)
-    for ti in path:
-        h, _, t = (int(x) for x in kg.triples[int(ti)])
-        cur = t if h == cur else h
-    return cur
-
-# %% ../nbs/13_brink_methods.ipynb #c016
-def path_text(kg: KG,  # the graph
-              src,  # start entity
-              path: Sequence[int],  # triple indices in walking order
-              shown: np.ndarray) -> str:  # shown string of every entity (`kg._display_array(mode, seed)`)
-    "A path as 'e0 -> r1 -> e1 -> ...' (backward steps as '~r')."
-    cur, parts = kg._ent(src), [str(shown[kg._ent(src)])]
-    for step, ti in zip(relation_path_of(kg, cur, path), path):
-        cur = path_end(kg, cur, [ti])
-        parts += [step_label(kg, step), str(shown[cur])]
-    return " -> ".join(parts)
-
-def triples_of(kg: KG, path: Sequence[int], shown: np.ndarray | None = None) -> list[list[str]]:
-    "A triple path as [[h, r, t], ...] strings: KG ids (`shown=None`) or shown entities and relation labels."
-    ents = kg.entities if shown is None else shown
-    rels = kg.relations if shown is None else relation_names(kg)
-    return [[str(ents[h]), str(rels[r]), str(ents[t])] for h, r, t in kg.triples[np.asarray(path, dtype=np.int64)].tolist()]
-
-def triple_text(kg: KG, ti: int, shown: np.ndarray) -> str:
-    "One triple as 'h, r, t' with shown entities and relation labels."
-    return ", ".join(triples_of(kg, [ti], shown)[0])
-
-def clip_lines(lines: Sequence[str],  # context lines, most relevant first
-               max_chars: int) -> list[str]:  # budget (characters, newlines included)
-    "The leading lines that fit in `max_chars` (at least one line, cut to the budget)."
-    out, used = [], 0
-    for l in lines:
-        if used + len(l) + 1 > max_chars:
-            if not out: out.append(l[:max_chars])
-            break
-        out.append(l); used += len(l) + 1
-    return out
 
 # %% ../nbs/13_brink_methods.ipynb #c019
 def template_question(relation: str,  # relation text as shown
@@ -350,54 +219,6 @@ def parse_answer(text: str) -> str:  # raw completion
     if not isinstance(text, str): raise TypeError(f"text must be the completion string, got {type(text).__name__}")
     return text.strip().split("\n")[0].strip()
 
-# %% ../nbs/13_brink_methods.ipynb #c026
-def _norm_rel(s: str) -> str: return re.sub(r"\s+", " ", s.strip().strip(".;,:'\"`").strip().lower())
-
-def candidate_steps(kg: KG,  # the graph
-                    entities,  # entity indices (or ids)
-                    max_relations: int | None = None) -> list:  # cap
-    "Distinct steps `(r, forward)` leaving `entities`, most frequent first (ties by label), at most `max_relations`."
-    c = Counter()
-    for e in kg._ents(list(entities)):
-        for direction, fwd in (("out", True), ("in", False)):
-            rels, _ = kg.neighbors(int(e), direction)
-            c.update((int(r), fwd) for r in rels.tolist())
-    steps = sorted(c, key=lambda s: (-c[s], step_label(kg, s)))
-    return steps[:max_relations] if max_relations else steps
-
-def parse_steps(text: str,  # LLM output
-                kg: KG,  # graph (labels)
-                candidates: Sequence[Step],  # the steps that were listed
-                limit: int) -> list:  # keep at most this many
-    "Steps named in `text` (by label or 1-based list number), in order of mention, unique, at most `limit`."
-    by_name = {_norm_rel(step_label(kg, s)): s for s in candidates}
-    out = []
-    for piece in re.split(r"[;,\n]", text.split("\n\n")[0]):
-        p = _norm_rel(re.sub(r"^\s*\d+[.)]\s+", "", piece))
-        s = by_name.get(p)
-        if s is None and p.isdigit() and 1 <= int(p) <= len(candidates): s = candidates[int(p) - 1]
-        if s is not None and s not in out: out.append(s)
-        if len(out) >= limit: break
-    return out
-
-def parse_relation_paths(text: str,  # LLM output (one path per line, relations joined by '->')
-                         kg: KG,  # graph whose relations are valid
-                         max_hops: int = 2,  # longest path kept
-                         limit: int = 3) -> list:  # at most this many paths
-    "Valid relation paths in a RoG-style plan, in order, unique: every relation must exist (label, '~' = backwards)."
-    names = {}
-    for r in range(kg.num_relations):
-        for fwd in (True, False): names[_norm_rel(step_label(kg, (r, fwd)))] = (r, fwd)
-    out = []
-    for line in text.split("\n\n")[0].split("\n"):
-        parts = [_norm_rel(x) for x in line.split("->")]
-        if not line.strip() or not all(parts): continue
-        steps = tuple(names.get(x) for x in parts)
-        if None in steps or len(steps) > max_hops or steps in out: continue
-        out.append(steps)
-        if len(out) >= limit: break
-    return out
-
 # %% ../nbs/13_brink_methods.ipynb #c029
 def _qkey(q: dict, key: str):
     if key == "relation": return (q["relation"], q["direction"])
@@ -425,55 +246,29 @@ def rank_paths(model: dict,  # from train_path_ranker
     lab = lambda p: " -> ".join(step_label(kg, s) for s in p)
     return sorted(c, key=lambda p: (-c[p], len(p), lab(p)))[:n]
 
-# %% ../nbs/13_brink_methods.ipynb #c032
-def beam_ends(kg: KG, topic, beam: Sequence[list]) -> list[int]:
-    "Distinct end entities of the beam's paths (the topic for an empty path), in order."
-    return list(dict.fromkeys(path_end(kg, topic, p) for p in beam))
-
-def expand_beam(kg: KG,  # the graph searched
-                topic,  # topic entity
-                beam: Sequence[list],  # current paths (start: [[]])
-                steps: Sequence[Step],  # chosen steps
-                max_beam: int = 4,  # paths kept
-                seed: int = 0) -> list[list[int]]:  # RNG seed of the sample
-    "Paths one step longer along `steps` (no entity revisited), a seeded sample of `max_beam` when more."
-    new = []
-    for p in beam:
-        end = path_end(kg, topic, p)
-        visited = {kg._ent(topic)} | {int(x) for ti in p for x in kg.triples[ti, [0, 2]]}
-        for step in steps:
-            for q in instantiate(kg, end, [step], max_paths=10_000):
-                nxt = path_end(kg, end, q)
-                if nxt not in visited: new.append(list(p) + q)
-    if len(new) > max_beam:
-        keep = np.sort(np.random.default_rng(seed).choice(len(new), max_beam, replace=False))
-        new = [new[i] for i in keep]
-    return new
-
-def beam_context(history: Sequence[list]) -> list[list[int]]:  # paths explored at every depth
-    "Explored paths, longest first, without paths that are a prefix of another kept path."
-    paths = sorted({tuple(p) for p in history if p}, key=lambda p: (-len(p), p))
-    out = []
-    for p in paths:
-        if not any(q[:len(p)] == p for q in out): out.append(p)
-    return [list(p) for p in out]
-
 # %% ../nbs/13_brink_methods.ipynb #c035
-def _complete(client, prompts: list[str], cfg: MethodConfig, max_tokens: int, desc: str, stop=("\n",)) -> list[str]:
-    if not prompts: return []
-    outs = client.complete(prompts, temperature=cfg.temperature, max_tokens=max_tokens, stop=list(stop), desc=desc)
-    return [o[0] for o in outs]
+def brink_question(view: dict,  # a question view (`question_view`)
+                   dataset: str = "",  # benchmark name
+                   display_seed: int = 0) -> Question:  # private-id seed of the view's labelling mode
+    "A question view as a `kgqa.Question`: topic id and shown topic, shown answers; the view (and display seed) in `meta`."
+    return Question(id=view["id"], text=view["question"], topic_entities=[view["topic_entity_id"]],
+                    answers=list(view["answers"]), dataset=dataset, topic_names=[view["topic_entity"]],
+                    meta=dict(view, display_seed=display_seed))
 
-def _embed(texts: list[str]) -> np.ndarray:
-    from kgrag_nb.retrieval import embed
-    return embed(texts)
+def _shown(kg: KG, qs: Sequence[Question]) -> np.ndarray:
+    "The shown string of every entity in the (one) labelling mode of `qs`."
+    modes = {(q.meta.get("mode", "private_id"), q.meta.get("display_seed", 0)) for q in qs}
+    if len(modes) != 1: raise ValueError(f"questions of one batch must share one labelling mode and seed, got {sorted(modes)}")
+    return kg._display_array(*modes.pop())
 
-def _retrieve_knn(kg: KG, q: dict, cfg: MethodConfig, shown: np.ndarray) -> tuple[list, list]:
+def _view(q: Question) -> dict: return dict(question=q.text, topic_entity=q.topic_name)
+
+def _retrieve_knn(kg: KG, topic: int, text: str, cfg: MethodConfig, shown: np.ndarray) -> tuple[list, list]:
     "k-NN triples of the topic's 2-hop neighbourhood: (triple indices, shown lines)."
-    idx = kg.khop_triples(q["_topic"], hops=2, max_triples=cfg.max_triples, seed=cfg.seed)
+    idx = kg.khop_triples(topic, hops=2, max_triples=cfg.max_triples, seed=cfg.seed)
     if len(idx) == 0: return [], []
     texts = [triple_text(kg, int(t), shown) for t in idx.tolist()]
-    vec = _embed([q["question"]] + texts)
+    vec = embed([text] + texts)
     order = np.argsort(-(vec[1:] @ vec[0]), kind="stable")[:cfg.k]
     return [int(idx[i]) for i in order], [texts[i] for i in order]
 
@@ -494,8 +289,9 @@ def run_methods(bench: Benchmark,  # benchmark (complete and incomplete KG, trai
                 display_seed: int | None = None,  # private-id seed (default: the benchmark's)
                 question_source: str = "template",  # 'template' or 'llm' (question_view)
                 train: Sequence[dict] | None = None,  # training questions (default: the benchmark's train split)
-                out_path=None,  # JSONL written here (optional)
-                progress: bool = True) -> pd.DataFrame:  # tqdm over methods
+                out_path=None,  # JSONL written here (optional; LLM calls to `<stem>.trace.jsonl` beside it)
+                progress: bool = True,  # tqdm over methods
+                trace: TraceWriter | None = None) -> pd.DataFrame:  # records every LLM call (default: beside out_path)
     "Predictions of `methods` on `questions` with the KG of `setting`, entities shown in `mode` (one row per question and method)."
     cfg = config or MethodConfig()
     bad = [m for m in methods if m not in BRINK_METHODS]
@@ -504,17 +300,19 @@ def run_methods(bench: Benchmark,  # benchmark (complete and incomplete KG, trai
     kg = bench.complete if setting == "complete" else bench.incomplete
     ds = bench.datasheet.get("entity_display", {})
     dseed = ds.get("seed", 0) if display_seed is None else display_seed
-    shown = kg._display_array(mode, dseed)
-    qs = [question_view(q, bench.complete, mode, dseed, question_source, ds.get("mode", "private_id")) for q in questions]
-    for q in qs: q["_topic"] = kg.entity_index(q["topic_entity_id"])
+    views = [question_view(q, bench.complete, mode, dseed, question_source, ds.get("mode", "private_id")) for q in questions]
+    qs = [brink_question(v, bench.datasheet.get("name") or "", dseed) for v in views]
+    if trace is None and out_path is not None:
+        p = Path(out_path); trace = TraceWriter(p.with_name(p.stem + ".trace.jsonl"), keep=False)
     rows = []
     for method in tqdm(list(methods), desc=f"BRINK methods ({bench.datasheet.get('name')}, {setting}, {mode})", disable=not progress):
-        res = _METHODS[method](kg, qs, client, cfg, shown, train if train is not None else bench.split("train"))
-        for q, r in zip(qs, res):
+        m = get_method(method, train=train if train is not None else bench.split("train"))
+        for q, p in zip(views, m.answer_all(qs, kg, client, cfg, trace)):
             rows.append(dict(id=q["id"], method=method, family=METHOD_FAMILIES[method], kg=bench.datasheet.get("name"),
                              setting=setting, mode=mode, question=q["question"], topic_entity=q["topic_entity"],
                              answers=q["answers"], hard_answer=q["hard_answer"], rule_type=q.get("rule_type"), rule=q.get("rule"),
-                             **r))
+                             prediction=p.answer, retrieved_paths=p.meta["retrieved_paths"],
+                             retrieved_paths_shown=p.meta["retrieved_paths_shown"], llm_calls=p.n_llm_calls, prompt=p.prompt))
     df = pd.DataFrame(rows)
     if out_path is not None:
         out_path = Path(out_path); out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -523,106 +321,122 @@ def run_methods(bench: Benchmark,  # benchmark (complete and incomplete KG, trai
     return df
 
 # %% ../nbs/13_brink_methods.ipynb #c036
-def _record(prediction: str, kg: KG, topics: int, paths: Sequence[list], shown, calls: int, prompt: str) -> dict:
-    return dict(prediction=prediction, retrieved_paths=[triples_of(kg, p) for p in paths],
-                retrieved_paths_shown=[triples_of(kg, p, shown) for p in paths], llm_calls=calls, prompt=prompt)
+def _split_answers(prediction: str) -> list[str]:
+    "The comma-separated answers of a prediction, in order (BRINK App. E's list form)."
+    return [a.strip() for a in prediction.split(",") if a.strip()]
 
-def _answer_with_paths(kg, qs, client, cfg, shown, paths_per_q, calls_before, desc):
-    prompts = [answer_prompt(PATH_ANSWER_PROMPT, q, [path_text(kg, q["_topic"], p, shown) for p in ps], cfg.max_context_chars)
-               for q, ps in zip(qs, paths_per_q)]
-    outs = _complete(client, prompts, cfg, cfg.max_tokens, desc)
-    return [_record(parse_answer(o), kg, q["_topic"], ps, shown, c + 1, p)
-            for q, ps, o, p, c in zip(qs, paths_per_q, outs, prompts, calls_before)]
+class BrinkMethod(BaseMethod):
+    "A BRINK method family: batched stages over questions of one KG setting and one labelling mode."
+    family = ""
+    def __init__(self, train: Sequence[dict] = ()):  # training question records (used by trained_paths)
+        self.train = list(train)
 
-def method_llm_only(kg: KG,  # KG of the setting (complete or incomplete)
-                    qs: list,  # question views (`question_view` + '_topic' index)
-                    client,  # kgrag_nb.llm.LLMClient
-                    cfg: MethodConfig,  # knobs
-                    shown: np.ndarray,  # shown string of every entity
-                    train: list) -> list[dict]:  # training questions (used by trained_paths)
+    def answer_all(self,
+                   questions: Sequence[Question],  # `brink_question`s of one labelling mode
+                   kg: KG,  # KG of the setting (complete or incomplete)
+                   client,  # kgrag_nb.llm.LLMClient
+                   config: MethodConfig | None = None,  # knobs
+                   trace: TraceWriter | None = None) -> list[Prediction]:  # records every LLM call
+        "One `Prediction` per question (meta: retrieved_paths in KG ids and as shown)."
+        qs = list(questions)
+        if not qs: return []
+        return self.run(kg, qs, [kg.entity_index(q.topic) for q in qs], client, config or MethodConfig(), _shown(kg, qs), trace)
+
+    def run(self, kg, qs, topics, client, cfg, shown, trace) -> list[Prediction]: raise NotImplementedError
+
+    def _complete(self, client, qs, prompts, cfg, max_tokens, desc, trace, stop=("\n",), parse=None) -> list[str]:
+        "One batched stage: the LLM's completions (every call traced under this method and `desc`)."
+        outs, _ = complete_traced(client, prompts, [q.id for q in qs], self.name, desc, trace, parse,
+                                  temperature=cfg.temperature, max_tokens=max_tokens, stop=list(stop), desc=desc)
+        return outs
+
+    def _record(self, q: Question, raw: str, kg: KG, paths: Sequence[list], shown, calls: int, prompt: str) -> Prediction:
+        pred = parse_answer(raw)
+        return Prediction(q.id, self.name, pred, _split_answers(pred), calls, TraceWriter.trace_id(self.name, q.id), prompt, raw,
+                          meta=dict(retrieved_paths=[triples_of(kg, p) for p in paths],
+                                    retrieved_paths_shown=[triples_of(kg, p, shown) for p in paths]))
+
+    def _answer_with_paths(self, kg, qs, topics, client, cfg, shown, paths_per_q, calls_before, desc, trace) -> list[Prediction]:
+        prompts = [answer_prompt(PATH_ANSWER_PROMPT, _view(q), [path_text(kg, t, p, shown) for p in ps], cfg.max_context_chars)
+                   for q, t, ps in zip(qs, topics, paths_per_q)]
+        outs = self._complete(client, qs, prompts, cfg, cfg.max_tokens, desc, trace, parse=parse_answer)
+        return [self._record(q, o, kg, ps, shown, c + 1, p) for q, ps, o, p, c in zip(qs, paths_per_q, outs, prompts, calls_before)]
+
+@register_method("llm_only")
+class LLMOnly(BrinkMethod):
     "Closed book: the question and topic entity only (no retrieval)."
-    prompts = [LLM_ONLY_PROMPT.format(question=q["question"], topic=q["topic_entity"]) for q in qs]
-    outs = _complete(client, prompts, cfg, cfg.max_tokens, "llm_only")
-    return [_record(parse_answer(o), kg, q["_topic"], [], shown, 1, p) for q, o, p in zip(qs, outs, prompts)]
+    family = METHOD_FAMILIES["llm_only"]
+    def run(self, kg, qs, topics, client, cfg, shown, trace):
+        prompts = [LLM_ONLY_PROMPT.format(question=q.text, topic=q.topic_name) for q in qs]
+        outs = self._complete(client, qs, prompts, cfg, cfg.max_tokens, "llm_only", trace, parse=parse_answer)
+        return [self._record(q, o, kg, [], shown, 1, p) for q, o, p in zip(qs, outs, prompts)]
 
-def method_rog(kg: KG,  # KG of the setting (complete or incomplete)
-               qs: list,  # question views (`question_view` + '_topic' index)
-               client,  # kgrag_nb.llm.LLMClient
-               cfg: MethodConfig,  # knobs
-               shown: np.ndarray,  # shown string of every entity
-               train: list) -> list[dict]:  # training questions (used by trained_paths)
+@register_method("rog")
+class RoG(BrinkMethod):
     "RoG-style: the LLM plans relation paths from the relations at the topic; the paths are instantiated, then reasoned over."
-    plans = [ROG_PLAN_PROMPT.format(question=q["question"], relations=", ".join(
-        step_label(kg, s) for s in candidate_steps(kg, [q["_topic"]], cfg.max_relations))) for q in qs]
-    outs = _complete(client, plans, cfg, cfg.plan_tokens, "rog plan", stop=("\n\n",))
-    paths = [_paths_for(kg, q["_topic"], parse_relation_paths(o, kg, cfg.max_hops, cfg.n_paths), cfg) for q, o in zip(qs, outs)]
-    return _answer_with_paths(kg, qs, client, cfg, shown, paths, [1] * len(qs), "rog answer")
+    family = METHOD_FAMILIES["rog"]
+    def run(self, kg, qs, topics, client, cfg, shown, trace):
+        plans = [ROG_PLAN_PROMPT.format(question=q.text, relations=", ".join(
+            step_label(kg, s) for s in candidate_steps(kg, [t], cfg.max_relations))) for q, t in zip(qs, topics)]
+        outs = self._complete(client, qs, plans, cfg, cfg.plan_tokens, "rog plan", trace, stop=("\n\n",),
+                              parse=lambda o: parse_relation_paths(o, kg, cfg.max_hops, cfg.n_paths))
+        paths = [_paths_for(kg, t, parse_relation_paths(o, kg, cfg.max_hops, cfg.n_paths), cfg) for t, o in zip(topics, outs)]
+        return self._answer_with_paths(kg, qs, topics, client, cfg, shown, paths, [1] * len(qs), "rog answer", trace)
 
-def method_trained_paths(kg: KG,  # KG of the setting (complete or incomplete)
-                         qs: list,  # question views (`question_view` + '_topic' index)
-                         client,  # kgrag_nb.llm.LLMClient
-                         cfg: MethodConfig,  # knobs
-                         shown: np.ndarray,  # shown string of every entity
-                         train: list) -> list[dict]:  # training questions (used by trained_paths)
+@register_method("trained_paths")
+class TrainedPaths(BrinkMethod):
     "Training-based: relation paths ranked on the train split (same KG setting), top ones instantiated, then reasoned over."
-    model = train_path_ranker(kg, train, cfg.max_hops)
-    paths = [_paths_for(kg, q["_topic"], rank_paths(model, q, kg, cfg.n_paths), cfg) for q in qs]
-    return _answer_with_paths(kg, qs, client, cfg, shown, paths, [0] * len(qs), "trained_paths answer")
+    family = METHOD_FAMILIES["trained_paths"]
+    def run(self, kg, qs, topics, client, cfg, shown, trace):
+        model = train_path_ranker(kg, self.train, cfg.max_hops)
+        paths = [_paths_for(kg, t, rank_paths(model, q.meta, kg, cfg.n_paths), cfg) for q, t in zip(qs, topics)]
+        return self._answer_with_paths(kg, qs, topics, client, cfg, shown, paths, [0] * len(qs), "trained_paths answer", trace)
 
-def method_tog(kg: KG,  # KG of the setting (complete or incomplete)
-               qs: list,  # question views (`question_view` + '_topic' index)
-               client,  # kgrag_nb.llm.LLMClient
-               cfg: MethodConfig,  # knobs
-               shown: np.ndarray,  # shown string of every entity
-               train: list) -> list[dict]:  # training questions (used by trained_paths)
+@register_method("tog")
+class ToG(BrinkMethod):
     "ToG-style: depth x (LLM prunes the frontier's relations to `width`, follow them, sample `max_beam` paths), then reason."
-    beams, hist, calls = [[[]] for _ in qs], [[] for _ in qs], [0] * len(qs)
-    for d in range(cfg.depth):
-        ends = {i: beam_ends(kg, qs[i]["_topic"], b) for i, b in enumerate(beams) if b}
-        cands = {i: candidate_steps(kg, e, cfg.max_relations) for i, e in ends.items()}
-        live = [i for i in ends if cands[i]]
-        prompts = [TOG_PRUNE_PROMPT.format(width=cfg.width, question=qs[i]["question"],
-                                           entities=", ".join(str(shown[e]) for e in ends[i]),
-                                           relations="; ".join(step_label(kg, s) for s in cands[i])) for i in live]
-        outs = _complete(client, prompts, cfg, cfg.plan_tokens, f"tog depth {d + 1}")
-        nxt = [[] for _ in qs]
-        for i, o in zip(live, outs):
-            nxt[i] = expand_beam(kg, qs[i]["_topic"], beams[i], parse_steps(o, kg, cands[i], cfg.width), cfg.max_beam, seed=cfg.seed + d)
-            hist[i] += nxt[i]; calls[i] += 1
-        beams = nxt
-    paths = [beam_context(h)[:cfg.max_paths] for h in hist]
-    return _answer_with_paths(kg, qs, client, cfg, shown, paths, calls, "tog answer")
+    family = METHOD_FAMILIES["tog"]
+    def run(self, kg, qs, topics, client, cfg, shown, trace):
+        beams, hist, calls = [[[]] for _ in qs], [[] for _ in qs], [0] * len(qs)
+        for d in range(cfg.depth):
+            ends = {i: beam_ends(kg, topics[i], b) for i, b in enumerate(beams) if b}
+            cands = {i: candidate_steps(kg, e, cfg.max_relations) for i, e in ends.items()}
+            live = [i for i in ends if cands[i]]
+            prompts = [TOG_PRUNE_PROMPT.format(width=cfg.width, question=qs[i].text,
+                                               entities=", ".join(str(shown[e]) for e in ends[i]),
+                                               relations="; ".join(step_label(kg, s) for s in cands[i])) for i in live]
+            outs = self._complete(client, [qs[i] for i in live], prompts, cfg, cfg.plan_tokens, f"tog depth {d + 1}", trace,
+                                  parse=[lambda o, c=cands[i]: parse_steps(o, kg, c, cfg.width) for i in live])
+            nxt = [[] for _ in qs]
+            for i, o in zip(live, outs):
+                nxt[i] = expand_beam(kg, topics[i], beams[i], parse_steps(o, kg, cands[i], cfg.width), cfg.max_beam, seed=cfg.seed + d)
+                hist[i] += nxt[i]; calls[i] += 1
+            beams = nxt
+        paths = [beam_context(h)[:cfg.max_paths] for h in hist]
+        return self._answer_with_paths(kg, qs, topics, client, cfg, shown, paths, calls, "tog answer", trace)
 
-def method_knn_triples(kg: KG,  # KG of the setting (complete or incomplete)
-                       qs: list,  # question views (`question_view` + '_topic' index)
-                       client,  # kgrag_nb.llm.LLMClient
-                       cfg: MethodConfig,  # knobs
-                       shown: np.ndarray,  # shown string of every entity
-                       train: list) -> list[dict]:  # training questions (used by trained_paths)
+@register_method("knn_triples")
+class KNNTriples(BrinkMethod):
     "G-Retriever-style retrieval: the k 2-hop triples most similar to the question (MiniLM), given as triples."
-    got = [_retrieve_knn(kg, q, cfg, shown) for q in qs]
-    prompts = [answer_prompt(TRIPLE_ANSWER_PROMPT, q, lines, cfg.max_context_chars) for q, (_, lines) in zip(qs, got)]
-    outs = _complete(client, prompts, cfg, cfg.max_tokens, "knn_triples answer")
-    return [_record(parse_answer(o), kg, q["_topic"], [[t] for t in idx], shown, 1, p)
-            for q, (idx, _), o, p in zip(qs, got, outs, prompts)]
+    family = METHOD_FAMILIES["knn_triples"]
+    def run(self, kg, qs, topics, client, cfg, shown, trace):
+        got = [_retrieve_knn(kg, t, q.text, cfg, shown) for q, t in zip(qs, topics)]
+        prompts = [answer_prompt(TRIPLE_ANSWER_PROMPT, _view(q), lines, cfg.max_context_chars) for q, (_, lines) in zip(qs, got)]
+        outs = self._complete(client, qs, prompts, cfg, cfg.max_tokens, "knn_triples answer", trace, parse=parse_answer)
+        return [self._record(q, o, kg, [[t] for t in idx], shown, 1, p) for q, (idx, _), o, p in zip(qs, got, outs, prompts)]
 
-def method_oracle(kg: KG,  # KG of the setting (complete or incomplete)
-                  qs: list,  # question views (`question_view` + '_topic' index)
-                  client,  # kgrag_nb.llm.LLMClient
-                  cfg: MethodConfig,  # knobs
-                  shown: np.ndarray,  # shown string of every entity
-                  train: list) -> list[dict]:  # training questions (used by trained_paths)
+@register_method("oracle")
+class Oracle(BrinkMethod):
     "Perfect retrieval (BRINK App. H): the rule and the grounding's body triples (the alternative path)."
-    bodies = [[int(i) for i in kg.index_of(kg.encode(q["alternative_path"]))] for q in qs]
-    for q, b in zip(qs, bodies):
-        if min(b, default=0) < 0: raise ValueError(f"question {q['id']}: alternative path {q['alternative_path']} is not in KG {kg.name!r}")
-    prompts = [answer_prompt(ORACLE_PROMPT, q, [triple_text(kg, t, shown) for t in b], cfg.max_context_chars, rule=q.get("rule", ""))
-               for q, b in zip(qs, bodies)]
-    outs = _complete(client, prompts, cfg, cfg.max_tokens, "oracle answer")
-    return [_record(parse_answer(o), kg, q["_topic"], [b], shown, 1, p) for q, b, o, p in zip(qs, bodies, outs, prompts)]
-
-_METHODS = dict(llm_only=method_llm_only, rog=method_rog, trained_paths=method_trained_paths, tog=method_tog,
-                knn_triples=method_knn_triples, oracle=method_oracle)
+    family = METHOD_FAMILIES["oracle"]
+    def run(self, kg, qs, topics, client, cfg, shown, trace):
+        bodies = [[int(i) for i in kg.index_of(kg.encode(q.meta["alternative_path"]))] for q in qs]
+        for q, b in zip(qs, bodies):
+            if min(b, default=0) < 0: raise ValueError(f"question {q.id}: alternative path {q.meta['alternative_path']} is not in KG {kg.name!r}")
+        prompts = [answer_prompt(ORACLE_PROMPT, _view(q), [triple_text(kg, t, shown) for t in b], cfg.max_context_chars,
+                                 rule=q.meta.get("rule", "")) for q, b in zip(qs, bodies)]
+        outs = self._complete(client, qs, prompts, cfg, cfg.max_tokens, "oracle answer", trace, parse=parse_answer)
+        return [self._record(q, o, kg, [b], shown, 1, p) for q, b, o, p in zip(qs, bodies, outs, prompts)]
 
 # %% ../nbs/13_brink_methods.ipynb #c040
 GROUP = ["kg", "setting", "mode", "method"]
@@ -650,7 +464,6 @@ def rule_type_hhr(df: pd.DataFrame,  # rows of run_methods
                   n_resamples: int = 1000,  # bootstrap resamples of the HHR CI
                   seed: int = 0) -> pd.DataFrame:  # bootstrap seed
     "Per (kg, setting, mode, method, rule type): n, Hits@Any, Hits@Hard, HHR with a bootstrap CI (BRINK §5.3, Figure 3)."
-    from kgrag_nb.metrics import bootstrap_ratio_ci, brink_per_question
     rows = []
     for key, g in df.groupby(GROUP + ["rule_type"], sort=False):
         per = brink_per_question(g["prediction"].tolist(), g["answers"].tolist(), g["hard_answer"].tolist())
@@ -694,13 +507,10 @@ def experiment_benchmark(kg_name: str,  # dataset name (kgrag_nb.datasets.load_k
                          client=None,  # LLM for App. D questions; None = no generated questions (templates)
                          cfg=None) -> Benchmark:  # kgrag_nb.config.Config (benchmarks_dir)
     "Load the experiment's benchmark from `cfg.benchmarks_dir`, building it first when absent."
-    from kgrag_nb.config import get_config
     cfg = cfg or get_config()
     tag = "llmq" if client is not None else "tplq"
     out = cfg.benchmarks_dir / f"brink_methods_{kg_name}_r{max_rules}_g{per_rule}_t{tau:g}_l{max_len}_s{seed}_{tag}"
     if (out / "datasheet.json").exists(): return load_benchmark(out)
-    from kgrag_nb.datasets import load_kg
-    from kgrag_nb.rules import APP_A2, mine_rules
     kg = load_kg(kg_name, split="all")
     rules = mine_rules(kg, max_len=max_len, min_hc=0.1, progress=False, **APP_A2)
     if not rules: raise ValueError(f"no rule mined on {kg_name!r} at App. A.2 thresholds with max_len={max_len}")
@@ -764,7 +574,6 @@ def plot_setting_bars(scores: pd.DataFrame,  # score_predictions rows (one mode)
                       methods: Sequence[str],  # bars order
                       title: str = ""):
     "Grouped bars (complete red, incomplete blue) with bootstrap CIs, one panel per KG; returns the figure."
-    import matplotlib.pyplot as plt, seaborn as sns
     sns.set_theme(style="whitegrid", context="paper")
     fig, axes = plt.subplots(1, len(kgs), figsize=(4.2 * len(kgs), 3.2), squeeze=False)
     for ax, kg in zip(axes[0], kgs):

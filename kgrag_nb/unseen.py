@@ -7,15 +7,19 @@ from __future__ import annotations
 import json, re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np, pandas as pd
+from tqdm.auto import tqdm
 
 from .kg import KG, AWAKENING_MAX_SUBGRAPH_TRIPLES
 from .backends import KGBackend, LocalBackend, RelationRetriever, RELATION_MODES
 from .datasets import mid_to_fb15k
+from .retrieval import Retriever, embed, load_embedder
 from .baselines import no_rag_prompt, parse_short_answer
 from .metrics import acc_r, hits_at_k, percent_cis
+from .kgqa import BaseMethod, Question, Prediction, TraceWriter, complete_traced, get_method, register_method
+from .awaken import awakening_prompt
 
 # %% auto #0
 __all__ = ['EXTRACTION_TEMPLATE', 'DISAMBIGUATION_TEMPLATE', 'TOP_LEVEL_TYPES', 'TYPE_TEMPLATE', 'KNOWLEDGE_SETS', 'METHODS',
@@ -23,7 +27,8 @@ __all__ = ['EXTRACTION_TEMPLATE', 'DISAMBIGUATION_TEMPLATE', 'TOP_LEVEL_TYPES', 
            'build_incomplete_kg', 'extraction_prompt', 'parse_extraction', 'relation_candidates',
            'disambiguation_prompt', 'parse_choice', 'type_prompt', 'parse_type', 'nearest_type', 'build_knowledge',
            'knowledge_sets', 'DiFaR', 'merge_hits', 'decomposition_prompt', 'parse_decomposition', 'entity_queries',
-           'run_unseen_entity_qa', 'summarize_unseen', 'paper_table3']
+           'UnseenConfig', 'unseen_question', 'unseen_stages', 'UnseenMethod', 'NoRAG', 'DiFaRMethod', 'QDDiFaRMethod',
+           'OursMethod', 'run_unseen_entity_qa', 'summarize_unseen', 'paper_table3']
 
 # %% ../nbs/15_unseen.ipynb #c005
 def question_topics(records: list,  # QARecords (`.id`, `.topic_entities` = [{"id", "name"}])
@@ -249,7 +254,6 @@ def nearest_type(answer: str,  # the model's answer to `type_prompt`
                  embedder=None,  # sentence embedder (None = all-MiniLM-L6-v2)
                 ) -> str | None:
     "The type whose embedding is nearest to the answer's first line (e.g. 'movie' -> 'film'); None for an empty answer."
-    from kgrag_nb.retrieval import embed
     line = next((l.strip(" .\"'") for l in str(answer).splitlines() if l.strip(" .\"'")), "")
     if not line: return None
     v = embed([line, *types], embedder)
@@ -286,7 +290,6 @@ class DiFaR:
                  embedder=None,  # loaded SentenceTransformer, name, or None = `load_embedder()` (all-MiniLM-L6-v2)
                  cache_dir: Path | str | bool | None = None,  # embedding cache (see `retrieval.embed`)
                  progress: bool | None = None):  # progress bar while embedding the triples
-        from kgrag_nb.retrieval import Retriever
         if kg.num_triples == 0: raise ValueError(f"DiFaR: KG {kg.name!r} has no triples to retrieve from")
         self.kg, self.texts = kg, kg.verbalize()
         self.retriever = Retriever(self.texts, embedder, "flat_ip", cache_dir=cache_dir, progress=progress)
@@ -351,8 +354,179 @@ def entity_queries(sub_questions: Sequence[str],  # sub-questions
     return out
 
 # %% ../nbs/15_unseen.ipynb #c036
-def _gen(client, prompts, **kw) -> list[str]:
-    return [o[0] for o in client.complete(prompts, **kw)] if prompts else []
+@dataclass
+class UnseenConfig:
+    "Knobs and shared state of the Unseen-Entity methods (one per run: `state` memoises the shared stages)."
+    relation_mode: str = "distinct"  # RelationRetriever mode: "distinct" or "faithful"
+    k_relations: int = 3  # nearest relations whose triples are candidates
+    per_relation: int = 3  # candidate triples per relation
+    difar_k: int = 3  # triples DiFaR retrieves per query
+    n_samples: int = 10  # answers per question and method (Hits@10 needs 10)
+    temperature: float = 0.7  # answer temperature (App. C)
+    max_tokens: int = 24  # short answers
+    types: Sequence[str] = TOP_LEVEL_TYPES  # T4 types
+    seed: int = 0  # sampling and candidate seed
+    progress: bool = True  # progress bars of the retrieval loops
+    embedder: Any = None  # sentence embedder (None or a name = loaded on first use)
+    retriever: RelationRetriever | None = None  # relation retriever over the KG (built on first use)
+    difar: DiFaR | None = None  # DiFaR over the KG (built on first use)
+    state: dict = field(default_factory=dict)  # question id -> its shared-stage record (the pipeline's trace)
+
+    def __post_init__(self):
+        if self.relation_mode not in RELATION_MODES: raise ValueError(f"relation_mode={self.relation_mode!r} is not one of {RELATION_MODES}")
+        if self.n_samples < 10: raise ValueError(f"n_samples={self.n_samples}: Hits@10 needs at least 10 answers per question")
+
+    def emb(self):
+        "The loaded sentence embedder."
+        if self.embedder is None or isinstance(self.embedder, (str, Path)): self.embedder = load_embedder(self.embedder)
+        return self.embedder
+
+def unseen_question(record,  # QARecord with a topic entity in `inc.topics`
+                    inc: IncompleteKG,  # from `build_incomplete_kg`
+                    dataset: str = "") -> Question:  # dataset name
+    "A record as a `kgqa.Question`: its topic entities in the KG (A_q first) with their surface names."
+    found = inc.topics[record.id]
+    return Question(record.id, record.question, [e for e, _ in found], list(record.answers), dataset, [n for _, n in found])
+
+def unseen_stages(questions: Sequence[Question],  # `unseen_question`s
+                  kg: KG,  # the incomplete KG
+                  client,  # `kgrag_nb.llm.LLMClient`
+                  cfg: UnseenConfig,  # knobs; `cfg.state` keeps the results
+                  trace: TraceWriter | None = None,  # records the LLM calls
+                  ours: bool = True,  # extraction, candidates, disambiguation, type, knowledge items
+                  qd: bool = False,  # decomposition (and the QD queries of DiFaR)
+                  difar: bool = False) -> list[dict]:  # DiFaR hits
+    "The shared stages of the Table 3 rows for `questions` (each stage once per question): their records in `cfg.state`."
+    recs = []
+    for q in questions:
+        if q.id not in cfg.state:
+            cfg.state[q.id] = dict(id=q.id, question=q.text, gold=list(q.answers), topic_id=q.topic, entity=q.topic_name,
+                                   topic_names=list(q.topic_names))
+        recs.append(cfg.state[q.id])
+    gen = dict(temperature=0.0, seed=cfg.seed)
+    ids = lambda ts: [t["id"] for t in ts]
+    if ours and any("extraction" not in t for t in recs):
+        todo = [(i, t) for i, t in enumerate(recs) if "extraction" not in t]
+        ts = [t for _, t in todo]
+        # 1. entity-relation extraction (App. E); R_q = the question when no relation can be read
+        raw, got = complete_traced(client, [extraction_prompt(t["question"], t["entity"]) for t in ts], ids(ts), "Ours", "extraction",
+                                   trace, [lambda c, e=t["entity"]: parse_extraction(c, e) for t in ts],
+                                   max_tokens=32, stop=["\n"], desc="extraction", **gen)
+        if cfg.retriever is None: cfg.retriever = RelationRetriever(kg, cfg.relation_mode, cfg.emb())
+        for (i, t), c, (ent, rel) in zip(todo, tqdm(raw, desc="relation retrieval", disable=not cfg.progress), got):
+            t["extraction"] = dict(raw=c, entity=ent, relation=rel, fallback=not rel)
+            t["relation_query"] = rel or t["question"]
+            t["candidates"] = relation_candidates(cfg.retriever, t["relation_query"], cfg.k_relations, cfg.per_relation, seed=cfg.seed + i)
+        # 2. disambiguation with A_q (our prompt)
+        with_c = [t for t in ts if t["candidates"]]
+        raw, got = complete_traced(client, [disambiguation_prompt(t["question"], t["entity"], [c["text"] for c in t["candidates"]]) for t in with_c],
+                                   ids(with_c), "Ours", "disambiguation", trace,
+                                   [lambda c, n=len(t["candidates"]): parse_choice(c, n) for t in with_c],
+                                   max_tokens=8, desc="disambiguation", **gen)  # no newline stop: a base model often starts with one
+        for t, c, j in zip(with_c, raw, got):
+            t["disambiguation"] = dict(raw=c, choice=0 if j is None else j, fallback=j is None)
+        # 3. type of A_q (our prompt, TOP_LEVEL_TYPES)
+        raw, got = complete_traced(client, [type_prompt(t["question"], t["entity"], cfg.types) for t in ts], ids(ts), "Ours", "type", trace,
+                                   lambda c: parse_type(c, cfg.types), max_tokens=10, desc="type", **gen)
+        for t, c, ty in zip(ts, raw, got):  # a listed type named in the answer, else the nearest listed type, else "thing"
+            src = "parsed"
+            if ty is None: ty, src = nearest_type(c, cfg.types, cfg.emb()), "nearest"
+            if ty is None: ty, src = "thing", "default"
+            t["type"] = dict(raw=c, type=ty, source=src, fallback=src != "parsed")
+        # 4. knowledge T7, T1*, T4
+        labels = kg.entity_labels
+        for t in ts:
+            ch = t["candidates"][t["disambiguation"]["choice"]] if t["candidates"] else None
+            t["chosen"] = ch
+            t["knowledge_items"] = build_knowledge(t["entity"], labels.get(ch["head"], ch["head"]) if ch else None,
+                                                   ch["relation_text"] if ch else None,
+                                                   labels.get(ch["tail"], ch["tail"]) if ch else None, t["type"]["type"])
+    if qd and any("decomposition" not in t for t in recs):
+        ts = [t for t in recs if "decomposition" not in t]
+        raw, got = complete_traced(client, [decomposition_prompt(t["question"]) for t in ts], ids(ts), "QD-DiFaR", "decomposition", trace,
+                                   [lambda c, q=t["question"]: parse_decomposition(c, q) for t in ts],
+                                   max_tokens=64, stop=["\n\n", "Question:"], desc="decomposition", **gen)
+        for t, c, subs in zip(ts, raw, got): t["decomposition"] = dict(raw=c, sub_questions=subs)
+    todo = [t for t in recs if difar and ("difar" not in t or (qd and "QD-DiFaR (question)" not in t["difar"]))]
+    if todo:
+        if cfg.difar is None: cfg.difar = DiFaR(kg, cfg.emb(), progress=cfg.progress)
+        for t in tqdm(todo, desc="DiFaR", disable=not cfg.progress):
+            h = {}
+            q = [t["question"], t["entity"]]
+            if qd:
+                subs = t["decomposition"]["sub_questions"]
+                q += subs + entity_queries(subs, t["topic_names"])
+            res = cfg.difar.search(q, cfg.difar_k)
+            h["DiFaR (question)"], h["DiFaR (entity)"] = res[0], res[1]
+            if qd:
+                n = len(t["decomposition"]["sub_questions"])
+                h["QD-DiFaR (question)"] = merge_hits(res[2:2 + n]); h["QD-DiFaR (entity)"] = merge_hits(res[2 + n:])
+                t["qd_entity_queries"] = q[2 + n:]
+            t["difar"] = h
+    return recs
+
+class UnseenMethod(BaseMethod):
+    "A Table 3 row: shared stages (`unseen_stages`), then ten answers with the row's knowledge."
+    needs = dict(ours=False, qd=False, difar=False)  # shared stages the row uses
+    calls = 0  # shared-stage LLM calls per question before the answer
+
+    def knowledge(self, t: dict) -> list[str]: return []
+
+    def answer_all(self,
+                   questions: Sequence[Question],  # `unseen_question`s
+                   kg: KG,  # the incomplete KG
+                   client,  # `kgrag_nb.llm.LLMClient`
+                   config: UnseenConfig | None = None,  # knobs and shared state (one per run)
+                   trace: TraceWriter | None = None) -> list[Prediction]:  # records the LLM calls
+        "One `Prediction` per question: `ranked` = the parsed samples, `meta['knowledge']` = the knowledge given."
+        cfg = config or UnseenConfig()
+        qs = list(questions)
+        recs = unseen_stages(qs, kg, client, cfg, trace, **self.needs)
+        know = [self.knowledge(t) for t in recs]
+        prompts = [awakening_prompt(t["question"], k) if k else no_rag_prompt(t["question"]) for t, k in zip(recs, know)]
+        raw, ans = complete_traced(client, prompts, [q.id for q in qs], self.name, "answer", trace,
+                                   lambda s: [parse_short_answer(x) for x in s], n=cfg.n_samples, temperature=cfg.temperature,
+                                   max_tokens=cfg.max_tokens, stop=["\n"], seed=cfg.seed, desc=f"answers ({self.name} x {cfg.n_samples})")
+        out = []
+        for q, t, k, p, r, a in zip(qs, recs, know, prompts, raw, ans):
+            calls = 1 + (2 + ("disambiguation" in t) if self.needs["ours"] else 0) + int(self.needs["qd"])
+            fail = "no knowledge retrieved: answered with the No-RAG prompt" if self.name != "No RAG" and not k else None
+            out.append(Prediction(q.id, self.name, a[0] if a else "", a, calls, TraceWriter.trace_id(self.name, q.id), p, r, fail,
+                                  meta=dict(knowledge=k)))
+        return out
+
+@register_method("No RAG")
+class NoRAG(UnseenMethod):
+    "The question alone (the No-RAG prompt)."
+
+@register_method("DiFaR (question)", query="question")
+@register_method("DiFaR (entity)", query="entity")
+class DiFaRMethod(UnseenMethod):
+    "DiFaR (§6.1): the triples nearest to the question (or to A_q)."
+    needs = dict(ours=False, qd=False, difar=True)
+    def __init__(self, query: str = "question"): self.query = query
+    def knowledge(self, t): return [h["text"] for h in t["difar"][f"DiFaR ({self.query})"]]
+
+@register_method("QD-DiFaR (question)", query="question")
+@register_method("QD-DiFaR (entity)", query="entity")
+class QDDiFaRMethod(UnseenMethod):
+    "QD-DiFaR (§6.1): DiFaR hits of the sub-questions (or of the entities they mention), merged."
+    needs = dict(ours=False, qd=True, difar=True)
+    def __init__(self, query: str = "question"): self.query = query
+    def knowledge(self, t): return [h["text"] for h in t["difar"][f"QD-DiFaR ({self.query})"]]
+
+def _register_ours():
+    for name in KNOWLEDGE_SETS: register_method(f"Ours ({name})", knowledge_set=name)(OursMethod)
+
+class OursMethod(UnseenMethod):
+    "Ours (§5.2): the knowledge set built from the chosen A_x–R_q–B_x triple and A_q's type."
+    needs = dict(ours=True, qd=False, difar=False)
+    def __init__(self, knowledge_set: str = "T7"):
+        if knowledge_set not in KNOWLEDGE_SETS: raise ValueError(f"knowledge_set={knowledge_set!r}: use one of {list(KNOWLEDGE_SETS)}")
+        self.knowledge_set = knowledge_set
+    def knowledge(self, t): return knowledge_sets(t["knowledge_items"]).get(f"Ours ({self.knowledge_set})", [])
+
+_register_ours()
 
 def run_unseen_entity_qa(records: list,  # QARecords (those without a topic entity in `inc` are skipped)
                          inc: IncompleteKG,  # from `build_incomplete_kg`
@@ -370,93 +544,31 @@ def run_unseen_entity_qa(records: list,  # QARecords (those without a topic enti
                          retriever: RelationRetriever | None = None,  # prebuilt relation retriever over inc.kg
                          difar: DiFaR | None = None,  # prebuilt DiFaR over inc.kg
                          seed: int = 0,  # sampling and candidate seed
-                         trace_dir: Path | str | None = None,  # write trace.jsonl and per_method.jsonl here
+                         trace_dir: Path | str | None = None,  # write trace.jsonl, per_method.jsonl and llm_calls.jsonl here
                          progress: bool = True) -> pd.DataFrame:
     "Table 3's methods on each question: one row per (question, method) with answers and Hits@1/Hits@10; trace in `.attrs`."
-    from tqdm.auto import tqdm
-    from kgrag_nb.awaken import awakening_prompt
-    from kgrag_nb.retrieval import load_embedder
     bad = [m for m in methods if m not in METHODS]
     if bad: raise ValueError(f"unknown methods {bad}; choose from {list(METHODS)}")
-    if relation_mode not in RELATION_MODES: raise ValueError(f"relation_mode={relation_mode!r} is not one of {RELATION_MODES}")
-    if n_samples < 10: raise ValueError(f"n_samples={n_samples}: Hits@10 needs at least 10 answers per question")
+    cfg = UnseenConfig(relation_mode, k_relations, per_relation, difar_k, n_samples, temperature, max_tokens, types, seed, progress,
+                       embedder, retriever, difar)
     recs = [r for r in records if r.id in inc.topics and r.answers]
     if not recs: raise ValueError("run_unseen_entity_qa: no record has answers and a topic entity in inc.topics")
-    emb = load_embedder(embedder) if embedder is None or isinstance(embedder, (str, Path)) else embedder
-    need_ours = any(m.startswith("Ours") for m in methods)
-    need_difar = any("DiFaR" in m for m in methods)
-    need_qd = any(m.startswith("QD") for m in methods)
-    trace = [dict(id=r.id, question=r.question, gold=list(r.answers), topic_id=inc.topics[r.id][0][0],
-                  entity=inc.topics[r.id][0][1], topic_names=[n for _, n in inc.topics[r.id]]) for r in recs]
-    gen = dict(temperature=0.0, seed=seed)
-    if need_ours:
-        # 1. entity-relation extraction (App. E); R_q = the question when no relation can be read
-        raw = _gen(client, [extraction_prompt(t["question"], t["entity"]) for t in trace], max_tokens=32, stop=["\n"], desc="extraction", **gen)
-        rr = retriever or RelationRetriever(inc.kg, relation_mode, emb)
-        for i, (t, c) in enumerate(zip(trace, tqdm(raw, desc="relation retrieval", disable=not progress))):
-            ent, rel = parse_extraction(c, t["entity"])
-            t["extraction"] = dict(raw=c, entity=ent, relation=rel, fallback=not rel)
-            t["relation_query"] = rel or t["question"]
-            t["candidates"] = relation_candidates(rr, t["relation_query"], k_relations, per_relation, seed=seed + i)
-        # 2. disambiguation with A_q (our prompt)
-        with_c = [t for t in trace if t["candidates"]]
-        raw = _gen(client, [disambiguation_prompt(t["question"], t["entity"], [c["text"] for c in t["candidates"]]) for t in with_c],
-                   max_tokens=8, desc="disambiguation", **gen)  # no newline stop: a base model often starts with one
-        for t, c in zip(with_c, raw):
-            j = parse_choice(c, len(t["candidates"]))
-            t["disambiguation"] = dict(raw=c, choice=0 if j is None else j, fallback=j is None)
-        # 3. type of A_q (our prompt, TOP_LEVEL_TYPES)
-        raw = _gen(client, [type_prompt(t["question"], t["entity"], types) for t in trace], max_tokens=10, desc="type", **gen)
-        for t, c in zip(trace, raw):  # a listed type named in the answer, else the nearest listed type, else "thing"
-            ty, src = parse_type(c, types), "parsed"
-            if ty is None: ty, src = nearest_type(c, types, emb), "nearest"
-            if ty is None: ty, src = "thing", "default"
-            t["type"] = dict(raw=c, type=ty, source=src, fallback=src != "parsed")
-        # 4. knowledge T7, T1*, T4
-        labels = inc.kg.entity_labels
-        for t in trace:
-            ch = t["candidates"][t["disambiguation"]["choice"]] if t["candidates"] else None
-            t["chosen"] = ch
-            t["knowledge_items"] = build_knowledge(t["entity"], labels.get(ch["head"], ch["head"]) if ch else None,
-                                                   ch["relation_text"] if ch else None,
-                                                   labels.get(ch["tail"], ch["tail"]) if ch else None, t["type"]["type"])
-    if need_qd:
-        raw = _gen(client, [decomposition_prompt(t["question"]) for t in trace], max_tokens=64, stop=["\n\n", "Question:"],
-                   desc="decomposition", **gen)
-        for t, c in zip(trace, raw): t["decomposition"] = dict(raw=c, sub_questions=parse_decomposition(c, t["question"]))
-    if need_difar:
-        df_ = difar or DiFaR(inc.kg, emb, progress=progress)
-        for t in tqdm(trace, desc="DiFaR", disable=not progress):
-            h = {}
-            q = [t["question"], t["entity"]]
-            if need_qd:
-                subs = t["decomposition"]["sub_questions"]
-                q += subs + entity_queries(subs, t["topic_names"])
-            res = df_.search(q, difar_k)
-            h["DiFaR (question)"], h["DiFaR (entity)"] = res[0], res[1]
-            if need_qd:
-                n = len(t["decomposition"]["sub_questions"])
-                h["QD-DiFaR (question)"] = merge_hits(res[2:2 + n]); h["QD-DiFaR (entity)"] = merge_hits(res[2 + n:])
-                t["qd_entity_queries"] = q[2 + n:]
-            t["difar"] = h
-    # 5. answer: No RAG prompt, or the App. E awakening prompt with each method's knowledge
-    jobs = []
-    for t in trace:
-        know = knowledge_sets(t.get("knowledge_items", {}))
-        for m, hits in t.get("difar", {}).items(): know[m] = [h["text"] for h in hits]
-        t["knowledge"] = {m: know.get(m, []) for m in methods if m != "No RAG"}
-        for m in methods:
-            k = know.get(m, [])
-            jobs.append((t, m, k, awakening_prompt(t["question"], k) if k else no_rag_prompt(t["question"])))
-    samples = client.complete([j[3] for j in jobs], n=n_samples, temperature=temperature, max_tokens=max_tokens, stop=["\n"],
-                              seed=seed, desc=f"answers ({len(methods)} methods x {n_samples})")
+    cfg.emb()
+    qs = [unseen_question(r, inc, inc.initial.name.removesuffix("-initial")) for r in recs]
+    tw = TraceWriter(Path(trace_dir) / "llm_calls.jsonl", keep=False) if trace_dir is not None else None
+    # the shared stages first, in one batch per stage; then each row's answers
+    trace = unseen_stages(qs, inc.kg, client, cfg, tw, ours=any(m.startswith("Ours") for m in methods),
+                          qd=any(m.startswith("QD") for m in methods), difar=any("DiFaR" in m for m in methods))
+    preds = {m: get_method(m).answer_all(qs, inc.kg, client, cfg, tw) for m in methods}
     rows = []
-    for (t, m, k, _), s in zip(jobs, samples):
-        ans = [parse_short_answer(x) for x in s]
-        ok = [acc_r(a, t["gold"]) for a in ans]
-        rows.append(dict(id=t["id"], question=t["question"], gold=t["gold"], method=m, knowledge=k,
-                         no_knowledge=m != "No RAG" and not k, samples=ans, correct=ok,
-                         hits1=hits_at_k(ans, t["gold"], 1), hits10=hits_at_k(ans, t["gold"], 10)))
+    for i, t in enumerate(trace):
+        t["knowledge"] = {m: preds[m][i].meta["knowledge"] for m in methods if m != "No RAG"}
+        for m in methods:
+            ans, k = preds[m][i].ranked, preds[m][i].meta["knowledge"]
+            ok = [acc_r(a, t["gold"]) for a in ans]
+            rows.append(dict(id=t["id"], question=t["question"], gold=t["gold"], method=m, knowledge=k,
+                             no_knowledge=m != "No RAG" and not k, samples=ans, correct=ok,
+                             hits1=hits_at_k(ans, t["gold"], 1), hits10=hits_at_k(ans, t["gold"], 10)))
     frame = pd.DataFrame(rows)
     frame.attrs["trace"] = trace
     if trace_dir is not None:

@@ -14,11 +14,12 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from kgrag_nb.brink import Benchmark, evaluate, failure_analysis
 from kgrag_nb.brink_methods import (BRINK_METHODS, LLM_ONLY_PROMPT, PATH_ANSWER_PROMPT, ROG_PLAN_PROMPT, TOG_PRUNE_PROMPT,
-                                    MethodConfig, answer_prompt, beam_context, beam_ends, candidate_steps, clip_lines,
-                                    expand_beam, failure_ratio, instantiate, parse_answer, parse_relation_paths,
-                                    parse_steps, path_end, path_text, question_view, rank_paths, relation_path_of,
-                                    relation_paths_to, rule_type_hhr, run_methods, sample_rules, score_predictions,
-                                    step_label, template_question, train_path_ranker, triples_of)
+                                    MethodConfig, answer_prompt, brink_question, failure_ratio, parse_answer,
+                                    question_view, rank_paths, rule_type_hhr, run_methods, sample_rules, score_predictions,
+                                    template_question, train_path_ranker)
+from kgrag_nb.kgqa import (METHODS, beam_context, beam_ends, candidate_steps, clip_lines, expand_beam, instantiate,
+                           parse_relation_paths, parse_steps, path_end, path_text, relation_path_of, relation_paths_to,
+                           step_label, triples_of)
 from kgrag_nb.kg import KG
 
 
@@ -137,6 +138,15 @@ def test_score_rule_types_and_failures():
     assert rt.loc["symmetry", "hhr"] == pytest.approx(1.0) and rt.loc["other", "hhr"] == pytest.approx(0.0)
     fr = failure_ratio(df).iloc[0]
     assert (fr["correct"], fr["reasoning_failure"], fr["retrieval_failure"]) == (2, 1, 0)
+
+
+def test_families_registered_and_brink_question(chain):
+    assert set(BRINK_METHODS) <= set(METHODS)
+    rec = dict(id="q", question="Who is t of 9?", topic_entity="9", topic_entity_id="x", relation="t", direction="tail",
+               answers=["1"], answer_ids=["z"], hard_answer="1", hard_answer_id="z", rule_type="composition")
+    q = brink_question(question_view(rec, chain, "kg_id"), "chain", 3)
+    assert (q.id, q.text, q.topic, q.topic_name, q.answers) == ("q", "What is the t of x?", "x", "x", ["z"])
+    assert q.meta["mode"] == "kg_id" and q.meta["display_seed"] == 3 and q.meta["relation"] == "t"
 
 
 def test_sample_rules_round_robin():

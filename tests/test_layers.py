@@ -74,10 +74,6 @@ KNOWN_HIDDEN: set[tuple[str, str]] = {
     # awaken, unseen: the awakening branch
     ("awaken", "kgrag_nb.retrieval"), ("awaken", "zlib"), ("awaken", "kgrag_nb.baselines"),
     ("awaken", "kgrag_nb.datasets"), ("awaken", "kgrag_nb.backends"),
-    ("unseen", "kgrag_nb.retrieval"), ("unseen", "tqdm.auto"), ("unseen", "kgrag_nb.awaken"),
-    # brink_methods: the KG-QA method layer branch
-    ("brink_methods", "kgrag_nb.retrieval"), ("brink_methods", "kgrag_nb.metrics"), ("brink_methods", "kgrag_nb.config"),
-    ("brink_methods", "kgrag_nb.datasets"), ("brink_methods", "kgrag_nb.rules"),
     # rules: the rules branch
     ("rules", "kgrag_nb.datasets"), ("rules", "signal"), ("rules", "subprocess"), ("rules", "tqdm.auto"),
     ("rules", "csv"), ("rules", "joblib.externals.loky"),
