@@ -7,11 +7,12 @@ from __future__ import annotations
 import argparse, json, os, signal, sys, time
 from . import datasets, serve
 from .bench import print_bench  # importing bench also registers `kgrag bench llm` and `kgrag bench kg`
-from .config import get_config
+from .config import PROFILES, get_config
+from .reproduce import load_experiments, load_registry, reproduce
 from .hooks import SUBCOMMANDS, BENCHMARKS, EVALUATORS, subcommand, load_study_modules
 
 # %% auto #0
-__all__ = ['build_parser', 'main']
+__all__ = ['registry_graph', 'build_parser', 'main']
 
 # %% ../nbs/10_cli.ipynb #c004
 # The registries (`SUBCOMMANDS`, `BENCHMARKS`, `EVALUATORS`) and their decorators live in `kgrag_nb.hooks`, the lowest
@@ -26,40 +27,56 @@ def _parse_value(text: str):
 @subcommand
 def _reproduce(sub):
     p = sub.add_parser("reproduce", help="run study notebooks with papermill and write figures/ and runs/<run_id>/")
-    p.add_argument("--profile", choices=["smoke", "full"], default=None, help="smoke: CPU minutes; full: GPU endpoint (default: KGRAG_PROFILE or smoke)")
+    p.add_argument("--profile", choices=list(PROFILES), default=None,
+                   help="tiny: a handful of questions (CI); smoke: CPU minutes; full: GPU endpoint (default: KGRAG_PROFILE or smoke)")
     p.add_argument("--only", default=None, help="comma-separated glob patterns of artefact ids, e.g. 'brink*'")
     p.add_argument("--llm-url", default=None, help="OpenAI-compatible base URL, e.g. http://host:8000/v1 (default: embedded server)")
     p.add_argument("--model", default=None, help="model name at --llm-url (default: the model the server reports)")
-    p.add_argument("--run-id", default=None)
+    p.add_argument("--run-id", default=None, help="name of the run folder (new; letters, digits, . _ -)")
+    p.add_argument("--jobs", type=int, default=1, help="notebooks run in parallel (independent experiments, then artefacts)")
     p.add_argument("--cell-timeout", type=int, default=1800, help="seconds per notebook cell")
     p.add_argument("--cache-mode", choices=["live", "record", "replay"], default=None, help="LLM response cache mode")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a notebook parameter for every selected artefact")
     def run(args):
-        from kgrag_nb.reproduce import reproduce
         overrides = {}
         for item in args.set:
             if "=" not in item: raise SystemExit(f"--set {item!r}: expected KEY=VALUE, e.g. --set n_questions=5")
             k, v = item.split("=", 1); overrides[k.strip()] = _parse_value(v)
         cfg = get_config(llm_cache_mode=args.cache_mode) if args.cache_mode else get_config()
         m = reproduce(profile=args.profile, only=args.only, llm_url=args.llm_url, model=args.model, run_id=args.run_id,
-                      cell_timeout=args.cell_timeout, overrides=overrides or None, cfg=cfg)
+                      cell_timeout=args.cell_timeout, overrides=overrides or None, cfg=cfg, jobs=args.jobs)
         run_dir = cfg.runs_dir / m["run_id"]
-        print(f"run {m['run_id']}: {len(m['artifacts']) - len(m['failed'])}/{len(m['artifacts'])} notebooks ok in {m['wall_s']} s; "
+        ex = m.get("experiments", [])
+        print(f"run {m['run_id']}: experiments {sum(e['status'] == 'computed' for e in ex)} computed, "
+              f"{sum(e['status'] == 'reused' for e in ex)} reused, {sum(e['status'] == 'failed' for e in ex)} failed; "
+              f"artefacts {sum(e['status'] == 'ok' for e in m['artifacts'])}/{len(m['artifacts'])} ok in {m['wall_s']} s; "
               f"LLM requests {m['llm_usage'].get('requests', 0)}, cache hits {m['llm_usage'].get('cache_hits', 0)}")
         print(f"manifest: {run_dir / 'manifest.json'}\nfigures and tables: {cfg.figures_dir}")
-        for e in m["artifacts"]:
-            if e["status"] != "ok": print(f"FAILED {e['artifact']}: {e['notebook']} {e['error']} (executed copy: {run_dir / e['executed']})", file=sys.stderr)
-        return 1 if m["failed"] else 0
+        for e in ex + m["artifacts"]:
+            name = e.get("artifact") or e.get("experiment")
+            if e["status"] == "failed": print(f"FAILED {name}: {e['notebook']} {e['error']} (executed copy: {run_dir / e['executed']})", file=sys.stderr)
+            elif e["status"] == "skipped": print(f"SKIPPED {name}: {e['error']}", file=sys.stderr)
+        return 1 if m["failed"] or m.get("skipped") else 0
     p.set_defaults(func=run)
 
 # %% ../nbs/10_cli.ipynb #c006
+def registry_graph(cfg=None) -> str:
+    "`kgrag list`: each experiment with the artefacts that use it (indented), then the stand-alone artefacts."
+    exps, arts = load_experiments(cfg=cfg), load_registry(cfg=cfg)
+    line = lambda s, indent: f"{indent}{s.id:<{30 - len(indent)}} {'LLM ' if s.needs_llm else '    '} {s.notebook:<52} {s.title}"
+    out = []
+    for e in exps.values():
+        out.append(line(e, "") + (f"  (uses {', '.join(e.uses)})" if e.uses else ""))
+        out += [line(a, "  └ ") for a in arts.values() if e.id in a.uses]
+    alone = [a for a in arts.values() if not a.uses]
+    if alone: out += ["(stand-alone artefacts)"] + [line(a, "") for a in alone]
+    return "\n".join(out)
+
 @subcommand
 def _list(sub):
-    p = sub.add_parser("list", help="print the study registry (studies.yaml)")
+    p = sub.add_parser("list", help="print the study registry as a graph: experiment -> the artefacts that use it")
     def run(args):
-        from kgrag_nb.reproduce import load_registry
-        for a in load_registry().values():
-            print(f"{a.id:<24} {'LLM ' if a.needs_llm else '    '} {a.notebook:<44} {a.title}")
+        print(registry_graph())
         return 0
     p.set_defaults(func=run)
 

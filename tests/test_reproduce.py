@@ -140,3 +140,124 @@ def test_closed_book_end_to_end_and_warm_rerun(tmp_path, embedded_server):
     assert manifest["git_sha"] and manifest["artifacts"][0]["wall_s"] > 0 and manifest["config"]["profile"] == "smoke"
     for f in [*cfg.runs_dir.rglob("*"), *cfg.figures_dir.rglob("*")]:
         if f.is_file(): assert secret.encode() not in f.read_bytes(), f
+
+
+# ---------------------------------------------------------------- shared experiments (issue 8) and runner defects (issue 10)
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from kgrag_nb.reproduce import ExperimentResults, load_experiments
+from kgrag_nb.cli import registry_graph
+
+RUNNER = 'profile = "smoke"\nrun_dir = None\nllm_url = None\nmodel = None\nexperiment_dirs = {}\n'
+
+def _experiment_nb(path, sid, param):
+    _notebook(path, [("code", f'artifact = "{sid}"\n' + RUNNER + f"{param} = 1", ["parameters"]),
+                     ("code", "import pandas as pd\nfrom kgrag_nb.reproduce import ExperimentRun\n"
+                              "xp = ExperimentRun.from_papermill(globals())\n"
+                              f"xp.save('table', pd.DataFrame({{'x': list(range({param}))}}))\nxp.save('meta', {{'{param}': {param}}})", []),
+                     ("code", "xp.finish()", [])])
+
+def _artifact_nb(path, sid, exp):
+    _notebook(path, [("code", f'artifact = "{sid}"\n' + RUNNER + "k = 1", ["parameters"]),
+                     ("code", "from pathlib import Path\nfrom kgrag_nb.reproduce import StudyRun\n"
+                              f"run = StudyRun.from_papermill(globals())\nt = run.experiment('{exp}').load('table')\n"
+                              "Path(run_dir, artifact + '.txt').write_text(str(len(t) * k))\n"
+                              "run.deviations(['a deviation'])\nrun.finish()", [])])
+
+def _project(tmp_path, n=3, m=2, bad=False):
+    root = tmp_path / "proj"
+    _experiment_nb(root / "nbs/studies/experiments/exp.ipynb", "exp", "n")
+    _experiment_nb(root / "nbs/studies/experiments/exp2.ipynb", "exp2", "m")
+    if bad: _notebook(root / "nbs/studies/experiments/bad.ipynb", [("code", 'artifact = "bad"\n' + RUNNER, ["parameters"]), ("code", "1 / 0", [])])
+    for sid, exp in (("a1", "exp"), ("a2", "exp"), ("a3", "exp2")) + ((("a4", "bad"),) if bad else ()):
+        _artifact_nb(root / f"nbs/studies/{sid}.ipynb", sid, exp)
+    entry = lambda nb, uses="", prof="{}": f"{{paper: p.txt, title: t, notebook: {nb}{', uses: ' + uses if uses else ''}, profiles: {{smoke: {prof}}}}}"
+    (root / "studies.yaml").write_text(
+        "experiments:\n"
+        f"  exp: {entry('nbs/studies/experiments/exp.ipynb', prof=f'{{n: {n}}}')}\n"
+        f"  exp2: {entry('nbs/studies/experiments/exp2.ipynb', prof=f'{{m: {m}}}')}\n"
+        + (f"  bad: {entry('nbs/studies/experiments/bad.ipynb')}\n" if bad else "")
+        + "artifacts:\n"
+        f"  a1: {entry('nbs/studies/a1.ipynb', 'exp', '{k: 1}')}\n"
+        f"  a2: {entry('nbs/studies/a2.ipynb', 'exp', '{k: 10}')}\n"
+        f"  a3: {entry('nbs/studies/a3.ipynb', 'exp2')}\n"
+        + (f"  a4: {entry('nbs/studies/a4.ipynb', 'bad')}\n" if bad else ""))
+    return root
+
+def _status(m): return {e["experiment"]: e["status"] for e in m["experiments"]}
+
+
+def test_an_experiment_runs_once_is_reused_and_only_a_changed_one_is_recomputed(tmp_path):
+    root = _project(tmp_path)
+    cfg = _tmp_cfg(tmp_path, root=root)
+    m1 = reproduce(profile="smoke", cfg=cfg, progress=False, jobs=2)
+    assert _status(m1) == {"exp": "computed", "exp2": "computed"} and m1["failed"] == [] and m1["skipped"] == []
+    run1 = cfg.runs_dir / m1["run_id"]
+    assert {f.name: f.read_text() for f in run1.glob("a*.txt")} == {"a1.txt": "3", "a2.txt": "30", "a3.txt": "2"}
+    assert len(list((run1 / "notebooks" / "experiments").glob("*.ipynb"))) == 2  # each experiment executed once for 3 artefacts
+    res = ExperimentResults(next(e["path"] for e in m1["experiments"] if e["experiment"] == "exp"))
+    assert res.load("meta") == {"n": 3} and res.params == {"n": 3}
+    prov = json.loads((cfg.figures_dir / "a1" / "provenance.json").read_text())
+    assert prov["experiments"] == {"exp": res.key} and prov["deviations"] == ["a deviation"] and prov["params"]["k"] == 1
+    m2 = reproduce(profile="smoke", cfg=cfg, progress=False)  # warm: nothing recomputed
+    assert _status(m2) == {"exp": "reused", "exp2": "reused"} and not (cfg.runs_dir / m2["run_id"] / "notebooks" / "experiments").exists()
+    _project(tmp_path, n=4)  # one experiment parameter changes in studies.yaml
+    m3 = reproduce(profile="smoke", cfg=cfg, progress=False)
+    assert _status(m3) == {"exp": "computed", "exp2": "reused"}
+    assert (cfg.runs_dir / m3["run_id"] / "a2.txt").read_text() == "40"
+    m4 = reproduce(profile="smoke", only="a3", cfg=cfg, progress=False, overrides={"m": 5})  # --set reaches the experiment
+    assert _status(m4) == {"exp2": "computed"} and m4["overrides_apply_to"] == {"m": ["exp2"]}
+    assert (cfg.runs_dir / m4["run_id"] / "a3.txt").read_text() == "5"
+    assert "exp" in registry_graph(cfg) and "└ a1" in registry_graph(cfg)
+
+
+def test_a_failing_experiment_skips_its_artefacts_and_fails_the_command(tmp_path):
+    root = _project(tmp_path, bad=True)
+    cfg = _tmp_cfg(tmp_path, root=root)
+    m = reproduce(profile="smoke", cfg=cfg, progress=False)
+    assert m["failed"] == ["bad"] and m["skipped"] == ["a4"]
+    bad = next(e for e in m["experiments"] if e["experiment"] == "bad")
+    assert "ZeroDivisionError" in bad["error"] and "cell" in bad["error"] and bad["notebook"].endswith("bad.ipynb")
+    assert {e["artifact"]: e["status"] for e in m["artifacts"]} == {"a1": "ok", "a2": "ok", "a3": "ok", "a4": "skipped"}
+
+
+def test_overrides_and_run_ids_are_checked_before_anything_runs(tmp_path):
+    root = _project(tmp_path)
+    cfg = _tmp_cfg(tmp_path, root=root)
+    for bad, match in (({"nope": 1}, "no selected notebook declares 'nope'"), ({"n": "abc"}, "needs a int"),
+                       ({"n": None}, "null"), ({"profile": "full"}, "set by the runner")):
+        with pytest.raises(ValueError, match=match): reproduce(profile="smoke", cfg=cfg, progress=False, overrides=bad)
+    assert not cfg.runs_dir.exists() or not any(cfg.runs_dir.iterdir())  # nothing ran, no run folder
+    m = reproduce(profile="smoke", only="a3", cfg=cfg, progress=False, run_id="mine")
+    with pytest.raises(ValueError, match="already exists"): reproduce(profile="smoke", only="a3", cfg=cfg, progress=False, run_id="mine")
+    with pytest.raises(ValueError, match="folder name"): reproduce(profile="smoke", only="a3", cfg=cfg, progress=False, run_id="../x")
+    assert m["run_id"] == "mine" and not (tmp_path / "x").exists()
+
+
+class _Models(BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def do_GET(self):
+        data = json.dumps({"object": "list", "data": [{"id": "m1", "object": "model"}, {"id": "m2", "object": "model"}]}).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(data))); self.end_headers(); self.wfile.write(data)
+
+
+def test_credentials_in_the_llm_url_never_reach_a_notebook_or_the_manifest_and_kgrag_model_is_used(tmp_path, monkeypatch):
+    root = tmp_path / "proj"
+    _notebook(root / "nbs/studies/probe.ipynb", [("code", PARAMS, ["parameters"]), ("code", (
+        "import os\nfrom pathlib import Path\n"
+        "Path(run_dir, 'seen.txt').write_text(f\"{llm_url}|{model}|{'SECRET' in os.environ.get('KGRAG_LLM_URL', '')}\")"), [])])
+    (root / "studies.yaml").write_text("artifacts:\n  probe: {paper: p, title: t, notebook: nbs/studies/probe.ipynb, needs_llm: true, profiles: {smoke: {n: 1}}}\n")
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Models)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://alice:SECRET-pw-123@127.0.0.1:{httpd.server_address[1]}/v1"
+        monkeypatch.setenv("KGRAG_MODEL", "m1")  # the configured model is used, not overridden by model=None
+        cfg = _tmp_cfg(tmp_path, root=root)
+        m = reproduce(profile="smoke", llm_url=url, cfg=cfg, progress=False)
+    finally: httpd.shutdown(); httpd.server_close()
+    assert m["failed"] == [] and m["model"] == "m1"
+    run = cfg.runs_dir / m["run_id"]
+    assert (run / "seen.txt").read_text() == "None|m1|True"  # the kernel got the URL only through the environment
+    for f in run.rglob("*"):
+        if f.is_file(): assert b"SECRET-pw-123" not in f.read_bytes(), f
+    assert "SECRET" not in os.environ.get("KGRAG_LLM_URL", "")  # and only while the notebooks ran
