@@ -8,7 +8,7 @@ import numpy as np, pandas as pd
 from .metrics import acc_r, percent_cis
 
 # %% auto #0
-__all__ = ['AWAKENING_NO_RAG_TEMPLATE', 'no_rag_prompt', 'parse_short_answer', 'draw_temperatures', 'closed_book',
+__all__ = ['AWAKENING_NO_RAG_TEMPLATE', 'DEVIATIONS', 'no_rag_prompt', 'parse_short_answer', 'draw_temperatures', 'closed_book',
            'summarize_closed_book', 'paper_no_rag_rows']
 
 # %% ../nbs/09_baselines.ipynb #c004
@@ -101,3 +101,12 @@ def paper_no_rag_rows(dataset: str) -> pd.DataFrame:
              **{k: g.loc[g["metric"] == k, "value"].item() for k in ("Hits@1", "Hits@10")}}
             for m, g in t.groupby("model", sort=False)]
     return pd.DataFrame(rows)
+
+# %% ../nbs/09_baselines.ipynb #c015
+DEVIATIONS = [  # of the closed-book protocol from awakening_unseen_entity_kgqa.txt (App. C, App. E, §4.2)
+    "ACC_R implements the evident intent of App. C Eq. 15 (1 when every gold token is among the prediction's tokens); "
+    "the equation prints its two cases the wrong way round.",
+    "Step 1 temperatures: uniform in [0.1, 1.0] (§4.2; App. C says [0, 1]), seeded.",
+    "The ten Hits@k answers are drawn at temperature 0.7 (the paper's awakening temperature, App. C); Hits@1 = the first one.",
+    "The App. E template is sent as a completion prompt (a base model at the CPU profiles); the answer is the first line of the completion.",
+]
