@@ -7,17 +7,24 @@ from __future__ import annotations
 import importlib, importlib.metadata
 
 # %% auto #0
-__all__ = ['SUBCOMMANDS', 'BENCHMARKS', 'EVALUATORS', 'STUDY_GROUP', 'subcommand', 'benchmark', 'evaluator', 'study_modules',
-           'load_study_modules']
+__all__ = ['SUBCOMMANDS', 'BENCHMARKS', 'EVALUATORS', 'STUDY_GROUP', 'same_definition', 'subcommand', 'benchmark', 'evaluator',
+           'study_modules', 'load_study_modules']
 
 # %% ../nbs/00a_hooks.ipynb #c005
 SUBCOMMANDS: list = []  # functions `add(subparsers)` that add a `kgrag` subcommand
 BENCHMARKS: dict = {}  # name -> (function returning a dict or a list of dicts, help text)
 EVALUATORS: dict = {}  # name -> (function adding options to its parser and returning the handler, help text)
 
+def same_definition(a, b) -> bool:
+    "Whether `a` and `b` are one definition: same qualified name, and same module or one of them defined in a notebook (`__main__`)."
+    mods = {a.__module__, b.__module__}
+    return a.__qualname__ == b.__qualname__ and (len(mods) == 1 or "__main__" in mods)
+
 def subcommand(fn):
     "Register `fn(subparsers)`, which adds a subcommand to `kgrag` and sets its handler with `set_defaults(func=...)`."
-    if fn not in SUBCOMMANDS: SUBCOMMANDS.append(fn)
+    # a notebook that defines an exported `add_*` function and then imports the module registers one definition twice: keep the latest
+    SUBCOMMANDS[:] = [f for f in SUBCOMMANDS if not same_definition(f, fn)]
+    SUBCOMMANDS.append(fn)
     return fn
 
 def benchmark(name: str,  # `kgrag bench NAME`

@@ -12,6 +12,7 @@ from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from .hooks import same_definition
 from .kg import KG
 
 # %% auto #0
@@ -130,7 +131,7 @@ def register_method(name: str,  # registry name (also `Prediction.method`)
         if not isinstance(cls, type) or not callable(getattr(cls, "answer_all", None)):
             raise TypeError(f"register_method({name!r}) decorates a class with answer_all (e.g. a BaseMethod subclass), got {cls!r}")
         old = METHODS.get(name)
-        if old is not None and (old.cls.__module__, old.cls.__qualname__) != (cls.__module__, cls.__qualname__):  # re-running a cell is fine
+        if old is not None and not same_definition(old.cls, cls):  # re-running a cell, or a notebook defining its module's class, is fine
             raise ValueError(f"method {name!r} is already registered by {old.cls.__module__}.{old.cls.__qualname__}; pick another name")
         def factory(**kwargs):
             m = cls(**{**fixed, **kwargs}); m.name = name
