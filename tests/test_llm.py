@@ -23,8 +23,10 @@ PROMPTS = [FEW_SHOT.format(c) for c in ("France", "Germany", "Spain")]
 # ---------------------------------------------------------------- a tiny OpenAI-compatible HTTP server
 class FakeOpenAI:
     "Real HTTP server on loopback: /v1/models, /v1/completions, /v1/chat/completions; scripted error statuses."
-    def __init__(self, statuses=(), delay=0.0, models=("fake-model",)):
+    def __init__(self, statuses=(), delay=0.0, models=("fake-model",), raw=()):
         self.statuses, self.delay, self.models = list(statuses), delay, list(models)
+        self.raw = list(raw)  # (content type, body bytes) answered with HTTP 200 to the next POSTs, in order
+        self.release = threading.Event()  # prompts starting with "hold" wait for it (at most 30 s)
         self.posts, self.auth, self.bodies, self.inflight, self.max_inflight = 0, [], [], 0, 0
         self.lock = threading.Lock()
         fake = self
@@ -44,10 +46,15 @@ class FakeOpenAI:
                 with fake.lock:
                     fake.posts += 1; fake.auth.append(self.headers.get("Authorization")); fake.bodies.append(body)
                     status = fake.statuses.pop(0) if fake.statuses else 200
+                    raw = fake.raw.pop(0) if fake.raw and status == 200 else None
                     fake.inflight += 1; fake.max_inflight = max(fake.max_inflight, fake.inflight)
                 time.sleep(fake.delay)
+                if str(body.get("prompt", "")).startswith("hold"): fake.release.wait(30)
                 with fake.lock: fake.inflight -= 1
                 if status != 200: return self._send(status, {"error": {"message": f"scripted {status}", "type": "x"}})
+                if raw is not None:
+                    self.send_response(200); self.send_header("Content-Type", raw[0])
+                    self.send_header("Content-Length", str(len(raw[1]))); self.end_headers(); return self.wfile.write(raw[1])
                 usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
                 if self.path.endswith("/chat/completions"):
                     text = "re:" + body["messages"][-1]["content"]
@@ -62,7 +69,7 @@ class FakeOpenAI:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
-    def close(self): self.httpd.shutdown(); self.httpd.server_close()
+    def close(self): self.release.set(); self.httpd.shutdown(); self.httpd.server_close()
 
 
 @pytest.fixture
