@@ -461,12 +461,14 @@ async def _send(self: LLMClient, api, kind: str, model: str, payload, params: di
 LLMClient._send = _send
 
 # %% ../nbs/03_llm.ipynb #c026
-async def _fetch(self: LLMClient, api, sem, owner: str, key: str, job: tuple, kind: str, model: str) -> dict:
-    "The answer to one missed key: claimed and sent here, or (another process holds a live claim) waited for."
+async def _fetch(self: LLMClient, api, sem, failed: asyncio.Event, owner: str, key: str, job: tuple, kind: str, model: str) -> dict:
+    "The answer to one missed key: claimed and sent here, or (another process holds a live claim) waited for;"
+    " abandoned without sending once `failed` is set (another request of the call failed)."
     payload, prm, s = job
     share, wait = self.cache is not None and self.mode == "live", 0.02
     while True:
         async with sem:
+            if failed.is_set(): raise asyncio.CancelledError()
             state, hit = self.cache.claim(key, owner, self.claim_timeout_s) if share else ("mine", None)
             if state in ("mine", "taken_over"):
                 if state == "taken_over": self._count(claims_taken_over=1)
@@ -522,8 +524,10 @@ async def _generate(self: LLMClient, kind, payloads, n, temperature, params, des
             sem, owner = asyncio.Semaphore(self.max_concurrency), f"{os.getpid()}:{uuid.uuid4().hex}"  # this call's claims
             bar = tqdm(total=len(misses), desc=desc or f"{kind} {model}", disable=not self.progress or len(misses) <= 5,
                        file=progress_stream())
+            failed = asyncio.Event()
             async def one(key):
-                results[key] = await self._fetch(api, sem, owner, key, jobs[key], kind, model)
+                try: results[key] = await self._fetch(api, sem, failed, owner, key, jobs[key], kind, model)
+                except BaseException: failed.set(); raise
                 bar.update(1)
             tasks = [asyncio.ensure_future(one(k)) for k in misses]
             try: await asyncio.gather(*tasks)
