@@ -372,7 +372,7 @@ class LLMClient:
         self.claim_timeout_s = claim_timeout_s if claim_timeout_s is not None else (timeout + 30) * (max_retries + 1)
         self.__key = os.environ.get(api_key_env) or "sk-no-key-needed"  # never logged, never in repr or cache
         self.usage, self._served, self._ulock = Usage(), None, threading.Lock()
-        self.on_usage, self.usage_every_s, self._notified = [], usage_every_s, 0.0  # callbacks f(usage: Usage)
+        self.on_usage, self.usage_every_s, self._notified, self._pending = [], usage_every_s, 0.0, None  # callbacks f(usage: Usage)
 
     def __repr__(self):
         return (f"LLMClient(base_url={self.endpoint!r}, model={self.model!r}, mode={self.mode!r}, cache={self.cache!r}, "
@@ -399,9 +399,17 @@ class LLMClient:
         self._notify()
 
     def _notify(self, force: bool = False):
-        "Pass a copy of the counters to the `on_usage` callbacks (at most every `usage_every_s`, unless `force`)."
+        "Pass a copy of the counters to the `on_usage` callbacks: at most every `usage_every_s` (a change inside that"
+        " interval is passed on when it ends, while the call's loop runs) unless `force`."
+        if not self.on_usage: return
         now = time.monotonic()
-        if not self.on_usage or (not force and now - self._notified < self.usage_every_s): return
+        wait = self.usage_every_s - (now - self._notified)
+        if not force and wait > 0:
+            if self._pending is None:
+                try: self._pending = asyncio.get_running_loop().call_later(wait, self._notify, True)
+                except RuntimeError: pass  # no loop (sync code): the next change or the end of the call passes it on
+            return
+        if self._pending is not None: self._pending.cancel(); self._pending = None
         self._notified = now
         with self._ulock: snapshot = replace(self.usage)
         for f in list(self.on_usage):

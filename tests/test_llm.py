@@ -395,7 +395,7 @@ def _run_until_killed(url, run_dir, cfg_dir):
     from kgrag_nb.reproduce import StudyRun
     cfg = get_config(cache_dir=cfg_dir)
     run = StudyRun("probe", run_dir=run_dir, llm_url=url, cfg=cfg)
-    client = run.llm(max_concurrency=1, progress=False, usage_every_s=0.0)
+    client = run.llm(max_concurrency=1, progress=False)  # usage written at most every 0.5 s (the default)
     client.complete(["a", "b", "c", "hold-d", "e"])  # "hold-d" hangs: the process is killed there
 
 
@@ -408,7 +408,7 @@ def test_usage_of_a_run_killed_mid_call_is_on_disk(fake, tmp_path):
         deadline = time.time() + 60
         while srv.posts < 4 and time.time() < deadline and p.is_alive(): time.sleep(0.05)
         assert srv.posts == 4, "the run did not reach the hanging request"
-        time.sleep(0.3)  # the write after the 4th attempt was counted
+        time.sleep(1.0)  # > usage_every_s: the 4th attempt's count reaches the file although nothing changes after it
     finally:
         p.kill(); p.join(10)  # like a cell timeout or the OOM killer: no post_run_cell, no finish()
     rec = json.loads((run_dir / "artifacts" / "probe.usage.json").read_text())
