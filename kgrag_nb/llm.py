@@ -4,10 +4,11 @@
 
 # %% ../nbs/03_llm.ipynb #c002
 from __future__ import annotations
-import asyncio, hashlib, json, os, random, sqlite3, sys, threading, time
+import asyncio, hashlib, json, os, random, re, socket, sqlite3, sys, threading, time, uuid, warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, asdict, fields
+from dataclasses import dataclass, asdict, fields, replace
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import openai
 from tenacity import AsyncRetrying, Retrying, retry_if_exception, retry_if_exception_type, stop_after_attempt, wait_random
@@ -16,8 +17,9 @@ from tqdm import tqdm
 from .config import CACHE_MODES, Config, get_config
 
 # %% auto #0
-__all__ = ['CacheMissError', 'ModelNotServedError', 'EndpointUnreachableError', 'canonical_json', 'request_key', 'ResponseCache',
-           'Usage', 'run_sync', 'is_retryable', 'backoff_delay', 'retrying', 'progress_stream', 'LLMClient']
+__all__ = ['CacheMissError', 'ModelNotServedError', 'EndpointUnreachableError', 'MalformedResponseError', 'public_url',
+           'canonical_json', 'request_key', 'process_alive', 'ResponseCache', 'Usage', 'run_sync', 'is_retryable',
+           'backoff_delay', 'retrying', 'replace_surrogates', 'parse_response', 'progress_stream', 'LLMClient']
 
 # %% ../nbs/03_llm.ipynb #c005
 class CacheMissError(KeyError):
@@ -29,6 +31,25 @@ class ModelNotServedError(ValueError):
 
 class EndpointUnreachableError(ConnectionError):
     "No connection could be made to the LLM endpoint (after the retries)."
+
+class MalformedResponseError(ValueError):
+    "The endpoint answered HTTP 2xx with a body that is not a usable completion; retried, never cached."
+    def __init__(self, problem: str, endpoint: str = "", attempts: int = 0):
+        super().__init__(problem)
+        self.problem, self.endpoint, self.attempts = problem, endpoint, attempts
+
+    def __str__(self):
+        tries = f" (after {self.attempts} attempt(s))" if self.attempts else ""
+        return (f"{self.endpoint or 'the LLM endpoint'} sent a malformed response{tries}: {self.problem}. Nothing was "
+                f"cached; check that --llm-url / KGRAG_LLM_URL is an OpenAI-compatible /v1 endpoint (not a proxy or web "
+                f"page) and read the server's log")
+
+def public_url(url: str | None) -> str | None:
+    "`url` with any user name and password replaced by `***`, for messages and reprs."
+    if not url: return url
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None: return url
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
 
 # %% ../nbs/03_llm.ipynb #c007
 def canonical_json(obj) -> str:
@@ -50,6 +71,25 @@ def request_key(
     return hashlib.sha256(canonical_json(body).encode()).hexdigest()
 
 # %% ../nbs/03_llm.ipynb #c010
+def _proc_stat(pid: int) -> tuple[str, str] | None:
+    "(state, start time in clock ticks since boot) of process `pid` from Linux /proc; None when unreadable."
+    try: rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError): return None
+    return rest[0], rest[19]
+
+def process_alive(pid: int, started: str | None = None) -> bool:
+    "True when process `pid` on this host runs (not a zombie) and, where `started` is known, is the same process"
+    " (its /proc start time matches: a reused pid is not mistaken for the original owner)."
+    try: os.kill(pid, 0)
+    except ProcessLookupError: return False
+    except PermissionError: pass  # exists, owned by another user
+    stat = _proc_stat(pid)
+    if stat is None: return not Path("/proc/self/stat").exists()  # no /proc at all: trust os.kill
+    return stat[0] not in "ZX" and (started is None or stat[1] == started)
+
+_HOST = socket.gethostname()
+
+# %% ../nbs/03_llm.ipynb #c010b
 class ResponseCache:
     "SQLite store of LLM responses keyed by `request_key`; safe for concurrent writers from several processes."
     def __init__(self,
@@ -71,8 +111,20 @@ class ResponseCache:
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, request TEXT, "
                          "response TEXT NOT NULL, created REAL NOT NULL)")
+            conn.execute("CREATE TABLE IF NOT EXISTS claims (key TEXT PRIMARY KEY, owner TEXT NOT NULL, host TEXT, "
+                         "pid INTEGER, started TEXT, claimed REAL NOT NULL)")
             self._conn = conn
         return self._conn
+
+    def _transaction(self, *statements):
+        "Run `(sql, args)` statements in one write transaction (caller holds `_lock`)."
+        conn = self._connect()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for sql, args in statements: conn.execute(sql, args)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK"); raise
 
     def get(self, key: str) -> dict | None:
         "The stored response for `key`, or None."
@@ -84,10 +136,11 @@ class ResponseCache:
             key: str,  # `request_key` of the request
             response: dict,  # JSON-ready response record (text, finish_reason, token counts)
             request: dict | None = None):  # the request content, for audits (model, prompt, params; never a key or URL)
-        "Store (or overwrite) one response in its own transaction."
+        "Store (or overwrite) one response and drop any claim on its key, in one transaction."
         row = (key, None if request is None else canonical_json(request), canonical_json(response), time.time())
         with self._lock:
-            self._connect().execute("INSERT OR REPLACE INTO responses VALUES (?,?,?,?)", row)
+            self._transaction(("INSERT OR REPLACE INTO responses VALUES (?,?,?,?)", row),
+                              ("DELETE FROM claims WHERE key=?", (key,)))
 
     def request(self, key: str) -> dict | None:
         "The stored request content for `key`, or None."
@@ -109,16 +162,68 @@ class ResponseCache:
     def __enter__(self): return self
     def __exit__(self, *exc): self.close()
 
+# %% ../nbs/03_llm.ipynb #c010c
+def _claim_state(self: ResponseCache, key: str, owner: str, ttl_s: float):
+    "('answered', response), ('busy', holder) or ('free', holder or None) for `key` as seen by `owner` (caller holds `_lock`)."
+    conn = self._connect()
+    row = conn.execute("SELECT response FROM responses WHERE key=?", (key,)).fetchone()
+    if row is not None: return "answered", json.loads(row[0])
+    held = conn.execute("SELECT owner, host, pid, started, claimed FROM claims WHERE key=?", (key,)).fetchone()
+    if held is None or held[0] == owner: return "free", None
+    owner_, host, pid, started, claimed = held
+    live = time.time() - claimed < ttl_s and (host != _HOST or process_alive(pid, started))
+    return ("busy" if live else "free"), dict(owner=owner_, host=host, pid=pid, claimed=claimed)
+
+def _claim(self: ResponseCache,
+           key: str,  # `request_key` about to be sent
+           owner: str,  # this caller's claim token (one per client call)
+           ttl_s: float = 900.0):  # a claim older than this is stale even when its process still runs
+    "Claim `key` before sending it: 'answered' (with the response), 'busy' (another live process is fetching it),"
+    " 'mine', or 'taken_over' (the previous claim was stale: its process died, or it is older than `ttl_s`)."
+    with self._lock:
+        state, info = _claim_state(self, key, owner, ttl_s)  # a read first: waiters poll without taking the write lock
+        if state != "free": return state, info
+        conn = self._connect()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            state, info = _claim_state(self, key, owner, ttl_s)  # again, under the write lock
+            if state == "free":
+                st = _proc_stat(os.getpid())
+                conn.execute("INSERT OR REPLACE INTO claims VALUES (?,?,?,?,?,?)",
+                             (key, owner, _HOST, os.getpid(), st and st[1], time.time()))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK"); raise
+    if state != "free": return state, info
+    return ("mine", None) if info is None else ("taken_over", info)
+
+def _release(self: ResponseCache, key: str, owner: str):
+    "Drop `owner`'s claim on `key` (its request failed), so a waiting process sends it instead."
+    with self._lock: self._transaction(("DELETE FROM claims WHERE key=? AND owner=?", (key, owner)))
+
+def _claim_holder(self: ResponseCache, key: str) -> dict | None:
+    "The claim on `key` (owner, host, pid, claimed), or None."
+    with self._lock:
+        row = self._connect().execute("SELECT owner, host, pid, claimed FROM claims WHERE key=?", (key,)).fetchone()
+    return None if row is None else dict(zip(("owner", "host", "pid", "claimed"), row))
+
+ResponseCache.claim, ResponseCache.release, ResponseCache.claim_holder = _claim, _release, _claim_holder
+
 # %% ../nbs/03_llm.ipynb #c013
 @dataclass
 class Usage:
-    "Request, cache and token counters of one `LLMClient`."
+    "Request, cache and token counters of one `LLMClient` (see the table above)."
     requests: int = 0  # HTTP generation attempts sent to the server (retries included)
-    cache_hits: int = 0  # answers served from the cache
+    cache_hits: int = 0  # answers found in the cache at lookup
     prompt_tokens: int = 0  # as reported by the server
     completion_tokens: int = 0  # as reported by the server
-    errors: int = 0  # failed attempts (connection errors, timeouts, 429, 5xx, 4xx)
+    errors: int = 0  # failed attempts (connection errors, timeouts, 429, 5xx, 4xx, malformed bodies)
     retries: int = 0  # attempts repeated after a retryable error
+    answers_cached: int = 0  # answers received from the server and written to the cache
+    inflight_waits: int = 0  # answers another process was fetching: waited for, not sent
+    claims_taken_over: int = 0  # stale claims (dead or timed-out owner) taken over
+    malformed: int = 0  # attempts answered with a malformed body
+    surrogates_replaced: int = 0  # lone surrogates in answers replaced by U+FFFD
     wall_s: float = 0.0  # seconds spent in complete/chat calls
 
     def as_dict(self) -> dict:
@@ -140,8 +245,8 @@ def run_sync(coro):
 
 # %% ../nbs/03_llm.ipynb #c019
 def is_retryable(err: BaseException) -> bool:
-    "True for connection errors, timeouts, HTTP 429 and 5xx."
-    if isinstance(err, openai.APIConnectionError): return True  # includes APITimeoutError
+    "True for connection errors, timeouts, HTTP 429 and 5xx, and malformed 2xx bodies."
+    if isinstance(err, (openai.APIConnectionError, MalformedResponseError)): return True  # incl. APITimeoutError
     if isinstance(err, openai.APIStatusError): return err.status_code == 429 or err.status_code >= 500
     return False
 
@@ -162,6 +267,60 @@ def retrying(max_retries: int,  # retries after the first attempt
     return AsyncRetrying(retry=retry_if_exception(is_retryable), stop=stop_after_attempt(max_retries + 1),
                          wait=lambda rs: backoff_delay(rs.attempt_number - 1, backoff, err=rs.outcome.exception()),
                          before_sleep=on_retry, reraise=True)
+
+# %% ../nbs/03_llm.ipynb #c020x
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+def replace_surrogates(text: str) -> tuple[str, int]:
+    "`text` with every lone surrogate (U+D800-U+DFFF, not storable as UTF-8) replaced by U+FFFD, and how many were."
+    return _LONE_SURROGATE.subn("\ufffd", text)
+
+def _kind_of(v) -> str: return "null" if v is None else f"{type(v).__name__} {str(v)[:40]!r}"
+
+def parse_response(kind: str,  # "completion" or "chat"
+                   body: bytes | str,  # the HTTP 2xx body
+                   content_type: str = "") -> tuple[dict, int]:  # the response's Content-Type (named in errors)
+    "The response record (text, finish_reason, model, token counts) of one 2xx body and the number of lone surrogates"
+    " replaced; raises `MalformedResponseError` saying what is wrong (without the endpoint, which the client adds)."
+    text_body = body.decode("utf-8", errors="surrogateescape") if isinstance(body, bytes) else body
+    try: data = json.loads(text_body)
+    except ValueError:
+        raise MalformedResponseError(f"the body is not JSON (Content-Type {content_type!r}, starts {text_body[:80]!r})") from None
+    if not isinstance(data, dict): raise MalformedResponseError(f"the body is a JSON {type(data).__name__}, not an object")
+    choices = data.get("choices")
+    if data.get("error") is not None and not choices:
+        err = data["error"]
+        msg = err.get("message", err) if isinstance(err, dict) else err
+        raise MalformedResponseError(f"HTTP 2xx with an error object and no choices: {str(msg)[:200]!r}")
+    if not isinstance(choices, list) or not choices:
+        raise MalformedResponseError("'choices' is empty" if choices == [] else f"'choices' is {_kind_of(choices)}, not a list")
+    c = choices[0]
+    if not isinstance(c, dict): raise MalformedResponseError(f"choices[0] is {_kind_of(c)}, not an object")
+    finish = c.get("finish_reason")
+    if kind == "completion": field, text = "choices[0].text", c.get("text")
+    else:
+        msg = c.get("message")
+        if not isinstance(msg, dict): raise MalformedResponseError(f"choices[0].message is {_kind_of(msg)}, not an object")
+        field, text = "choices[0].message.content", msg.get("content")
+        if text is None and finish == "length": text = ""  # no content before max_tokens (reasoning models)
+    if not isinstance(text, str): raise MalformedResponseError(f"{field} is {_kind_of(text)}, not a string")
+    rec = dict(text=text, finish_reason=finish, model=data.get("model"))
+    for name in ("finish_reason", "model"):
+        if rec[name] is not None and not isinstance(rec[name], str):
+            raise MalformedResponseError(f"'{name}' is {_kind_of(rec[name])}, not a string")
+    usage = data.get("usage")
+    if usage is None: usage = {}
+    if not isinstance(usage, dict): raise MalformedResponseError(f"'usage' is {_kind_of(usage)}, not an object")
+    for name in ("prompt_tokens", "completion_tokens"):
+        v = usage.get(name)
+        if v is None: v = 0
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise MalformedResponseError(f"usage.{name} is {_kind_of(v)}, not a token count")
+        rec[name] = v
+    replaced = 0
+    for name in ("text", "finish_reason", "model"):
+        if rec[name] is not None: rec[name], n = replace_surrogates(rec[name]); replaced += n
+    return rec, replaced
 
 # %% ../nbs/03_llm.ipynb #c022
 def _prompt_start(kind: str, payload, width: int = 60) -> str:
@@ -191,9 +350,11 @@ class LLMClient:
                  max_concurrency: int = 8,  # requests in flight
                  api_key_env: str = "OPENAI_API_KEY",  # environment variable holding the API key (read once, here)
                  timeout: float = 120,  # seconds per HTTP request
-                 max_retries: int = 5,  # retries after connection errors, timeouts, 429 and 5xx
+                 max_retries: int = 5,  # retries after connection errors, timeouts, 429, 5xx and malformed bodies
                  progress: bool = True,  # tqdm bar when a call sends more than a handful of requests
-                 backoff: float = 0.5):  # first retry delay in seconds (doubles each retry, with jitter)
+                 backoff: float = 0.5,  # first retry delay in seconds (doubles each retry, with jitter)
+                 claim_timeout_s: float | None = None,  # age after which another process's claim is stale; None = worst-case request time
+                 usage_every_s: float = 0.5):  # at most this often `on_usage` callbacks run during a call
         if mode not in CACHE_MODES: raise ValueError(f"mode={mode!r} is not one of {CACHE_MODES}; fix KGRAG_LLM_CACHE_MODE or --cache-mode")
         if isinstance(cache, (str, Path)): cache = ResponseCache(cache)
         if mode == "replay":
@@ -203,14 +364,18 @@ class LLMClient:
             raise ValueError(f"mode={mode!r} needs base_url (e.g. http://127.0.0.1:8765/v1); start `kgrag serve embedded` or pass --llm-url")
         if max_concurrency < 1: raise ValueError(f"max_concurrency={max_concurrency}: use 1 or more")
         self.base_url = base_url.rstrip("/") if base_url else None
+        self.endpoint = public_url(self.base_url)  # the URL as messages show it (no credentials)
         self.model, self.cache, self.mode = model, cache, mode
         self.max_concurrency, self.timeout, self.max_retries = max_concurrency, timeout, max_retries
         self.progress, self.backoff, self.api_key_env = progress, backoff, api_key_env
+        # a live owner retries for at most (timeout + 30 s backoff cap) per attempt
+        self.claim_timeout_s = claim_timeout_s if claim_timeout_s is not None else (timeout + 30) * (max_retries + 1)
         self.__key = os.environ.get(api_key_env) or "sk-no-key-needed"  # never logged, never in repr or cache
         self.usage, self._served, self._ulock = Usage(), None, threading.Lock()
+        self.on_usage, self.usage_every_s, self._notified, self._pending = [], usage_every_s, 0.0, None  # callbacks f(usage: Usage)
 
     def __repr__(self):
-        return (f"LLMClient(base_url={self.base_url!r}, model={self.model!r}, mode={self.mode!r}, cache={self.cache!r}, "
+        return (f"LLMClient(base_url={self.endpoint!r}, model={self.model!r}, mode={self.mode!r}, cache={self.cache!r}, "
                 f"max_concurrency={self.max_concurrency})")
 
     @classmethod
@@ -231,10 +396,29 @@ class LLMClient:
     def _count(self, **kw):
         with self._ulock:
             for name, v in kw.items(): setattr(self.usage, name, getattr(self.usage, name) + v)
+        self._notify()
+
+    def _notify(self, force: bool = False):
+        "Pass a copy of the counters to the `on_usage` callbacks: at most every `usage_every_s` (a change inside that"
+        " interval is passed on when it ends, while the call's loop runs) unless `force`."
+        if not self.on_usage: return
+        now = time.monotonic()
+        wait = self.usage_every_s - (now - self._notified)
+        if not force and wait > 0:
+            if self._pending is None:
+                try: self._pending = asyncio.get_running_loop().call_later(wait, self._notify, True)
+                except RuntimeError: pass  # no loop (sync code): the next change or the end of the call passes it on
+            return
+        if self._pending is not None: self._pending.cancel(); self._pending = None
+        self._notified = now
+        with self._ulock: snapshot = replace(self.usage)
+        for f in list(self.on_usage):
+            try: f(snapshot)
+            except Exception as e: warnings.warn(f"LLMClient.on_usage callback {f!r} failed: {type(e).__name__}: {e}")
 
     def _unreachable(self, err) -> EndpointUnreachableError:
         return EndpointUnreachableError(
-            f"cannot reach the LLM endpoint {self.base_url} ({type(err).__name__}: {err}) after {self.max_retries + 1} "
+            f"cannot reach the LLM endpoint {self.endpoint} ({type(err).__name__}: {err}) after {self.max_retries + 1} "
             f"attempt(s); start the embedded server with `kgrag serve embedded`, or check --llm-url / KGRAG_LLM_URL")
 
 # %% ../nbs/03_llm.ipynb #c024
@@ -244,46 +428,73 @@ async def _resolve_model(self: LLMClient, api) -> str:
         async def models(): return await api.models.list()  # (an awaitable page, not a coroutine function)
         try: self._served = [m.id for m in (await retrying(self.max_retries, self.backoff)(models)).data]
         except openai.NotFoundError:  # endpoint without /models: trust the given name
-            if not self.model: raise ValueError(f"{self.base_url} has no /models listing; pass the model id (model=... / KGRAG_MODEL)")
+            if not self.model: raise ValueError(f"{self.endpoint} has no /models listing; pass the model id (model=... / KGRAG_MODEL)")
             self._served = [self.model]
         except openai.APIConnectionError as e: raise self._unreachable(e) from e
     served = self._served
     if self.model is None:
         if len(served) != 1:
-            raise ModelNotServedError(f"{self.base_url} serves {len(served)} models {served}; choose one with model=... (--model / KGRAG_MODEL)")
+            raise ModelNotServedError(f"{self.endpoint} serves {len(served)} models {served}; choose one with model=... (--model / KGRAG_MODEL)")
         return served[0]
     if self.model not in served:
-        raise ModelNotServedError(f"model {self.model!r} is not served at {self.base_url}; it serves {served}. "
+        raise ModelNotServedError(f"model {self.model!r} is not served at {self.endpoint}; it serves {served}. "
                                   f"Pass one of those (--model / KGRAG_MODEL) or leave the model unset to use the served one")
     return self.model
 LLMClient._resolve_model = _resolve_model
 
 # %% ../nbs/03_llm.ipynb #c025
 async def _send(self: LLMClient, api, kind: str, model: str, payload, params: dict) -> dict:
-    "One generation request with retries (`retrying`); returns the response record."
-    attempts = 0
+    "One generation request with retries (`retrying`); the body is checked by `parse_response`; returns the record."
+    attempts, path = 0, "completions" if kind == "completion" else "chat/completions"
     async def attempt():
         nonlocal attempts
         attempts += 1; self._count(requests=1)
         try:
-            if kind == "completion": return await api.completions.create(model=model, prompt=payload, **params)
-            return await api.chat.completions.create(model=model, messages=payload, **params)
+            if kind == "completion": raw = await api.completions.with_raw_response.create(model=model, prompt=payload, **params)
+            else: raw = await api.chat.completions.with_raw_response.create(model=model, messages=payload, **params)
+            return parse_response(kind, raw.content, raw.headers.get("content-type", ""))
+        except MalformedResponseError: self._count(errors=1, malformed=1); raise
         except Exception: self._count(errors=1); raise
-    try: r = await retrying(self.max_retries, self.backoff, on_retry=lambda rs: self._count(retries=1))(attempt)
+    try: rec, replaced = await retrying(self.max_retries, self.backoff, on_retry=lambda rs: self._count(retries=1))(attempt)
     except openai.APITimeoutError as e:
-        raise TimeoutError(f"{self.base_url}: no answer within timeout={self.timeout}s after {attempts} attempt(s); "
+        raise TimeoutError(f"{self.endpoint}: no answer within timeout={self.timeout}s after {attempts} attempt(s); "
                            f"raise LLMClient(timeout=...) or lower max_concurrency") from e
     except openai.APIConnectionError as e: raise self._unreachable(e) from e
-    choice = r.choices[0]
-    text = choice.text if kind == "completion" else (choice.message.content or "")
-    u = r.usage
-    rec = dict(text=text or "", finish_reason=choice.finish_reason, model=r.model,
-               prompt_tokens=getattr(u, "prompt_tokens", 0) or 0, completion_tokens=getattr(u, "completion_tokens", 0) or 0)
-    self._count(prompt_tokens=rec["prompt_tokens"], completion_tokens=rec["completion_tokens"])
+    except MalformedResponseError as e:
+        e.endpoint, e.attempts = f"{self.endpoint}/{path}", attempts
+        raise
+    rec["model"] = rec["model"] or model
+    self._count(prompt_tokens=rec["prompt_tokens"], completion_tokens=rec["completion_tokens"], surrogates_replaced=replaced)
     return rec
 LLMClient._send = _send
 
 # %% ../nbs/03_llm.ipynb #c026
+async def _fetch(self: LLMClient, api, sem, failed: asyncio.Event, owner: str, key: str, job: tuple, kind: str, model: str) -> dict:
+    "The answer to one missed key: claimed and sent here, or (another process holds a live claim) waited for;"
+    " abandoned without sending once `failed` is set (another request of the call failed)."
+    payload, prm, s = job
+    share, wait = self.cache is not None and self.mode == "live", 0.02
+    while True:
+        async with sem:
+            if failed.is_set(): raise asyncio.CancelledError()
+            state, hit = self.cache.claim(key, owner, self.claim_timeout_s) if share else ("mine", None)
+            if state in ("mine", "taken_over"):
+                if state == "taken_over": self._count(claims_taken_over=1)
+                try: rec = await self._send(api, kind, model, payload, prm)
+                except BaseException:
+                    if share: self.cache.release(key, owner)
+                    raise
+                if self.cache is not None:
+                    self.cache.put(key, rec, request={"kind": kind, "model": model, "payload": payload, "params": prm, "sample_index": s})
+                    self._count(answers_cached=1)
+                return {**rec, "cached": False}
+        if state == "answered":
+            self._count(inflight_waits=1)
+            return {**hit, "cached": True}
+        await asyncio.sleep(wait * random.uniform(0.8, 1.2)); wait = min(0.5, wait * 1.5)  # 'busy': poll the cache
+LLMClient._fetch = _fetch
+
+# %% ../nbs/03_llm.ipynb #c026b
 async def _generate(self: LLMClient, kind, payloads, n, temperature, params, desc, return_records):
     "Shared body of `acomplete` and `achat`: keys, cache lookups, bounded concurrent requests, cache writes."
     if isinstance(payloads, (str, dict)) or (kind == "chat" and payloads and isinstance(payloads[0], dict)):
@@ -318,15 +529,13 @@ async def _generate(self: LLMClient, kind, payloads, n, temperature, params, des
         self._count(cache_hits=len(jobs) - len(misses))
         if misses:
             model = await self._resolve_model(api)  # verifies a given model name before the first real request
-            sem = asyncio.Semaphore(self.max_concurrency)
+            sem, owner = asyncio.Semaphore(self.max_concurrency), f"{os.getpid()}:{uuid.uuid4().hex}"  # this call's claims
             bar = tqdm(total=len(misses), desc=desc or f"{kind} {model}", disable=not self.progress or len(misses) <= 5,
                        file=progress_stream())
+            failed = asyncio.Event()
             async def one(key):
-                payload, prm, s = jobs[key]
-                async with sem: rec = await self._send(api, kind, model, payload, prm)
-                if self.cache is not None:
-                    self.cache.put(key, rec, request={"kind": kind, "model": model, "payload": payload, "params": prm, "sample_index": s})
-                results[key] = {**rec, "cached": False}
+                try: results[key] = await self._fetch(api, sem, failed, owner, key, jobs[key], kind, model)
+                except BaseException: failed.set(); raise
                 bar.update(1)
             tasks = [asyncio.ensure_future(one(k)) for k in misses]
             try: await asyncio.gather(*tasks)
@@ -338,6 +547,7 @@ async def _generate(self: LLMClient, kind, payloads, n, temperature, params, des
     finally:
         if api is not None: await api.close()
         self._count(wall_s=time.perf_counter() - t0)
+        self._notify(force=True)
     texts = [[results[k]["text"] for k in row] for row in rows]
     if not return_records: return texts
     return texts, [[{**results[k], "key": k} for k in row] for row in rows]

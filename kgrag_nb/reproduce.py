@@ -327,6 +327,7 @@ class StudyRun:
         client.resolve_model()  # checks a given name against the server, pins the served id for cache keys and records
         self._clients.append(client)
         self._hook_usage()
+        if self.run_dir: client.on_usage.append(lambda _: self._write_usage())  # also while a cell runs: a killed kernel keeps its count
         return client
 
     def _hook_usage(self):
@@ -342,7 +343,9 @@ class StudyRun:
 
     def _write_usage(self):
         folder = self.run_dir / self.record_folder; folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{self.artifact}.usage.json").write_text(json.dumps({"usage": self.usage(), "models": self.models}) + "\n")
+        tmp = folder / f".{self.artifact}.usage.json.{os.getpid()}.{threading.get_ident()}"  # written whole, then renamed: never read half-written
+        tmp.write_text(json.dumps({"usage": self.usage(), "models": self.models}) + "\n")
+        os.replace(tmp, folder / f"{self.artifact}.usage.json")
 
     def use_datasets(self, *names: str) -> dict:
         "Record (and verify) the sha256 of the files of the named datasets; returns `{file: sha256}`."

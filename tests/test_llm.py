@@ -1,18 +1,20 @@
-"""Tests of kgrag_nb.llm: cache keys, the SQLite cache, cache modes, model checks, retries, concurrency.
+"""Tests of kgrag_nb.llm: cache keys, the SQLite cache, cache modes, model checks, retries, concurrency, malformed
+responses, usage up to a failure, and one request in flight per key across processes (issue 10).
 
 Tests marked `llm` talk to the real embedded llama.cpp server (session fixture `embedded_server` in conftest.py).
 Retry, header and concurrency tests use a tiny real HTTP server on 127.0.0.1 that speaks the OpenAI wire format.
 """
-import asyncio, hashlib, json, multiprocessing as mp, os, threading, time
+import asyncio, hashlib, json, multiprocessing as mp, os, socket, subprocess, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import openai
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from kgrag_nb.config import EMBEDDED_MODEL_ALIAS, get_config
-from kgrag_nb.llm import (CacheMissError, EndpointUnreachableError, LLMClient, ModelNotServedError, ResponseCache,
-                          Usage, canonical_json, request_key, run_sync)
+from kgrag_nb.llm import (CacheMissError, EndpointUnreachableError, LLMClient, MalformedResponseError, ModelNotServedError,
+                          ResponseCache, Usage, canonical_json, parse_response, process_alive, request_key, run_sync)
 from kgrag_nb.serve import free_port
 
 FEW_SHOT = ("Q: What is the capital of Italy?\nA: Rome\nQ: What is the capital of Japan?\nA: Tokyo\n"
@@ -23,8 +25,10 @@ PROMPTS = [FEW_SHOT.format(c) for c in ("France", "Germany", "Spain")]
 # ---------------------------------------------------------------- a tiny OpenAI-compatible HTTP server
 class FakeOpenAI:
     "Real HTTP server on loopback: /v1/models, /v1/completions, /v1/chat/completions; scripted error statuses."
-    def __init__(self, statuses=(), delay=0.0, models=("fake-model",)):
+    def __init__(self, statuses=(), delay=0.0, models=("fake-model",), raw=()):
         self.statuses, self.delay, self.models = list(statuses), delay, list(models)
+        self.raw = list(raw)  # (content type, body bytes) answered with HTTP 200 to the next POSTs, in order
+        self.release = threading.Event()  # prompts starting with "hold" wait for it (at most 30 s)
         self.posts, self.auth, self.bodies, self.inflight, self.max_inflight = 0, [], [], 0, 0
         self.lock = threading.Lock()
         fake = self
@@ -44,10 +48,15 @@ class FakeOpenAI:
                 with fake.lock:
                     fake.posts += 1; fake.auth.append(self.headers.get("Authorization")); fake.bodies.append(body)
                     status = fake.statuses.pop(0) if fake.statuses else 200
+                    raw = fake.raw.pop(0) if fake.raw and status == 200 else None
                     fake.inflight += 1; fake.max_inflight = max(fake.max_inflight, fake.inflight)
                 time.sleep(fake.delay)
+                if str(body.get("prompt", "")).startswith("hold"): fake.release.wait(30)
                 with fake.lock: fake.inflight -= 1
                 if status != 200: return self._send(status, {"error": {"message": f"scripted {status}", "type": "x"}})
+                if raw is not None:
+                    self.send_response(200); self.send_header("Content-Type", raw[0])
+                    self.send_header("Content-Length", str(len(raw[1]))); self.end_headers(); return self.wfile.write(raw[1])
                 usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
                 if self.path.endswith("/chat/completions"):
                     text = "re:" + body["messages"][-1]["content"]
@@ -62,7 +71,7 @@ class FakeOpenAI:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
-    def close(self): self.httpd.shutdown(); self.httpd.server_close()
+    def close(self): self.release.set(); self.httpd.shutdown(); self.httpd.server_close()
 
 
 @pytest.fixture
@@ -241,6 +250,284 @@ def test_chat_and_async_inside_running_loop(fake):
     sync, direct = asyncio.run(inside_loop())
     assert sync == direct == [["re:hi"], ["re:yo"]]
     with pytest.raises(TypeError, match="message lists"): client.chat(msgs[0])
+
+
+# ---------------------------------------------------------------- malformed responses (issue 10)
+J = "application/json"
+KEY_Q = request_key("completion", "fake-model", "q", {"temperature": 0.0, "max_tokens": 64}, 0)
+
+
+def _body(text="ok", **top) -> bytes:
+    d = {"id": "x", "object": "text_completion", "created": 0, "model": "fake-model",
+         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+         "choices": [{"index": 0, "text": text, "finish_reason": "stop"}]}
+    d.update(top)
+    return json.dumps(d).encode()
+
+
+MALFORMED = {  # what issue 10 saw before the fix: AttributeError, IndexError, TypeError, "" cached, 42 cached
+    "html_body": ("text/html", b"<html><body>502 Bad Gateway</body></html>", "the body is not JSON (Content-Type 'text/html'"),
+    "empty_choices": (J, _body(choices=[]), "'choices' is empty"),
+    "error_with_http_200": (J, json.dumps({"error": {"message": "model overloaded", "code": 503}}).encode(),
+                            "HTTP 2xx with an error object and no choices: 'model overloaded'"),
+    "text_null": (J, _body(text=None), "choices[0].text is null, not a string"),
+    "text_integer": (J, _body(text=42), "choices[0].text is int '42', not a string"),
+    "negative_tokens": (J, _body(usage={"prompt_tokens": -3}), "usage.prompt_tokens is int '-3'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_response_names_the_endpoint_is_retried_and_never_cached(fake, tmp_path, case):
+    ctype, body, problem = MALFORMED[case]
+    srv = fake(raw=[(ctype, body)] * 2)
+    client = LLMClient(srv.url, cache=tmp_path / "c.sqlite", max_retries=1, backoff=0.01, progress=False)
+    with pytest.raises(MalformedResponseError) as e: client.complete(["q"])
+    msg = str(e.value)
+    assert f"{srv.url}/completions sent a malformed response (after 2 attempt(s)): {problem}" in msg, msg
+    assert "Nothing was cached" in msg and "--llm-url" in msg
+    assert srv.posts == 2 and len(client.cache) == 0 and client.cache.claim_holder(KEY_Q) is None  # claim released
+    u = client.usage
+    assert (u.requests, u.errors, u.malformed, u.retries, u.answers_cached) == (2, 2, 2, 1, 0)
+    assert client.complete(["q"]) == [["echo:q|t=0.0|s=None"]] and len(client.cache) == 1  # a good answer is cached
+
+
+def test_a_malformed_answer_then_a_good_one_caches_the_good_one(fake, tmp_path):
+    srv = fake(raw=[MALFORMED["empty_choices"][:2]])
+    client = LLMClient(srv.url, cache=tmp_path / "c.sqlite", max_retries=2, backoff=0.01, progress=False)
+    assert client.complete(["q"]) == [["echo:q|t=0.0|s=None"]]
+    assert client.cache.get(KEY_Q)["text"] == "echo:q|t=0.0|s=None"
+    u = client.usage
+    assert (srv.posts, u.requests, u.malformed, u.retries, u.answers_cached) == (2, 2, 1, 1, 1)
+
+
+def test_chat_null_content_is_malformed_unless_the_token_budget_ran_out(fake, tmp_path):
+    def chat(content, finish):
+        return (J, json.dumps({"model": "fake-model", "choices": [{"index": 0, "finish_reason": finish,
+                                                                   "message": {"role": "assistant", "content": content}}]}).encode())
+    srv = fake(raw=[chat(None, "stop"), chat(None, "length")])
+    client = LLMClient(srv.url, cache=tmp_path / "c.sqlite", max_retries=0, progress=False)
+    msgs = [[{"role": "user", "content": "hi"}]]
+    with pytest.raises(MalformedResponseError, match=r"/chat/completions .*choices\[0\]\.message\.content is null"): client.chat(msgs)
+    assert len(client.cache) == 0
+    texts, recs = client.chat(msgs, return_records=True)
+    assert texts == [[""]] and recs[0][0]["finish_reason"] == "length" and len(client.cache) == 1
+
+
+def test_lone_surrogates_are_replaced_counted_and_cached(fake, tmp_path):
+    escaped = b'{"model": "fake-model", "choices": [{"text": "a\\ud800b\\ud83d\\ude00", "finish_reason": "stop"}]}'
+    raw_bytes = b'{"model": "fake-model", "choices": [{"text": "x\xed\xa0\x80y", "finish_reason": "stop"}]}'
+    srv = fake(raw=[(J, escaped), (J, raw_bytes)])
+    client = LLMClient(srv.url, cache=tmp_path / "c.sqlite", progress=False)
+    assert client.complete(["q"]) == [["a\ufffdb\U0001F600"]]  # the escaped pair is one valid character
+    assert client.usage.surrogates_replaced == 1 and client.cache.get(KEY_Q)["text"] == "a\ufffdb\U0001F600"
+    assert client.complete(["r"]) == [["x\ufffd\ufffd\ufffdy"]]  # one U+FFFD per byte that is not UTF-8
+    assert client.usage.surrogates_replaced == 4 and client.usage.malformed == 0
+    replay = LLMClient(None, model="fake-model", cache=client.cache, mode="replay")
+    assert replay.complete(["q", "r"]) == [["a\ufffdb\U0001F600"], ["x\ufffd\ufffd\ufffdy"]]
+
+
+def test_credentials_in_the_url_never_reach_error_messages_or_repr(fake):
+    srv = fake(raw=[MALFORMED["html_body"][:2]])
+    url = srv.url.replace("http://", "http://alice:SECRET-pw@")
+    client = LLMClient(url, model="fake-model", max_retries=0, progress=False)
+    with pytest.raises(MalformedResponseError) as e: client.complete(["q"])
+    assert "SECRET" not in str(e.value) and "http://***@127.0.0.1" in str(e.value)
+    assert "SECRET" not in repr(client)
+
+
+def _reference(text: str) -> tuple[str, int]:
+    "What JSON decoding and the surrogate rule give, by hand: an escaped high+low pair is one character, any other"
+    " surrogate one U+FFFD."
+    out, i, n = [], 0, 0
+    while i < len(text):
+        c = text[i]
+        if "\ud800" <= c <= "\udbff" and i + 1 < len(text) and "\udc00" <= text[i + 1] <= "\udfff":
+            out.append(chr(0x10000 + ((ord(c) - 0xD800) << 10) + ord(text[i + 1]) - 0xDC00)); i += 2; continue
+        if "\ud800" <= c <= "\udfff": out.append("\ufffd"); n += 1
+        else: out.append(c)
+        i += 1
+    return "".join(out), n
+
+
+with_surrogates = st.text(st.one_of(st.characters(), st.integers(0xD800, 0xDFFF).map(chr)), max_size=30)
+
+@settings(max_examples=300, deadline=None)
+@given(text=with_surrogates)
+def test_parse_response_text_matches_the_hand_rule_and_is_storable(text):
+    rec, n = parse_response("completion", json.dumps({"choices": [{"text": text}]}))
+    assert (rec["text"], n) == _reference(text)
+    rec["text"].encode("utf-8")  # storable as UTF-8 (the SQLite cache)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.floats(allow_nan=False) | with_surrogates,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["choices", "text", "message", "content", "error", "usage", "prompt_tokens",
+                         "completion_tokens", "model", "finish_reason"]) | st.text(max_size=3), inner, max_size=4),
+    max_leaves=12)
+
+@settings(max_examples=400, deadline=None)
+@given(data=json_values, kind=st.sampled_from(["completion", "chat"]), junk=st.binary(max_size=20))
+def test_parse_response_returns_a_storable_record_or_raises_malformed(data, kind, junk):
+    for body in (json.dumps(data), junk):
+        try: rec, n = parse_response(kind, body)
+        except MalformedResponseError: continue
+        assert isinstance(rec["text"], str) and n >= 0
+        assert all(isinstance(rec[k], int) and not isinstance(rec[k], bool) and rec[k] >= 0 for k in ("prompt_tokens", "completion_tokens"))
+        assert all(rec[k] is None or isinstance(rec[k], str) for k in ("finish_reason", "model"))
+        canonical_json(rec).encode("utf-8")  # what the cache stores
+
+
+# ---------------------------------------------------------------- usage up to a failure (issue 10)
+def test_usage_counts_everything_up_to_a_failure(fake, tmp_path):
+    srv = fake(statuses=[200, 200, 200, 400])  # the 4th request is refused
+    client = LLMClient(srv.url, model="fake-model", cache=tmp_path / "c.sqlite", max_concurrency=1, progress=False)
+    seen = []
+    client.on_usage.append(seen.append)
+    with pytest.raises(openai.BadRequestError): client.complete([f"p{i}" for i in range(6)])
+    u = client.usage
+    assert (srv.posts, u.requests, u.answers_cached, u.errors, len(client.cache)) == (4, 4, 3, 1, 3)
+    assert seen and seen[-1] == u and seen[-1] is not u  # a copy of the final counters, after the failure
+    assert client.cache.claim_holder(request_key("completion", "fake-model", "p3", {"temperature": 0.0, "max_tokens": 64}, 0)) is None
+
+
+def _run_until_killed(url, run_dir, cfg_dir):
+    from kgrag_nb.reproduce import StudyRun
+    cfg = get_config(cache_dir=cfg_dir)
+    run = StudyRun("probe", run_dir=run_dir, llm_url=url, cfg=cfg)
+    client = run.llm(max_concurrency=1, progress=False)  # usage written at most every 0.5 s (the default)
+    client.complete(["a", "b", "c", "hold-d", "e"])  # "hold-d" hangs: the process is killed there
+
+
+def test_usage_of_a_run_killed_mid_call_is_on_disk(fake, tmp_path):
+    srv = fake()
+    run_dir = tmp_path / "run"
+    p = mp.get_context("spawn").Process(target=_run_until_killed, args=(srv.url, run_dir, tmp_path / "cache"))
+    p.start()
+    try:
+        deadline = time.time() + 60
+        while srv.posts < 4 and time.time() < deadline and p.is_alive(): time.sleep(0.05)
+        assert srv.posts == 4, "the run did not reach the hanging request"
+        time.sleep(1.0)  # > usage_every_s: the 4th attempt's count reaches the file although nothing changes after it
+    finally:
+        p.kill(); p.join(10)  # like a cell timeout or the OOM killer: no post_run_cell, no finish()
+    rec = json.loads((run_dir / "artifacts" / "probe.usage.json").read_text())
+    u = rec["usage"]
+    assert (u["requests"], u["answers_cached"], u["errors"], u["cache_hits"]) == (4, 3, 0, 0) and rec["models"] == ["fake-model"]
+    from kgrag_nb.reproduce import _read_record
+    assert _read_record(run_dir, "artifacts", "probe")["usage"]["requests"] == 4  # what the manifest reads
+
+
+# ---------------------------------------------------------------- one request in flight per key across processes (issue 10)
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"]); p.wait()
+    return p.pid
+
+
+def test_claims_hand_cases(tmp_path):
+    cache = ResponseCache(tmp_path / "c.sqlite")
+    conn = cache._connect()
+    host = socket.gethostname()
+    def claim_by(owner, pid, age_s=0.0, host=host):
+        conn.execute("INSERT OR REPLACE INTO claims VALUES (?,?,?,?,?,?)", ("k", owner, host, pid, None, time.time() - age_s))
+    claim_by("dead", _dead_pid())
+    state, holder = cache.claim("k", "me")
+    assert state == "taken_over" and holder["owner"] == "dead" and cache.claim_holder("k")["pid"] == os.getpid()
+    claim_by("alive", os.getpid())
+    assert cache.claim("k", "me")[0] == "busy" and cache.claim("k", "alive") == ("mine", None)
+    assert cache.claim("k", "me", ttl_s=10)[0] == "busy"
+    claim_by("alive", os.getpid(), age_s=11)
+    assert cache.claim("k", "me", ttl_s=10)[0] == "taken_over"  # older than the ttl: stale although alive
+    claim_by("remote", 1, host="another-host")  # another host: only the age tells
+    assert cache.claim("k", "me", ttl_s=10)[0] == "busy"
+    claim_by("remote", 1, age_s=11, host="another-host")
+    assert cache.claim("k", "me", ttl_s=10)[0] == "taken_over"
+    cache.release("k", "someone-else"); assert cache.claim_holder("k")["owner"] == "me"
+    cache.release("k", "me"); assert cache.claim_holder("k") is None
+    cache.claim("k", "me"); cache.put("k", {"text": "t"})
+    assert cache.claim("k", "other") == ("answered", {"text": "t"}) and cache.claim_holder("k") is None
+
+
+def test_process_alive_tells_zombies_and_reused_pids():
+    z = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.time() + 20
+    while Path(f"/proc/{z.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z" and time.time() < deadline: time.sleep(0.02)
+    try: assert not process_alive(z.pid)  # exited, not yet reaped
+    finally: z.wait()
+    assert not process_alive(_dead_pid()) and process_alive(os.getpid())
+    assert not process_alive(os.getpid(), started="1")  # the pid now belongs to a process started at another time
+
+
+def test_a_waiting_client_takes_the_answer_of_the_claim_holder_or_sends_after_a_release(fake, tmp_path):
+    srv = fake()
+    client = LLMClient(srv.url, model="fake-model", cache=tmp_path / "c.sqlite", progress=False)
+    other = ResponseCache(tmp_path / "c.sqlite")  # another process's view of the cache
+    key_r = request_key("completion", "fake-model", "r", {"temperature": 0.0, "max_tokens": 64}, 0)
+    for key in (KEY_Q, key_r): assert other.claim(key, "other-run") == ("mine", None)
+    out = []
+    t = threading.Thread(target=lambda: out.append(client.complete(["q", "r"])))
+    t.start(); time.sleep(0.6)
+    assert t.is_alive() and srv.posts == 0  # both keys are claimed by a live owner: the client waits, sends nothing
+    other.put(KEY_Q, {"text": "from the other run", "finish_reason": "stop", "prompt_tokens": 0, "completion_tokens": 0})
+    other.release(key_r, "other-run")  # its request for "r" failed: the waiter sends it itself
+    t.join(10)
+    assert out == [[["from the other run"], ["echo:r|t=0.0|s=None"]]]
+    u = client.usage
+    assert (srv.posts, u.requests, u.inflight_waits, u.answers_cached, u.claims_taken_over) == (1, 1, 1, 1, 0)
+
+
+def _hold_one(url, cache_path):
+    LLMClient(url, model="fake-model", cache=cache_path, progress=False).complete(["hold-1"])
+
+
+def test_the_claim_of_a_killed_process_is_taken_over_at_once(fake, tmp_path):
+    srv = fake()
+    key = request_key("completion", "fake-model", "hold-1", {"temperature": 0.0, "max_tokens": 64}, 0)
+    cache = ResponseCache(tmp_path / "c.sqlite")
+    p = mp.get_context("spawn").Process(target=_hold_one, args=(srv.url, tmp_path / "c.sqlite"))
+    p.start()
+    try:
+        deadline = time.time() + 60
+        while (cache.claim_holder(key) is None or srv.posts < 1) and time.time() < deadline: time.sleep(0.05)
+        assert cache.claim_holder(key)["pid"] == p.pid
+    finally:
+        p.kill(); p.join(10)  # SIGKILL: no chance to release the claim
+    srv.release.set()
+    assert cache.claim_holder(key)["pid"] == p.pid  # the claim outlived its process
+    client = LLMClient(srv.url, model="fake-model", cache=cache, claim_timeout_s=60, progress=False)
+    t0 = time.perf_counter()
+    assert client.complete(["hold-1"]) == [["echo:hold-1|t=0.0|s=None"]]
+    assert time.perf_counter() - t0 < 5  # not the 60 s claim timeout
+    assert client.usage.claims_taken_over == 1 and srv.posts == 2 and cache.claim_holder(key) is None
+
+
+DEDUP_PROMPTS = [f"question {i}" for i in range(16)]
+
+def _dedup_worker(url, cache_path, barrier, out_path):
+    client = LLMClient(url, model="fake-model", cache=cache_path, max_concurrency=4, progress=False)
+    client.resolve_model()
+    barrier.wait(60)  # both processes start sending at the same moment
+    texts = client.complete(DEDUP_PROMPTS)
+    Path(out_path).write_text(json.dumps({"texts": texts, "usage": client.usage.as_dict()}))
+
+
+def test_two_processes_sharing_a_cache_send_each_request_once(fake, tmp_path):
+    srv = fake(delay=0.1)
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    procs = [ctx.Process(target=_dedup_worker, args=(srv.url, tmp_path / "c.sqlite", barrier, tmp_path / f"out{i}.json"))
+             for i in range(2)]
+    for p in procs: p.start()
+    for p in procs: p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    outs = [json.loads((tmp_path / f"out{i}.json").read_text()) for i in range(2)]
+    expected = [[f"echo:{q}|t=0.0|s=None"] for q in DEDUP_PROMPTS]
+    assert all(o["texts"] == expected for o in outs)
+    u = [o["usage"] for o in outs]
+    assert srv.posts == 16  # not 32: every distinct request was sent once, by one of the two processes
+    assert sum(x["requests"] for x in u) == 16 and sum(x["answers_cached"] for x in u) == 16
+    assert all(x["requests"] + x["inflight_waits"] + x["cache_hits"] == 16 for x in u)
+    assert len(ResponseCache(tmp_path / "c.sqlite")) == 16
 
 
 # ---------------------------------------------------------------- the real embedded server
