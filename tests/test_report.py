@@ -292,3 +292,30 @@ def test_real_report_shows_each_artefact_with_its_provenance(real_report):
     assert "<td>ours: " in table and "awakening Table 3" in table
     for p in real_report["index"].parent.rglob("*.html"):
         assert not re.search(r"<(?:script|link|img)[^>]+(?:src|href)=\"(?:https?:)?//", p.read_text()), f"{p} loads from the network"
+
+
+@needs_chromium
+def test_experiments_failed_artefacts_and_odd_names_render_and_resolve(browser, tmp_path):
+    "A hand-made run: a computed experiment (its notebook under notebooks/experiments/), a reused one, a failed artefact"
+    " with a partly executed notebook, and a file name with a space and a colon; every page and link still resolves."
+    import nbformat
+    cfg = get_config(runs_dir=tmp_path / "runs", figures_dir=tmp_path / "figures")
+    run = cfg.runs_dir / "r-1"
+    for rel, src in (("notebooks/experiments/exp_a.ipynb", "x = 1"), ("notebooks/art_bad.ipynb", "1 / 0")):
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# A notebook"), nbformat.v4.new_code_cell(src)])
+        (run / rel).parent.mkdir(parents=True, exist_ok=True); nbformat.write(nb, run / rel)
+    odd = cfg.figures_dir / "art_ok" / "odd: name.csv"; odd.parent.mkdir(parents=True); odd.write_text("source,x\nours,1\n")
+    (run / "manifest.json").write_text(json.dumps({"run_id": "r-1", "git_sha": "0" * 40, "profile": "tiny", "started": "2026", "experiments": [
+        {"experiment": "exp_a", "status": "computed", "key": "k" * 64, "executed": "notebooks/experiments/exp_a.ipynb", "wall_s": 1.0},
+        {"experiment": "exp_b", "status": "reused", "key": "j" * 64, "wall_s": 0.0}], "artifacts": [
+        {"artifact": "art_bad", "status": "failed", "error": "cell 2: ZeroDivisionError: division by zero", "executed": "notebooks/art_bad.ipynb"},
+        {"artifact": "art_ok", "status": "ok", "outputs": [str(odd)], "experiments": {"exp_a": "k" * 64}}]}))
+    index = kgrag_nb.report.build_report(cfg=cfg)
+    res = check_site(browser, index)
+    assert not res["problems"], "\n".join(res["problems"])
+    site = index.parent
+    assert {Path(unquote(urlparse(p).path)).relative_to(site).as_posix() for p in res["pages"]} == {
+        "index.html", "notebooks/art_bad.html", "notebooks/experiments/exp_a.html"}
+    assert {Path(unquote(urlparse(f).path)).relative_to(site).as_posix() for f in res["files"]} == {"files/art_ok/odd: name.csv"}
+    page = index.read_text()
+    assert "ZeroDivisionError: division by zero" in page and "reused from the cache" in page and "exp_a (key kkkkkkkkkkkkkkkk)" in page
