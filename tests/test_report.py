@@ -1,0 +1,321 @@
+"""`kgrag report` (issue 8, item 7): pure parts with hand-computed expectations and properties, and a report of a real
+run opened in a real headless Chromium (Debian's `chromium` package) driven over the DevTools protocol.
+
+The browser tests build one run with `kgrag reproduce --profile tiny --only kg_statistics,closed_book_baseline` (the
+second on the real embedded llama.cpp server), build its report with `kgrag report`, open `index.html` from `file://`
+and check: it loads, every link resolves (pages are opened, files read back by the browser), every image has a natural
+width, and no console error, exception or failed load happens on any page. `test_the_checker_finds_broken_pages`
+shows that the same checker fails on a page with a missing image, a dangling link and a script error.
+They skip, saying why, only when no Chromium is installed (`apt-get install chromium`; `.ci/run` installs it).
+"""
+from __future__ import annotations
+import html, json, os, re, shutil, subprocess, time, urllib.request
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import pytest
+import websocket  # websocket-client (dev requirement; a jupyter dependency too)
+from hypothesis import given, strategies as st
+
+import kgrag_nb.report  # registers `kgrag report` even where the installed entry points predate it
+from kgrag_nb.cli import main
+from kgrag_nb.config import get_config
+from kgrag_nb.reproduce import load_registry, reproduce
+from kgrag_nb.report import Link, href, html_table, index_rows, paper_ref
+
+CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on PATH: `apt-get install chromium` (Debian; .ci/run does it)")
+
+
+# ---------------------------------------------------------------- pure parts
+
+@pytest.mark.parametrize("title, expected", [
+    ("BRINK Table 1: mined Horn rules by type (AMIE semantics, App. A.2 thresholds) vs the paper", "Table 1"),
+    ("Awakening Table 4 (App. B.1): Hits@1/Hits@10 per knowledge type", "Table 4 (App. B.1)"),
+    ("BRINK Figure 3: HHR by rule type on FB15k-237", "Figure 3"),
+    ("Awakening Fig. 5 / Table 10 (App. B.6): awakening vs model size", "Fig. 5 / Table 10 (App. B.6)"),
+    ("BRINK App. J: retrieval vs reasoning failures", "App. J"),
+    ("Closed-book (No RAG) Hits@1/Hits@10 (awakening App. E prompt; cf. Table 3 No RAG)", "cf. Table 3"),
+    ("no reference at all", ""),
+])
+def test_paper_ref_hand_cases(title, expected):
+    assert paper_ref(title) == expected
+
+
+def test_every_registered_artefact_names_its_place_in_the_paper():
+    missing = {a.id: a.title for a in load_registry().values() if not paper_ref(a.title)}
+    assert not missing, f"titles in studies.yaml that name no table, figure or appendix: {missing}"
+
+
+def test_index_rows_hand_case():
+    manifest = {"artifacts": [
+        {"artifact": "a1", "paper": "papers/x_paper.txt", "status": "ok", "models": ["m1", "m2"],
+         "sample_sizes": {"cwq": 3, "webqsp": 4}, "wall_s": 1.5},
+        {"artifact": "b2", "status": "skipped"}]}
+    rows = index_rows(manifest, {"a1": "X Table 2: <scores>"}, notebooks={"a1"})
+    assert rows == [
+        {"artefact": Link("a1", "#art-a1"), "title": "X Table 2: <scores>", "paper": "x_paper", "in the paper": "Table 2",
+         "status": "ok", "model": "m1, m2", "sample sizes": "cwq=3, webqsp=4", "wall s": 1.5,
+         "notebook": Link("notebook", "notebooks/a1.html")},
+        {"artefact": Link("b2", "#art-b2"), "title": "b2", "paper": "", "in the paper": "", "status": "skipped",
+         "model": "none", "sample sizes": "", "wall s": None, "notebook": ""}]
+    table = html_table(rows)
+    assert table.count("<tr>") == 3 and "X Table 2: &lt;scores&gt;" in table and '<a href="#art-a1">a1</a>' in table
+    assert "<td>1.5</td>" in table and "<td>cwq=3, webqsp=4</td>" in table
+
+
+def test_html_table_columns_and_limit():
+    t = html_table([{"a": 1, "b": 2.0}, {"b": 0.333333, "c": "z"}], max_rows=1)
+    assert "<th>a</th><th>b</th><th>c</th>" in t and "<td>1</td><td>2</td><td></td>" in t and "0.3333" not in t
+    assert t.endswith('<p class="note">1 more rows in the CSV.</p>')
+
+
+@given(st.text())
+def test_html_table_escapes_every_text(text):
+    cell = re.findall(r"<td>(.*?)</td>", html_table([{"col": text}]), re.S)[0]
+    assert "<" not in cell and ">" not in cell and html.unescape(cell) == text
+
+
+@given(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1))
+def test_href_is_a_quoted_relative_path(path):
+    h = href(path)
+    assert not re.search(r'[\s"<>\']', h) and ":" not in h.split("/")[0]
+    assert unquote(html.unescape(h)) == path
+
+
+# ---------------------------------------------------------------- the browser
+
+class Chromium:
+    "Headless Chromium over the DevTools protocol: open pages, read files, collect console errors and failed loads."
+
+    def __init__(self, profile_dir: Path):
+        self.proc = subprocess.Popen(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--no-default-browser-check",
+             "--allow-file-access-from-files",  # lets the checker read linked files (CSV, PDF) with XMLHttpRequest
+             "--remote-debugging-port=0", f"--user-data-dir={profile_dir}", "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        port_file, t0 = profile_dir / "DevToolsActivePort", time.time()
+        while not (port_file.exists() and port_file.read_text().strip()):
+            if self.proc.poll() is not None or time.time() - t0 > 60:
+                self.close(); raise RuntimeError(f"{CHROMIUM} did not open its DevTools port within 60 s")
+            time.sleep(0.2)
+        port = port_file.read_text().split()[0]
+        targets = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30).read())
+        page = next(t for t in targets if t["type"] == "page")
+        self.ws = websocket.create_connection(page["webSocketDebuggerUrl"], timeout=60, suppress_origin=True)
+        self.n, self.events = 0, []
+        for domain in ("Page", "Runtime", "Log", "Network"): self.call(f"{domain}.enable")
+
+    def call(self, method: str, **params) -> dict:
+        self.n += 1
+        self.ws.send(json.dumps({"id": self.n, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv())
+            if msg.get("id") == self.n:
+                if "error" in msg: raise RuntimeError(f"{method}: {msg['error']}")
+                return msg.get("result", {})
+            self.events.append(msg)
+
+    def eval(self, expression: str):
+        res = self.call("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
+        if "exceptionDetails" in res: raise RuntimeError(f"{expression[:60]}: {res['exceptionDetails']}")
+        return res["result"].get("value")
+
+    def _wait(self, name: str, timeout: float = 60):
+        t0 = time.time()
+        while not any(e.get("method") == name for e in self.events):
+            if time.time() - t0 > timeout: raise TimeoutError(f"no {name} within {timeout} s")
+            self.events.append(json.loads(self.ws.recv()))
+
+    def open(self, url: str) -> list[str]:
+        "Navigate to `url`; the problems seen while it loads (navigation error, exceptions, console errors, failed loads)."
+        self.events = []
+        res = self.call("Page.navigate", url=url)
+        if res.get("errorText"): return [f"{url}: {res['errorText']}"]
+        self._wait("Page.loadEventFired")
+        self.eval("new Promise(r => setTimeout(r, 200))")  # late errors (scripts after load)
+        return self.problems(url)
+
+    def problems(self, url: str) -> list[str]:
+        out = []
+        for e in self.events:
+            m, p = e.get("method"), e.get("params", {})
+            if m == "Runtime.exceptionThrown":
+                d = p["exceptionDetails"]; out.append(f"{url}: exception {d.get('exception', {}).get('description') or d.get('text')}")
+            elif m == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
+                out.append(f"{url}: console.{p['type']} {[a.get('value', a.get('description')) for a in p.get('args', [])]}")
+            elif m == "Log.entryAdded" and p["entry"]["level"] == "error":
+                out.append(f"{url}: {p['entry'].get('text')} {p['entry'].get('url', '')}")
+            elif m == "Network.loadingFailed" and not p.get("canceled"):
+                out.append(f"{url}: failed to load ({p.get('errorText')})")
+        return out
+
+    def images(self) -> list[list]:
+        return self.eval("Array.from(document.images).map(i => [i.getAttribute('src'), i.complete, i.naturalWidth])")
+
+    def links(self) -> list[list]:
+        return self.eval("Array.from(document.querySelectorAll('a[href]')).map(a => [a.getAttribute('href'), a.href])")
+
+    def read(self, url: str) -> int:
+        "Bytes the browser reads from `url` (-1 on an error)."
+        return self.eval("new Promise(res => { const x = new XMLHttpRequest(); x.open('GET', %s); x.responseType = 'arraybuffer';"
+                         " x.onload = () => res(x.response ? x.response.byteLength : 0); x.onerror = () => res(-1); x.send(); })"
+                         % json.dumps(url))
+
+    def close(self):
+        try: self.ws.close()
+        except Exception: pass  # the browser may be gone already
+        self.proc.terminate()
+        try: self.proc.wait(10)
+        except subprocess.TimeoutExpired: self.proc.kill(); self.proc.wait(10)
+
+
+def check_site(browser: Chromium, index: Path) -> dict:
+    "Open `index` and every page it links to; `{problems, pages, files, images, external}`."
+    problems, pages, files, images, external = [], [], [], [], []
+    start = index.resolve().as_uri()
+    todo, seen = [start], set()
+    while todo:
+        url = todo.pop(0)
+        if url in seen: continue
+        seen.add(url); pages.append(url)
+        problems += browser.open(url)
+        for src, complete, width in browser.images():
+            images.append((url, src))
+            if not complete or width <= 0: problems.append(f"{url}: image {src} did not load (naturalWidth {width})")
+        for raw, resolved in browser.links():
+            target = urlparse(resolved)
+            if target.scheme in ("http", "https"): external.append((url, raw)); continue
+            if target.scheme != "file": problems.append(f"{url}: link {raw} is not relative ({target.scheme})"); continue
+            page_url = resolved.split("#")[0]
+            if page_url == url.split("#")[0]:  # a link inside the page: its target must exist
+                frag = target.fragment  # as the HTML spec finds a fragment's element: the raw id, else the percent-decoded one
+                if frag and not browser.eval(f"((f) => !!(document.getElementById(f) || document.getElementById(decodeURIComponent(f))"
+                                             f" || document.getElementsByName(f).length))({json.dumps(frag)})"):
+                    problems.append(f"{url}: link {raw} points to no element")
+                continue
+            if page_url.endswith(".html"): todo.append(page_url); continue
+            if page_url not in files:
+                files.append(page_url)
+                if browser.read(page_url) <= 0: problems.append(f"{url}: link {raw} -> {unquote(target.path)} cannot be read")
+        problems += [p for p in browser.problems(url) if p not in problems]  # anything the reads above logged
+    return dict(problems=problems, pages=pages, files=files, images=images, external=external)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    if CHROMIUM is None: pytest.skip("no Chromium on PATH: `apt-get install chromium` (Debian; .ci/run does it)")
+    b = Chromium(tmp_path_factory.mktemp("chromium-profile"))
+    yield b
+    b.close()
+
+
+@needs_chromium
+def test_the_checker_finds_broken_pages(browser, tmp_path):
+    "The checker can fail: a missing image, a dangling file link and anchor, a console error and an exception."
+    (tmp_path / "ok.csv").write_text("a,b\n1,2\n")
+    (tmp_path / "index.html").write_text(
+        '<!DOCTYPE html><html><head><meta charset="utf-8"><title>t</title></head><body>'
+        '<img src="missing.png"><a href="ok.csv">fine</a><a href="nope.csv">gone</a><a href="#nowhere">x</a>'
+        '<a href="page.html">page</a><script>console.error("boom"); setTimeout(() => { throw new Error("bang"); }, 0);</script>'
+        "</body></html>")
+    (tmp_path / "page.html").write_text('<!DOCTYPE html><html><body><a href="index.html">back</a></body></html>')
+    res = check_site(browser, tmp_path / "index.html")
+    text = "\n".join(res["problems"])
+    assert "image missing.png did not load" in text and "nope.csv cannot be read" in text and "#nowhere points to no element" in text
+    assert "boom" in text and "bang" in text
+    assert "ok.csv" not in text and not [p for p in res["problems"] if p.startswith(res["pages"][1])]
+    assert len(res["pages"]) == 2 and len(res["files"]) == 2
+
+
+# ---------------------------------------------------------------- a report of a real run
+
+@pytest.fixture(scope="module")
+def real_report(tmp_path_factory, embedded_server):
+    "A tiny real run (kg_statistics without LLM, closed_book_baseline on the embedded server) and its report via `kgrag report`."
+    d = tmp_path_factory.mktemp("report")
+    real = get_config()
+    cfg = get_config(root=real.root, data_dir=real.data_dir, cache_dir=real.cache_dir,  # the shared LLM response cache
+                     runs_dir=d / "runs", figures_dir=d / "figures")
+    t0 = time.time()
+    m = reproduce(profile="tiny", only="kg_statistics,closed_book_baseline", llm_url=embedded_server.url, cfg=cfg, progress=False)
+    assert m["failed"] == [] and m["skipped"] == [], [e.get("error") for e in m["artifacts"]]
+    t1 = time.time()
+    env = {"KGRAG_HOME": str(cfg.root), "KGRAG_RUNS": str(cfg.runs_dir), "KGRAG_FIGURES": str(cfg.figures_dir)}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try: assert main(["report", "--out", str(d / "site")]) == 0  # no --run: the last run, i.e. this one
+    finally:
+        for k, v in saved.items():
+            if v is None: os.environ.pop(k, None)
+            else: os.environ[k] = v
+    print(f"\nreproduce tiny (2 artefacts): {t1 - t0:.1f} s; kgrag report: {time.time() - t1:.1f} s")
+    return dict(manifest=m, index=d / "site" / "index.html", cfg=cfg)
+
+
+@pytest.mark.llm
+@needs_chromium
+def test_real_report_opens_with_no_broken_link_image_or_console_error(real_report, browser):
+    t0 = time.time()
+    res = check_site(browser, real_report["index"])
+    print(f"\nbrowser check: {len(res['pages'])} pages, {len(res['files'])} files, {len(res['images'])} images in {time.time() - t0:.1f} s")
+    assert not res["problems"], "\n".join(res["problems"])
+    assert not [e for e in res["external"] if e[0].endswith("/index.html")], f"the index links outside the report: {res['external']}"
+    site = real_report["index"].parent
+    # both artefacts' notebooks were opened, and every figure the run wrote shows as a thumbnail on the index
+    assert {Path(unquote(urlparse(p).path)).relative_to(site).as_posix() for p in res["pages"]} == {
+        "index.html", "notebooks/kg_statistics.html", "notebooks/closed_book_baseline.html"}
+    thumbs = {src for page, src in res["images"] if page.endswith("/index.html")}
+    assert thumbs == {"files/kg_statistics/mean_degree.png", "files/closed_book_baseline/closed_book_hits.png"}
+    read = {Path(unquote(urlparse(f).path)).relative_to(site).as_posix() for f in res["files"]}
+    for name in ("kg_statistics/kg_counts_vs_paper.csv", "kg_statistics/mean_degree.pdf", "closed_book_baseline/closed_book_vs_paper.md"):
+        assert f"files/{name}" in read, name
+
+
+@pytest.mark.llm
+def test_real_report_shows_each_artefact_with_its_provenance(real_report):
+    m, page = real_report["manifest"], real_report["index"].read_text()
+    assert f"run {m['run_id']}" in page and html.escape(m["git_sha"]) in page
+    for e in m["artifacts"]:
+        section = page[page.index(f'<section id="art-{e["artifact"]}">'):]
+        section = section[:section.index("</section>")]
+        assert "Ours vs the paper" in section, e["artifact"]
+        for dev in e["deviations"]: assert html.escape(dev) in section
+        for f, sha in e["datasets"].items(): assert f"<td>{html.escape(f)}</td><td>{sha}</td>" in section
+        assert f"<dt>sample sizes</dt><dd>{html.escape(', '.join(f'{k}={v}' for k, v in e['sample_sizes'].items()))}</dd>" in section
+        assert f"<dt>model</dt><dd>{html.escape(', '.join(e['models']) or 'none (no LLM used)')}</dd>" in section
+    cb = next(e for e in m["artifacts"] if e["artifact"] == "closed_book_baseline")
+    assert cb["models"] == [m["model"]]
+    # the comparison table holds our row and the paper's (awakening Table 3 No RAG)
+    table = page[page.index("Ours vs the paper: Closed-book"):]
+    table = table[:table.index("</table>")]
+    assert "<td>ours: " in table and "awakening Table 3" in table
+    for p in real_report["index"].parent.rglob("*.html"):
+        assert not re.search(r"<(?:script|link|img)[^>]+(?:src|href)=\"(?:https?:)?//", p.read_text()), f"{p} loads from the network"
+
+
+@needs_chromium
+def test_experiments_failed_artefacts_and_odd_names_render_and_resolve(browser, tmp_path):
+    "A hand-made run: a computed experiment (its notebook under notebooks/experiments/), a reused one, a failed artefact"
+    " with a partly executed notebook, and a file name with a space and a colon; every page and link still resolves."
+    import nbformat
+    cfg = get_config(runs_dir=tmp_path / "runs", figures_dir=tmp_path / "figures")
+    run = cfg.runs_dir / "r-1"
+    for rel, src in (("notebooks/experiments/exp_a.ipynb", "x = 1"), ("notebooks/art_bad.ipynb", "1 / 0")):
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# A notebook"), nbformat.v4.new_code_cell(src)])
+        (run / rel).parent.mkdir(parents=True, exist_ok=True); nbformat.write(nb, run / rel)
+    odd = cfg.figures_dir / "art_ok" / "odd: name.csv"; odd.parent.mkdir(parents=True); odd.write_text("source,x\nours,1\n")
+    (run / "manifest.json").write_text(json.dumps({"run_id": "r-1", "git_sha": "0" * 40, "profile": "tiny", "started": "2026", "experiments": [
+        {"experiment": "exp_a", "status": "computed", "key": "k" * 64, "executed": "notebooks/experiments/exp_a.ipynb", "wall_s": 1.0},
+        {"experiment": "exp_b", "status": "reused", "key": "j" * 64, "wall_s": 0.0}], "artifacts": [
+        {"artifact": "art_bad", "status": "failed", "error": "cell 2: ZeroDivisionError: division by zero", "executed": "notebooks/art_bad.ipynb"},
+        {"artifact": "art_ok", "status": "ok", "outputs": [str(odd)], "experiments": {"exp_a": "k" * 64}}]}))
+    index = kgrag_nb.report.build_report(cfg=cfg)
+    res = check_site(browser, index)
+    assert not res["problems"], "\n".join(res["problems"])
+    site = index.parent
+    assert {Path(unquote(urlparse(p).path)).relative_to(site).as_posix() for p in res["pages"]} == {
+        "index.html", "notebooks/art_bad.html", "notebooks/experiments/exp_a.html"}
+    assert {Path(unquote(urlparse(f).path)).relative_to(site).as_posix() for f in res["files"]} == {"files/art_ok/odd: name.csv"}
+    page = index.read_text()
+    assert "ZeroDivisionError: division by zero" in page and "reused from the cache" in page and "exp_a (key kkkkkkkkkkkkkkkk)" in page
