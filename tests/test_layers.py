@@ -77,11 +77,6 @@ KNOWN_HIDDEN: set[tuple[str, str]] = {
     # rules: the rules branch
     ("rules", "kgrag_nb.datasets"), ("rules", "signal"), ("rules", "subprocess"), ("rules", "tqdm.auto"),
     ("rules", "csv"), ("rules", "joblib.externals.loky"),
-    # reproduce: the runner branch
-    ("reproduce", "tqdm.auto"), ("reproduce", "contextlib"), ("reproduce", "kgrag_nb.llm"),
-    ("reproduce", "kgrag_nb.datasets"), ("reproduce", "kgrag_nb.serve"),
-    # cli: the `reproduce` and `list` subcommands belong to the runner branch
-    ("cli", "kgrag_nb.reproduce"),
 }
 
 
