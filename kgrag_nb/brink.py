@@ -21,11 +21,11 @@ from .metrics import bootstrap_ci, bootstrap_ratio_ci, brink_normalize, brink_pe
 
 # %% auto #0
 __all__ = ['BRINK_PER_RULE', 'BRINK_SPLIT', 'BRINK_TAU', 'BRINK_TEMPERATURE', 'SPLITS', 'QG_PROMPT', 'DEVIATIONS',
-           'BENCHMARK_FILES', 'PREDICTION_KEYS', 'Removal', 'select_removals', 'incomplete_kg', 'is_grounding',
-           'verify_inferable', 'complete_answers', 'downsample', 'split_sizes', 'assign_splits', 'qg_prompt',
-           'parse_question', 'mentions', 'candidate_questions', 'generate_questions', 'Benchmark', 'build_benchmark',
-           'load_questions', 'load_benchmark', 'PredictionFormatError', 'read_predictions', 'evaluate',
-           'format_evaluation', 'failure_analysis']
+           'BENCHMARK_FILES', 'TABLE3_METRICS', 'PREDICTION_KEYS', 'Removal', 'select_removals', 'incomplete_kg',
+           'is_grounding', 'verify_inferable', 'complete_answers', 'downsample', 'split_sizes', 'assign_splits',
+           'qg_prompt', 'parse_question', 'mentions', 'candidate_questions', 'generate_questions', 'Benchmark',
+           'build_benchmark', 'load_questions', 'load_benchmark', 'benchmark_statistics', 'PredictionFormatError',
+           'read_predictions', 'evaluate', 'format_evaluation', 'failure_analysis']
 
 # %% ../nbs/12_brink.ipynb #c004
 BRINK_PER_RULE = 30  # groundings per rule, BRINK (brink_incomplete_kg_benchmark.txt) §3.2 "up to 30 groundings"
@@ -487,6 +487,19 @@ def load_benchmark(out_dir) -> Benchmark:  # folder written by `build_benchmark`
                                relation_labels=rlab, entities=ents["id"].tolist(), relations=rels["id"].tolist())
     complete = kg("complete_kg.tsv", ds.get("source_kg", ds["name"]))
     return Benchmark(complete, kg("incomplete_kg.tsv", f"{ds['name']}-incomplete"), load_questions(out), ds, out)
+
+# %% ../nbs/12_brink.ipynb #c046b
+TABLE3_METRICS = ("triples", "train", "val", "test", "total questions")  # BRINK Table 3 columns (kgrag_nb.papers metric names)
+
+def benchmark_statistics(datasheets: dict) -> pd.DataFrame:  # benchmark name -> datasheet (Benchmark.datasheet)
+    "BRINK Table 3 rows: per dataset and setting (complete, incomplete) the triples and the questions per split."
+    rows = []
+    for name, ds in datasheets.items():
+        c = ds["counts"]
+        for setting, triples in (("complete", c["complete_triples"]), ("incomplete", c["incomplete_triples"])):
+            rows.append(dict(zip(("dataset", "setting", *TABLE3_METRICS),
+                                 (name, setting, int(triples), int(c["train"]), int(c["valid"]), int(c["test"]), int(c["questions"])))))
+    return pd.DataFrame(rows, columns=["dataset", "setting", *TABLE3_METRICS])
 
 # %% ../nbs/12_brink.ipynb #c048
 PREDICTION_KEYS = ("prediction", "predictions", "output", "answer", "answers", "results")  # accepted fields, first found wins

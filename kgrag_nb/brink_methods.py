@@ -20,21 +20,26 @@ from .config import get_config
 from .kg import KG
 from .datasets import load_kg
 from .retrieval import embed
-from .metrics import bootstrap_ratio_ci, brink_normalize, brink_per_question
+from .metrics import bootstrap_ci, bootstrap_ratio_ci, brink_normalize, brink_per_question
 from .kgqa import (BaseMethod, Question, Prediction, TraceWriter, complete_traced, get_method, register_method,
                            Step, relation_names, step_label, relation_path_of, relation_paths_to, instantiate, path_end,
                            path_text, triples_of, triple_text, clip_lines, candidate_steps, parse_steps,
                            parse_relation_paths, beam_ends, expand_beam, beam_context, short_relation_names)
+from .papers import compare, paper_claims, paper_numbers
 from .rules import APP_A2, mine_rules
 from .brink import Benchmark, evaluate, failure_analysis, load_benchmark, build_benchmark, BRINK_TAU
 
 # %% auto #0
-__all__ = ['BRINK_METHODS', 'BRINK_SETTINGS', 'METHOD_FAMILIES', 'DEVIATIONS', 'LLM_ONLY_PROMPT', 'ROG_PLAN_PROMPT',
-           'PATH_ANSWER_PROMPT', 'TOG_PRUNE_PROMPT', 'TRIPLE_ANSWER_PROMPT', 'ORACLE_PROMPT', 'GROUP',
-           'PAPER_METHOD_OF', 'SETTING_COLORS', 'MethodConfig', 'template_question', 'question_view', 'answer_prompt',
-           'parse_answer', 'train_path_ranker', 'rank_paths', 'brink_question', 'run_methods', 'BrinkMethod', 'LLMOnly',
-           'RoG', 'TrainedPaths', 'ToG', 'KNNTriples', 'Oracle', 'score_predictions', 'rule_type_hhr', 'failure_ratio',
-           'sample_rules', 'experiment_benchmark', 'brink_experiment', 'study_predictions', 'plot_setting_bars']
+__all__ = ['BRINK_METHODS', 'BRINK_SETTINGS', 'METHOD_FAMILIES', 'BENCHMARK_DEVIATIONS', 'DEVIATIONS', 'LLM_ONLY_PROMPT',
+           'ROG_PLAN_PROMPT', 'PATH_ANSWER_PROMPT', 'TOG_PRUNE_PROMPT', 'TRIPLE_ANSWER_PROMPT', 'ORACLE_PROMPT',
+           'GROUP', 'PAPER_METHOD_OF', 'SETTING_COLORS', 'BRINK_PAPER', 'PERMISSIVE', 'STRICT', 'MethodConfig',
+           'template_question', 'question_view', 'answer_prompt', 'parse_answer', 'train_path_ranker', 'rank_paths',
+           'brink_question', 'run_methods', 'BrinkMethod', 'LLMOnly', 'RoG', 'TrainedPaths', 'ToG', 'KNNTriples',
+           'Oracle', 'score_predictions', 'rule_type_hhr', 'failure_ratio', 'sample_rules', 'study_benchmark',
+           'experiment_benchmark', 'brink_experiment', 'method_predictions', 'StudyData', 'study_data',
+           'plot_setting_bars', 'paper_table', 'paper_claim', 'versus_gog', 'setting_drop', 'plot_rule_type_hhr',
+           'plot_label_modes', 'oracle_vs_paper', 'permissive_vs_strict', 'failure_labels', 'retrieval_share',
+           'plot_failures']
 
 # %% ../nbs/13_brink_methods.ipynb #c004
 BRINK_METHODS = ("llm_only", "rog", "trained_paths", "tog", "knn_triples", "oracle")
@@ -47,7 +52,14 @@ METHOD_FAMILIES = {
     "knn_triples": "embedding k-NN triple retrieval (G-Retriever-style retrieval, no GNN)",
     "oracle": "oracle: rule + alternative path given (BRINK App. H, Table 6)",
 }
-DEVIATIONS = [
+BENCHMARK_DEVIATIONS = [  # how the benchmark the methods answer departs from BRINK's (Table 3 shows it)
+    "questions='template': questions are written from relation and topic (template_question), because the 270M base "
+    "model copies App. D's example question instead of asking about the topic.",
+    "Benchmark: a seeded, type-balanced sample of `max_rules` mined rules with `per_rule` groundings each (BRINK: every "
+    "rule, 30 groundings, rules of length 4 on FB15k-237); FB15k-237 is the mirror's train ∪ valid ∪ test, larger than "
+    "the paper's FB15k-237-Complete (Table 3 shows both); Wikidata5m is not available offline.",
+]
+DEVIATIONS = [  # every BRINK artefact renders these (StudyRun.deviations)
     "Family-level re-implementations on one shared model, not the original RoG/G-Retriever/GNN-RAG/PoG/StructGPT/ToG "
     "systems with their backbones (BRINK App. F); nothing is fine-tuned.",
     "Prompts are ours (App. F uses each system's original prompts without printing them): few-shot completion prompts "
@@ -58,8 +70,11 @@ DEVIATIONS = [
     "k-NN retrieval ranks 2-hop triples by MiniLM similarity (no GNN, no PCST subgraph).",
     "Relations at an entity are listed by frequency, capped at `max_relations`; '~r' = r from tail to head; Freebase "
     "relations are shown by the last segment of their path id (relation_names).",
-    "questions='template': questions are written from relation and topic (template_question), because the 270M base "
-    "model copies App. D's example question instead of asking about the topic.",
+    *BENCHMARK_DEVIATIONS,
+    "Model and sample: one small model (at the tiny and smoke profiles the embedded Gemma-3-270M base model on CPU, "
+    "temperature 0) answers the first `n_test` test questions per KG (BRINK: every test question of Table 3, "
+    "7B-70B models): the numbers show that the pipeline works, their level is not comparable with the "
+    "paper's, and the confidence intervals are wide.",
 ]
 
 # %% ../nbs/13_brink_methods.ipynb #c006
@@ -498,23 +513,30 @@ def sample_rules(rules: Sequence,  # mined rules (with .type)
             if by[t] and len(out) < n: out.append(by[t].pop())
     return out
 
-def experiment_benchmark(kg_name: str,  # dataset name (kgrag_nb.datasets.load_kg)
-                         max_rules: int = 10,  # rules sampled
-                         per_rule: int = 10,  # groundings per rule (BRINK §3.2: 30)
-                         tau: float = BRINK_TAU,  # Algorithm 1 threshold
-                         max_len: int = 3,  # rule length (BRINK App. A.2: 3 for Family, 4 for FB15k-237)
-                         seed: int = 0,  # seed of rule sample and construction
-                         client=None,  # LLM for App. D questions; None = no generated questions (templates)
-                         cfg=None) -> Benchmark:  # kgrag_nb.config.Config (benchmarks_dir)
-    "Load the experiment's benchmark from `cfg.benchmarks_dir`, building it first when absent."
-    cfg = cfg or get_config()
-    tag = "llmq" if client is not None else "tplq"
-    out = cfg.benchmarks_dir / f"brink_methods_{kg_name}_r{max_rules}_g{per_rule}_t{tau:g}_l{max_len}_s{seed}_{tag}"
-    if (out / "datasheet.json").exists(): return load_benchmark(out)
+def study_benchmark(kg_name: str,  # dataset name (kgrag_nb.datasets.load_kg)
+                    out_dir,  # folder the benchmark is written to
+                    max_rules: int = 10,  # rules sampled
+                    per_rule: int = 10,  # groundings per rule (BRINK §3.2: 30)
+                    tau: float = BRINK_TAU,  # Algorithm 1 threshold
+                    max_len: int = 3,  # rule length (BRINK App. A.2: 3 for Family, 4 for FB15k-237)
+                    seed: int = 0,  # seed of rule sample and construction
+                    client=None) -> tuple[Benchmark, list]:  # LLM for App. D questions; None = templated questions
+    "Mine rules on `kg_name` at App. A.2 thresholds, build the benchmark of a type-balanced sample into `out_dir`; (benchmark, mined rules)."
     kg = load_kg(kg_name, split="all")
     rules = mine_rules(kg, max_len=max_len, min_hc=0.1, progress=False, **APP_A2)
     if not rules: raise ValueError(f"no rule mined on {kg_name!r} at App. A.2 thresholds with max_len={max_len}")
-    build_benchmark(kg, sample_rules(rules, max_rules, seed), client, out, per_rule=per_rule, tau=tau, seed=seed, name=kg_name)
+    bench = build_benchmark(kg, sample_rules(rules, max_rules, seed), client, out_dir, per_rule=per_rule, tau=tau, seed=seed, name=kg_name)
+    return bench, rules
+
+def experiment_benchmark(kg_name: str,  # dataset name (kgrag_nb.datasets.load_kg)
+                         max_rules: int = 10, per_rule: int = 10, tau: float = BRINK_TAU, max_len: int = 3, seed: int = 0,  # study_benchmark
+                         client=None,  # LLM for App. D questions; None = no generated questions (templates)
+                         cfg=None) -> Benchmark:  # kgrag_nb.config.Config (benchmarks_dir)
+    "Load the benchmark of `study_benchmark` from `cfg.benchmarks_dir`, building it first when absent."
+    cfg = cfg or get_config()
+    tag = "llmq" if client is not None else "tplq"
+    out = cfg.benchmarks_dir / f"brink_methods_{kg_name}_r{max_rules}_g{per_rule}_t{tau:g}_l{max_len}_s{seed}_{tag}"
+    if not (out / "datasheet.json").exists(): study_benchmark(kg_name, out, max_rules, per_rule, tau, max_len, seed, client)
     return load_benchmark(out)
 
 def brink_experiment(kg_name: str,  # dataset name
@@ -545,26 +567,74 @@ def brink_experiment(kg_name: str,  # dataset name
 PAPER_METHOD_OF = {"rog": "RoG", "tog": "PoG"}  # our family closest to the system the paper singles out (Fig. 3, Table 7)
 
 # %% ../nbs/13_brink_methods.ipynb #c053
-def study_predictions(run,  # kgrag_nb.reproduce.StudyRun (records sample sizes)
-                      client,  # its LLMClient
-                      kgs: Sequence[str],  # dataset names
-                      methods: Sequence[str] = BRINK_METHODS,  # methods
-                      modes: dict | None = None,  # kg -> labelling modes (default: private_id only)
-                      n_test: int = 5, max_rules: int = 10, per_rule: int = 10, tau: float = BRINK_TAU,
-                      max_len=3,  # int, or dict kg -> int
-                      seed: int = 0, questions: str = "template",
-                      config: MethodConfig | None = None) -> pd.DataFrame:
-    "Predictions of `methods` on every KG, setting and mode (the shared experiment of the BRINK studies)."
+def method_predictions(benches: dict,  # kg name -> Benchmark (load_benchmark)
+                       client,  # kgrag_nb.llm.LLMClient running the methods
+                       methods: Sequence[str] = BRINK_METHODS,  # methods run on every KG (entities as private ids)
+                       n_test: int = 10,  # first n test questions of each benchmark
+                       seed: int = 0,  # seed of the methods (MethodConfig.seed)
+                       questions: str = "template",  # 'template' or 'llm' (the benchmark's App. D questions)
+                       label_kg: str | None = None,  # KG of the labelling-mode runs (BRINK §5.4, Figure 4)
+                       label_methods: Sequence[str] = (),  # methods run in the other modes
+                       label_modes: Sequence[str] = (),  # modes of Figure 4 ('private_id' comes from the main run)
+                       config: MethodConfig | None = None,  # method knobs
+                       out_dir=None,  # predictions JSONL (and LLM traces) go to out_dir/<kg>/<setting>_<mode>.jsonl
+                       record=None) -> pd.DataFrame:  # record(what, n): sample sizes (e.g. ExperimentRun.record_sample_size)
+    "Predictions of `methods` on every benchmark and setting, plus `label_methods` on `label_kg` in `label_modes` (one row per question, method, setting, mode)."
+    extra = [m for m in label_modes if m != "private_id"]
+    if extra and label_kg not in benches: raise ValueError(f"label_kg={label_kg!r} is not one of the benchmarks {list(benches)}")
+    if extra and not set(label_methods) <= set(methods):
+        raise ValueError(f"label_methods {sorted(set(label_methods) - set(methods))} are not in methods {list(methods)}: their private-id rows come from the main run")
+    config = replace(config or MethodConfig(), seed=seed)
     frames = []
-    for name in kgs:
-        ml = max_len[name] if isinstance(max_len, dict) else max_len
-        ms = (modes or {}).get(name, ["private_id"])
-        bench, df = brink_experiment(name, client, methods, BRINK_SETTINGS, ms, n_test, max_rules, per_rule, tau, ml, seed,
-                                     questions, config, run.cfg)
-        run.record_sample_size(f"{name} test questions", df["id"].nunique())
-        run.record_sample_size(f"{name} train questions", len(bench.split("train")))
-        frames.append(df)
+    for name, bench in benches.items():
+        test = bench.split("test")[:n_test]
+        if not test: raise ValueError(f"benchmark {name!r} ({bench.path}) has no test questions; raise max_rules or per_rule")
+        runs = [("private_id", list(methods))] + ([(m, list(label_methods)) for m in extra] if name == label_kg else [])
+        for mode, ms in runs:
+            for setting in BRINK_SETTINGS:
+                out = None if out_dir is None else Path(out_dir) / name / f"{setting}_{mode}.jsonl"
+                frames.append(run_methods(bench, test, ms, client, setting, mode, config, question_source=questions, out_path=out))
+        if record is not None:
+            record(f"{name} test questions", len(test)); record(f"{name} train questions", len(bench.split("train")))
     return pd.concat(frames, ignore_index=True)
+
+@dataclass
+class StudyData:
+    "What a BRINK artefact reads from the `brink_methods` experiment."
+    preds: pd.DataFrame  # every prediction: all KGs, settings, labelling modes and methods (run_methods rows)
+    setup: dict  # the experiment's parameters (kgs, methods, n_test, label_*) and the benchmark's (`benchmark`)
+    label: str  # `<model>, <profile>, n=<n_test>/KG`: what our rows are
+    n_resamples: int = 1000  # bootstrap resamples of `scores`
+    seed: int = 0  # bootstrap seed of `scores`
+
+    @property
+    def private(self) -> pd.DataFrame:
+        "The predictions with entities shown as private ids (BRINK's default, §4.2)."
+        return self.preds[self.preds["mode"] == "private_id"]
+
+    @property
+    def scores(self) -> pd.DataFrame:
+        "`score_predictions` of the private-id predictions (computed once)."
+        if not hasattr(self, "_scores"): self._scores = score_predictions(self.private, n_resamples=self.n_resamples, seed=self.seed)
+        return self._scores
+
+    @property
+    def scope(self) -> str:
+        "This run's sample as one deviation line (the artefact notebooks render it after `DEVIATIONS`)."
+        b = self.setup.get("benchmark", {})
+        return (f"This run ({self.label}): KGs {', '.join(self.setup['kgs'])}, a sample of {b.get('max_rules')} rules x "
+                f"{b.get('per_rule')} groundings per KG, the first {self.setup['n_test']} test questions of each (the `tiny` "
+                "profile, run by CI, uses Family only).")
+
+def study_data(run,  # kgrag_nb.reproduce.StudyRun of the artefact notebook
+               n_resamples: int = 1000, seed: int = 0,  # bootstrap of `StudyData.scores`
+               exp_id: str = "brink_methods") -> StudyData:  # the experiment it reads
+    "The predictions of experiment `exp_id` for `run` (its sample sizes recorded on `run`)."
+    res = run.experiment(exp_id)
+    for k, v in (res.record.get("sample_sizes") or {}).items(): run.record_sample_size(k, v)
+    setup = res.load("setup")
+    return StudyData(pd.DataFrame(res.load("predictions")), setup, f"{', '.join(run.models)}, {run.profile}, n={setup['n_test']}/KG",
+                     n_resamples, seed)
 
 SETTING_COLORS = {"complete": "#d62728", "incomplete": "#1f77b4"}  # BRINK Fig. 1-2: complete red, incomplete blue
 
@@ -587,4 +657,131 @@ def plot_setting_bars(scores: pd.DataFrame,  # score_predictions rows (one mode)
         ax.set_ylim(0, 1.05); ax.set_title(kg); ax.set_ylabel(metric)
     axes[0][0].legend(loc="upper right", fontsize=7)
     fig.suptitle(title); fig.tight_layout()
+    return fig
+
+# %% ../nbs/13_brink_methods.ipynb #c055
+BRINK_PAPER = "brink_incomplete_kg_benchmark"  # kgrag_nb/papers/<stem>.csv
+
+def paper_table(table: str,  # e.g. 'Table 5' (kgrag_nb.papers `table` column)
+                datasets: Sequence[str] | None = None) -> pd.DataFrame:  # keep these datasets (None = all rows)
+    "The paper's numbers of one table (`kgrag_nb.papers.paper_numbers`), restricted to `datasets`."
+    df = paper_numbers(BRINK_PAPER, table=table)
+    return df if datasets is None else df[df["dataset"].isin(list(datasets))].reset_index(drop=True)
+
+def paper_claim(artefact: str) -> str:  # e.g. 'brink_fig1'
+    "The paper's claim for a figure it prints no values for (`kgrag_nb.papers.paper_claims`), with its section."
+    c = paper_claims(BRINK_PAPER, artefact=artefact).iloc[0]
+    return f"{c['section']}: {c['claim']}"
+
+def _with_ci(metrics: Sequence[str]) -> list[str]: return [c for m in metrics for c in (m, f"{m}_lo", f"{m}_hi")]
+
+def versus_gog(scores: pd.DataFrame,  # score_predictions rows (one mode)
+               metrics: Sequence[str],  # metrics of Table 5 to compare (hits_any, hhr, f1)
+               label: str,  # what our rows are (StudyData.label)
+               extra: Sequence[str] = ()) -> pd.DataFrame:  # more of our metrics (with CIs), not in Table 5
+    "Our scores per (kg, setting, method) next to GoG's (App. C.2 Table 5), the only per-setting numbers BRINK prints for Figures 1-2."
+    ours = scores[["kg", "setting", "method", "n", *_with_ci(metrics), *_with_ci(extra)]]
+    return compare(ours, paper_table("Table 5", scores["kg"].unique()), on={"kg": "dataset", "setting": "setting", "method": "model"},
+                   metrics=list(metrics), ours_label=label)
+
+def setting_drop(scores: pd.DataFrame,  # score_predictions rows (one mode)
+                 metrics: Sequence[str]) -> pd.DataFrame:  # metric columns
+    "Per (kg, method): each metric on the complete and the incomplete KG and its drop (complete - incomplete)."
+    d = scores.pivot_table(index=["kg", "method"], columns="setting", values=list(metrics))
+    out = pd.DataFrame(index=d.index)
+    for m in metrics:
+        out[f"{m}_complete"], out[f"{m}_incomplete"] = d[(m, "complete")], d[(m, "incomplete")]
+        out[f"{m}_drop"] = out[f"{m}_complete"] - out[f"{m}_incomplete"]
+    return out.reset_index()
+
+# %% ../nbs/13_brink_methods.ipynb #c056
+def plot_rule_type_hhr(rt: pd.DataFrame,  # rule_type_hhr rows (one KG)
+                       methods: Sequence[str],  # one panel each
+                       title: str = ""):
+    "HHR by rule type (complete red, incomplete blue) with bootstrap CIs, one panel per method (BRINK Figure 3)."
+    types = sorted(rt["rule_type"].unique())
+    fig, axes = plt.subplots(1, len(methods), figsize=(4.2 * len(methods), 3.2), squeeze=False)
+    for ax, m in zip(axes[0], methods):
+        for j, setting in enumerate(BRINK_SETTINGS):
+            s = rt[(rt.method == m) & (rt.setting == setting)].set_index("rule_type").reindex(types)
+            v = s["hhr"].to_numpy(float)
+            err = np.nan_to_num(np.vstack([v - s["hhr_lo"].to_numpy(float), s["hhr_hi"].to_numpy(float) - v]))
+            ax.bar(np.arange(len(types)) + (j - 0.5) * 0.38, np.nan_to_num(v), 0.38, yerr=err, capsize=2, color=SETTING_COLORS[setting], label=setting)
+        ax.set_xticks(np.arange(len(types)), types, rotation=30, ha="right"); ax.set_ylim(0, 1.05)
+        ax.set_title(f"{m} (cf. {PAPER_METHOD_OF.get(m, '-')})"); ax.set_ylabel("HHR")
+    axes[0][0].legend(fontsize=7); fig.suptitle(title); fig.tight_layout()
+    return fig
+
+def plot_label_modes(s: pd.DataFrame,  # score_predictions rows of one KG in several modes
+                     modes: Sequence[str],  # bars per method
+                     methods: Sequence[str],  # x axis
+                     kg: str, title: str = ""):
+    "F1 per method and entity labelling mode with bootstrap CIs, one panel per setting (BRINK Figure 4)."
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.3), sharey=True)
+    palette = dict(zip(modes, sns.color_palette("deep", len(modes))))
+    w = 0.8 / len(modes)
+    for ax, setting in zip(axes, ("incomplete", "complete")):
+        for j, mode in enumerate(modes):
+            d = s[(s.setting == setting) & (s["mode"] == mode)].set_index("method").reindex(list(methods))
+            v = d["f1"].to_numpy(float)
+            err = np.nan_to_num(np.vstack([v - d["f1_lo"].to_numpy(float), d["f1_hi"].to_numpy(float) - v]))
+            ax.bar(np.arange(len(methods)) + (j - (len(modes) - 1) / 2) * w, v, w, yerr=err, capsize=2, color=palette[mode], label=mode)
+        ax.set_xticks(np.arange(len(methods)), list(methods), rotation=30, ha="right"); ax.set_title(f"{kg}, {setting} KG")
+        ax.set_ylim(0, 1.05); ax.set_ylabel("F1")
+    axes[0].legend(fontsize=7); fig.suptitle(title); fig.tight_layout()
+    return fig
+
+# %% ../nbs/13_brink_methods.ipynb #c057
+def oracle_vs_paper(scores: pd.DataFrame,  # score_predictions rows (one mode)
+                    model: str,  # our model (one row label per KG)
+                    label: str) -> pd.DataFrame:  # what our rows are (StudyData.label)
+    "The `oracle` method's Hits@Hard on the incomplete KG (rule + alternative path given) next to BRINK App. H Table 6."
+    o = scores[(scores.method == "oracle") & (scores.setting == "incomplete")]
+    ours = o[["kg", "n", *_with_ci(["hits_hard"]), "hits_any", "f1"]].assign(model=model)
+    return compare(ours, paper_table("Table 6", o["kg"].unique()), on={"model": "model", "kg": "dataset"}, metrics=["hits_hard"],
+                   ours_label=label)
+
+PERMISSIVE = ("perm_hits_at_1", "perm_f1", "perm_recall", "perm_precision")  # App. I (Table 7 columns)
+STRICT = ("hits_any", "f1", "recall", "precision")  # §4.3
+
+def permissive_vs_strict(scores: pd.DataFrame,  # score_predictions rows (one mode)
+                         label: str) -> pd.DataFrame:  # what our rows are (StudyData.label)
+    "Permissive (App. I) and strict (§4.3) metrics in percent per (kg, method, setting), next to BRINK Table 7 (RoG, PoG)."
+    pct = scores[["kg", "method", "setting", "n"]].copy()
+    for c in (*PERMISSIVE, *STRICT): pct[c] = (100 * scores[c]).round(2)
+    return compare(pct, paper_table("Table 7"), on={"kg": "dataset", "method": "model", "setting": "setting"}, metrics=list(PERMISSIVE),
+                   ours_label=label)
+
+# %% ../nbs/13_brink_methods.ipynb #c058
+def failure_labels(df: pd.DataFrame,  # run_methods rows (one mode)
+                   methods: Sequence[str]) -> pd.DataFrame:  # methods analysed
+    "One row per prediction of `methods`: kg, setting, method and its App. J label (correct, retrieval, reasoning)."
+    rows = []
+    for key, g in df[df.method.isin(list(methods))].groupby(["kg", "setting", "method"]):
+        recs = [dict(id=r.id, prediction=r.prediction, answers=list(r.answers), topic_entity=r.topic_entity,
+                     retrieved_paths=list(r.retrieved_paths_shown)) for r in g.itertuples()]
+        rows += [dict(zip(["kg", "setting", "method"], key), label=l) for l in failure_analysis(recs)["labels"]]
+    return pd.DataFrame(rows, columns=["kg", "setting", "method", "label"])
+
+def retrieval_share(labels: pd.DataFrame,  # failure_labels rows
+                    fr: pd.DataFrame,  # failure_ratio rows of the same methods
+                    n_resamples: int = 1000, seed: int = 0) -> pd.DataFrame:  # bootstrap over wrong answers
+    "Share of retrieval failures among the wrong answers, pooled ('all') and per setting, with a 95% bootstrap CI and the mean of the per-group shares."
+    rows = []
+    for setting in ("all", *BRINK_SETTINGS):
+        lab = labels if setting == "all" else labels[labels.setting == setting]
+        wrong = lab[lab.label != "correct"]
+        ci = bootstrap_ci((wrong.label == "retrieval").astype(float).to_numpy(), n_resamples=n_resamples, seed=seed) if len(wrong) else (math.nan,) * 3
+        g = fr[fr.method.isin(labels.method.unique()) & (fr.wrong > 0) & ((fr.setting == setting) | (setting == "all"))]
+        rows.append(dict(setting=setting, wrong_answers=len(wrong), retrieval_share=ci[0], retrieval_share_lo=ci[1],
+                         retrieval_share_hi=ci[2], mean_of_group_shares=g.retrieval_share.mean()))
+    return pd.DataFrame(rows)
+
+def plot_failures(fr: pd.DataFrame,  # failure_ratio rows
+                  methods: Sequence[str], title: str = ""):
+    "Wrong answers of `methods` (summed over KGs and settings) split into retrieval and reasoning failures (BRINK App. J)."
+    fig, ax = plt.subplots(figsize=(6.5, 3))
+    piv = fr[fr.method.isin(list(methods))].groupby("method")[["retrieval_failure", "reasoning_failure"]].sum()
+    piv.plot.barh(stacked=True, ax=ax, color=sns.color_palette("deep", 2))
+    ax.set_xlabel("wrong answers"); ax.set_title(title); fig.tight_layout()
     return fig

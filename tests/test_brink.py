@@ -521,3 +521,14 @@ def test_the_gold_file_given_as_predictions_is_warned_about(tmp_path, capsys):
 def test_invalid_utf8_in_predictions_names_the_file_and_line(tmp_path):
     p = tmp_path / "p.jsonl"; p.write_bytes(b'{"id": "a", "prediction": "x"}\n{"id": "b", "prediction": "\xff"}\n')
     with pytest.raises(PredictionFormatError, match=r"p\.jsonl: line 2 is not valid UTF-8"): read_predictions(p)
+
+
+def test_benchmark_statistics_hand_computed():
+    from kgrag_nb.brink import TABLE3_METRICS, benchmark_statistics
+    ds = {"a": {"counts": dict(complete_triples=100, incomplete_triples=90, train=8, valid=1, test=1, questions=10)},
+          "b": {"counts": dict(complete_triples=7, incomplete_triples=7, train=0, valid=0, test=0, questions=0)}}
+    st = benchmark_statistics(ds)
+    assert list(st.columns) == ["dataset", "setting", *TABLE3_METRICS]
+    assert st.values.tolist() == [["a", "complete", 100, 8, 1, 1, 10], ["a", "incomplete", 90, 8, 1, 1, 10],
+                                  ["b", "complete", 7, 0, 0, 0, 0], ["b", "incomplete", 7, 0, 0, 0, 0]]
+    assert benchmark_statistics({}).empty

@@ -265,3 +265,90 @@ def test_methods_on_family_embedded(embedded_server, tmp_path):
     before = client.usage.requests
     _, df2 = brink_experiment("family", client, n_test=2, max_rules=6, per_rule=10, cfg=cfg)
     assert client.usage.requests == before and df2["prediction"].tolist() == df["prediction"].tolist()
+
+
+# --- the artefact layer: what the BRINK study notebooks make of the brink_methods experiment ---------------------------
+from kgrag_nb.brink_methods import (StudyData, failure_labels, method_predictions, oracle_vs_paper, paper_table,
+                                    permissive_vs_strict, retrieval_share, setting_drop, study_benchmark, versus_gog)
+
+
+def _rows(kg, setting, method, preds, paths):
+    "Two questions (gold {1, 2}, hard 1, topic 9) of one group with the given predictions and retrieved paths."
+    return [dict(kg=kg, setting=setting, mode="private_id", method=method, id=f"{kg}-{i}", prediction=p, answers=["1", "2"],
+                 hard_answer="1", rule_type=["composition", "other"][i], topic_entity="9", retrieved_paths_shown=pt)
+            for i, (p, pt) in enumerate(zip(preds, paths))]
+
+
+HIT = [[["9", "r", "1"]]]  # one retrieved path linking the topic to a gold answer
+
+
+@pytest.fixture
+def preds():
+    "rog: '1' (P 1, R 1/2) then a wrong '7' with nothing retrieved, in every group; oracle: incomplete KG worse than complete on Family."
+    rows = []
+    for kg in ("family", "fb15k237"):
+        for s in ("complete", "incomplete"):
+            rows += _rows(kg, s, "rog", ["1", "7"], [HIT, []])
+            rows += _rows(kg, s, "oracle", ["1, 2", "1, 2"] if s == "complete" else ["2", "8"], [HIT, HIT])
+    return pd.DataFrame(rows)
+
+
+def test_versus_gog_and_drop_hand_computed(preds):
+    sc = score_predictions(preds, n_resamples=20)
+    t = versus_gog(sc, ["hits_any", "f1"], "x")
+    ours, paper = t[t.source == "ours (x)"], t[t.source == "paper (Table 5)"]
+    assert len(ours) == 8 and len(paper) == 4 and set(paper.method) == {"GoG"}
+    rog = ours.set_index(["kg", "setting", "method"]).loc[("fb15k237", "incomplete", "rog")]
+    assert rog.hits_any == 0.5 and rog.f1 == pytest.approx((2 / 3) / 2)
+    assert paper.set_index(["kg", "setting"]).loc[("family", "incomplete"), "hits_any"] == 0.58  # GoG, App. C.2 Table 5
+    d = setting_drop(sc, ["hits_any", "hhr"]).set_index(["kg", "method"])
+    # oracle: complete 2/2 hits with the hard answer; incomplete '2' hits (not hard), '8' misses -> Hits@Any 1/2, HHR 0
+    assert d.loc[("family", "oracle"), ["hits_any_complete", "hits_any_incomplete", "hits_any_drop"]].tolist() == [1.0, 0.5, 0.5]
+    assert d.loc[("family", "oracle"), "hhr_drop"] == 1.0 and d.loc[("family", "rog"), "hits_any_drop"] == 0.0
+
+
+def test_oracle_and_permissive_tables(preds):
+    sc = score_predictions(preds, n_resamples=20)
+    t6 = oracle_vs_paper(sc, "m", "x")
+    assert t6[t6.source == "ours (x)"][["kg", "hits_hard"]].values.tolist() == [["family", 0.0], ["fb15k237", 0.0]]
+    assert set(t6[t6.source == "paper (Table 6)"].model) == {"GPT-3.5-turbo", "GPT-4o"}
+    t7 = permissive_vs_strict(sc, "x")
+    ours = t7[t7.source == "ours (x)"].set_index(["kg", "method", "setting"])
+    assert ours.loc[("family", "oracle", "incomplete"), ["perm_hits_at_1", "hits_any"]].tolist() == [50.0, 50.0]
+    assert (ours.perm_hits_at_1 >= ours.hits_any).all() and len(t7) == 8 + 4
+    assert paper_table("Table 7").value.max() < 100 and set(paper_table("Table 3", ["family"]).dataset) == {"family"}
+
+
+def test_failure_labels_and_retrieval_share(preds):
+    lab = failure_labels(preds, ["rog", "oracle"])
+    # rog: per group '1' correct, '7' wrong with nothing retrieved (retrieval); oracle per KG: 2 correct on the complete KG,
+    # '2' correct and '8' wrong with a supporting path (reasoning) on the incomplete KG
+    assert lab.groupby(["method", "label"]).size().to_dict() == {("oracle", "correct"): 6, ("oracle", "reasoning"): 2,
+                                                                 ("rog", "correct"): 4, ("rog", "retrieval"): 4}
+    share = retrieval_share(lab, failure_ratio(preds), n_resamples=20).set_index("setting")
+    assert share.loc["all", ["wrong_answers", "retrieval_share"]].tolist() == [6, 4 / 6]
+    assert share.loc["complete", "retrieval_share"] == 1.0 and share.loc["incomplete", "retrieval_share"] == 0.5
+    assert share.loc["incomplete", "mean_of_group_shares"] == pytest.approx((1 + 1 + 0 + 0) / 4)
+
+
+def test_study_data_scores_private_ids_only(preds):
+    both = pd.concat([preds, preds.assign(mode="kg_id", prediction="")], ignore_index=True)
+    d = StudyData(both, dict(n_test=2, kgs=["family", "fb15k237"], benchmark=dict(max_rules=3, per_rule=2)), "m, tiny, n=2/KG", 20, 0)
+    assert len(d.private) == len(preds) and (d.scores["mode"] == "private_id").all() and len(d.scores) == 8
+    assert "first 2 test questions" in d.scope and "3 rules x 2 groundings" in d.scope
+
+
+def test_method_predictions_checks_label_runs(chain):
+    b = Benchmark(chain, chain, [], dict(name="chain"))
+    with pytest.raises(ValueError, match="label_kg"):
+        method_predictions({"chain": b}, None, ["llm_only"], label_kg="other", label_methods=["llm_only"], label_modes=["text"])
+    with pytest.raises(ValueError, match="no test questions"):
+        method_predictions({"chain": b}, None, ["llm_only"])
+
+
+def test_study_benchmark_family(tmp_path):
+    bench, rules = study_benchmark("family", tmp_path / "family", max_rules=3, per_rule=2)
+    assert len(rules) == 145  # BRINK Table 1: 145 AMIE rules on Family (App. A.2 thresholds, length 3)
+    c = bench.datasheet["counts"]
+    assert c["rules"] == 3 and c["removed_triples"] == c["inferable"] <= 6
+    assert sum(bench.datasheet["rule_types"].values()) == 3 and len(bench.datasheet["rule_types"]) == 3  # one rule per type
