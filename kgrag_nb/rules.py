@@ -19,7 +19,7 @@ from .hooks import subcommand, benchmark
 __all__ = ['VAR_NAMES', 'RULE_TYPES', 'OTHER_PATTERNS', 'TSV_COLUMNS', 'MIN_PARALLEL_ITEMS', 'AMIE_COMPAT', 'DEVIATIONS',
            'APP_A2', 'is_variable', 'Atom', 'Rule', 'classify_rule', 'parse_amie', 'rule_measures', 'amie_2019_dropped',
            'amie_filters', 'mine_rules', 'Grounding', 'groundings', 'rules_to_frame', 'write_rules_tsv',
-           'read_rules_tsv', 'load_kg_or_tsv', 'brink_table1', 'bench_rules']
+           'read_rules_tsv', 'load_kg_or_tsv', 'brink_table1', 'bench_rules', 'table1_counts']
 
 # %% ../nbs/11_rules.ipynb #c005
 VAR_NAMES = tuple(f"?{c}" for c in "abcdefghijklmnopqrstuvwxyz")  # variable names; ?a, ?b are the head's
@@ -1022,3 +1022,18 @@ def bench_rules(configs=(("family", 3), ("family", 4), ("fb15k237", 3), ("fb15k2
 @benchmark("rules", "rule mining (AMIE 3 semantics): Family len 3/4, FB15k-237 len 3/4; --n = time cap per run (s)")
 def _bench_rules(n=None, **kw):
     return bench_rules(time_limit=n or 1800, **kw)
+
+# %% ../nbs/11_rules.ipynb #c057
+def table1_counts(rules: list[Rule],  # rules mined with min_initial_support=1
+                  kg: KG,  # their KG
+                  dataset: str,  # dataset name in the paper's rows (e.g. "family")
+                  min_initial_support: int = 100) -> pd.DataFrame:  # AMIE's -minis for the 2nd and 3rd variant
+    "Rules by BRINK Table 1 type and `total` (columns source, dataset, setting, rules) for each AMIE option."
+    variants = {"ours (every head relation)": amie_filters(rules, kg, 1),
+                f"ours (AMIE -minis {min_initial_support})": amie_filters(rules, kg, min_initial_support),
+                f"ours (AMIE -minis {min_initial_support}, 2019 filter)": amie_filters(rules, kg, min_initial_support, "2019")}
+    rows = []
+    for source, rs in variants.items():
+        counts = {**_by_type(rs), "total": len(rs)}
+        rows += [dict(source=source, dataset=dataset, setting=t, rules=n) for t, n in counts.items()]
+    return pd.DataFrame(rows)
