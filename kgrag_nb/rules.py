@@ -924,8 +924,8 @@ def _rules_cli(sub):
     m.add_argument("--min-pca", type=float, default=0.3, help="minimum PCA confidence (default 0.3)")
     m.add_argument("--min-std", type=float, default=0.0, help="minimum standard confidence (default 0)")
     m.add_argument("--min-support", type=int, default=2,
-                   help="minimum support (default 2; AMIE's -mins defaults to 100 but with -minhc given, AMIE prunes by "
-                        "head coverage and does not apply -mins)")
+                   help="minimum support (default 2). AMIE's -mins defaults to 100, but AMIE prunes by head coverage "
+                        "(-minhc) and then does not apply -mins (only -pm support does)")
     m.add_argument("--min-initial-support", type=int, default=100,
                    help="AMIE's -minis: head relations with fewer facts are not mined (default 100, as in AMIE; 1 keeps all)")
     m.add_argument("--amie-compat", choices=["2019"], default=None,

@@ -304,6 +304,15 @@ def test_cli_mines_a_tsv(tmp_path, capsys):
     (tmp_path / "two.tsv").write_text("a\tb\n")
     with pytest.raises(ValueError, match="3 tab-separated columns"):
         load_kg_or_tsv(str(tmp_path / "two.tsv"))
+    # --amie-compat 2019 reaches the miner: at length 4 it leaves out 4 of this KG's 7 rules, e.g.
+    # ?a grandparent ?c ?d parent ?b ?d parent ?c => ?a grandparent ?b (4 atoms, each relation twice)
+    out4 = tmp_path / "rules4.tsv"
+    assert main(["rules", "mine", str(src), "--max-len", "4", "--min-initial-support", "1", "--amie-compat", "2019",
+                 "--out", str(out4), "--quiet"]) == 0
+    got4 = {r.to_amie(kg2) for r in read_rules_tsv(out4, kg2)}
+    every4 = {r.to_amie(kg) for r in mine_rules(kg, max_len=4, min_initial_support=1, progress=False)}
+    assert len(every4) == 7 and len(got4) == 3 and got4 < every4
+    assert "?a grandparent ?c ?d parent ?b ?d parent ?c => ?a grandparent ?b" in every4 - got4
     # AMIE's default -minis 100: every relation of this KG has fewer facts, so no rule
     assert main(["rules", "mine", str(src), "--max-len", "3", "--out", str(tmp_path / "none.tsv"), "--quiet"]) == 0
     assert pd.read_csv(tmp_path / "none.tsv", sep="\t").empty
