@@ -688,29 +688,29 @@ def _skyline_ok(closed_pca: dict, h: int, body: tuple, pca: float) -> bool:
     return True
 
 # %% ../nbs/11_rules.ipynb #c036b
-AMIE_COMPAT = (None, "2019")  # mine_rules(amie_compat=...): None = complete output; "2019" = AMIE builds before April 2020
+AMIE_COMPAT = (None, "2019")  # mine_rules(amie_compat=...): None = complete output; "2019": AMIE's release jars' output filter
 
 def _level2_redundant(h: int, body: tuple) -> bool:
-    "AMIE's pre-2020 `containsLevel2RedundantSubgraphs` on an integer closed rule: even length >= 4, every relation twice."
+    "AMIE's `containsLevel2RedundantSubgraphs` on an integer closed rule: even length >= 4, every relation twice."
     n = 1 + len(body)
     return n >= 4 and n % 2 == 0 and all(c == 2 for c in Counter([h] + [a[0] for a in body]).values())
 
 def amie_2019_dropped(rule: Rule) -> bool:  # a rule (mined, parsed or hand-made)
-    "Whether AMIE builds before April 2020 leave this rule out of their output (closed, even length >= 4, every relation twice)."
+    "Whether AMIE's 2019 output filter (v3.0, v3.5.x releases) leaves this rule out (closed, even length >= 4, every relation twice)."
     occ = Counter(x for a in (rule.head,) + tuple(rule.body) for x in (a.subject, a.object) if is_variable(x))
     closed = len(rule.body) > 0 and all(c >= 2 for c in occ.values())
     return closed and _level2_redundant(rule.head.relation, tuple((a.relation,) for a in rule.body))
 
 def _check_options(min_initial_support, amie_compat):
     if amie_compat not in AMIE_COMPAT:
-        raise ValueError(f"amie_compat={amie_compat!r}: use None (complete output) or '2019' (AMIE builds before April 2020)")
+        raise ValueError(f"amie_compat={amie_compat!r}: use None (complete output) or '2019' (the output filter of AMIE builds before April 2020 and of the v3.5.x releases)")
     if min_initial_support < 0:
         raise ValueError(f"min_initial_support={min_initial_support!r} must be >= 0 (AMIE's -minis; default 100, 1 keeps every relation)")
 
 def amie_filters(rules: list[Rule],  # rules mined with min_initial_support=1 (or any lower value)
                  kg: KG,  # their KG (head relation sizes)
                  min_initial_support: int = 100,  # AMIE's -minis: drop rules whose head relation has fewer facts
-                 amie_compat: str | None = None) -> list[Rule]:  # "2019": also apply AMIE's pre-April-2020 output filter
+                 amie_compat: str | None = None) -> list[Rule]:  # "2019": also apply AMIE's 2019 output filter
     "The rules `mine_rules` returns with these options, from a run with a lower `min_initial_support` (same other settings)."
     _check_options(min_initial_support, amie_compat)
     size = np.bincount(kg.triples[:, 1], minlength=kg.num_relations)
@@ -781,7 +781,7 @@ def mine_rules(kg: KG,  # knowledge graph to mine
                time_limit: float | None = None,  # seconds; TimeoutError when exceeded
                max_rows: int = 4_000_000,  # row budget of one join step (bounds memory)
                min_initial_support: int = 100,  # AMIE's -minis: head relations with fewer facts give no rules (AMIE: 100)
-               amie_compat: str | None = None) -> list[Rule]:  # "2019": AMIE's pre-April-2020 output filter (see above)
+               amie_compat: str | None = None) -> list[Rule]:  # "2019": AMIE's 2019 output filter (see above)
     "Closed Horn rules of kg with AMIE 3's refinement, measures, pruning and output test (BRINK §3.1, App. B)."
     if not isinstance(max_len, (int, np.integer)) or max_len < 2:
         raise ValueError(f"max_len={max_len!r}: rules have at least 2 atoms (head and one body atom); BRINK uses 4")
@@ -929,7 +929,8 @@ def _rules_cli(sub):
     m.add_argument("--min-initial-support", type=int, default=100,
                    help="AMIE's -minis: head relations with fewer facts are not mined (default 100, as in AMIE; 1 keeps all)")
     m.add_argument("--amie-compat", choices=["2019"], default=None,
-                   help="2019: leave out rules AMIE builds before April 2020 do not output (even length >= 4, every relation twice)")
+                   help="2019: leave out the rules that AMIE builds before April 2020 (and the v3.5.x releases) do not output: "
+                        "closed rules of even length >= 4 in which every relation occurs twice")
     m.add_argument("--instantiated", action="store_true", help="also mine atoms with entity constants")
     m.add_argument("--n-jobs", type=int, default=1, help="worker processes (-1: all cores)")
     m.add_argument("--split", default="all", help="split of a registry KG (default all)")
@@ -960,9 +961,10 @@ DEVIATIONS = [  # of the rule mining step (BRINK §3.1, App. A.2, App. B) from A
     "Rules are mined by this module's re-implementation of AMIE 3's semantics (NumPy/SciPy), not by AMIE 3 itself (Java, "
     "not installable offline); compared with AMIE 3 (commit a70998e1) rule by rule, every measure of every common rule "
     "agrees and no AMIE rule is missing.",
-    "The default output is the semantically complete rule set; AMIE builds before April 2020 (the v3.0 release) also "
-    "leave out closed rules of even length >= 4 in which every relation occurs exactly twice. BRINK does not say which "
-    "build it ran: amie_compat='2019' reproduces that filter, and the study shows both.",
+    "The default output is the semantically complete rule set; AMIE builds before April 2020 and the v3.5/v3.5.1 "
+    "releases of 2024 (so every released AMIE 3 jar) also leave out closed rules of even length >= 4 in which every "
+    "relation occurs exactly twice. BRINK does not say which build it ran: amie_compat='2019' reproduces that filter, "
+    "and the study shows both.",
     "AMIE's confidence skyline has an order-dependent false-positive subsumption test (a body chain r2(?b,?z), r1(?z,?a) "
     "taken as a child of r1(?b,?z), r2(?z,?a)); it is a bug and is not reproduced, so a few rules AMIE drops are output.",
     "min_support defaults to 2 (BRINK names none; AMIE's default head-coverage pruning applies no -mins); with AMIE's "
