@@ -12,12 +12,14 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 from .kg import KG
+from .papers import paper_numbers
 from .hooks import subcommand, benchmark
 
 # %% auto #0
-__all__ = ['VAR_NAMES', 'RULE_TYPES', 'OTHER_PATTERNS', 'TSV_COLUMNS', 'MIN_PARALLEL_ITEMS', 'BRINK_TABLE1', 'APP_A2',
-           'is_variable', 'Atom', 'Rule', 'classify_rule', 'parse_amie', 'rule_measures', 'mine_rules', 'Grounding',
-           'groundings', 'rules_to_frame', 'write_rules_tsv', 'read_rules_tsv', 'load_kg_or_tsv', 'bench_rules']
+__all__ = ['VAR_NAMES', 'RULE_TYPES', 'OTHER_PATTERNS', 'TSV_COLUMNS', 'MIN_PARALLEL_ITEMS', 'AMIE_COMPAT', 'DEVIATIONS',
+           'APP_A2', 'is_variable', 'Atom', 'Rule', 'classify_rule', 'parse_amie', 'rule_measures', 'amie_2019_dropped',
+           'amie_filters', 'mine_rules', 'Grounding', 'groundings', 'rules_to_frame', 'write_rules_tsv',
+           'read_rules_tsv', 'load_kg_or_tsv', 'brink_table1', 'bench_rules', 'table1_counts']
 
 # %% ../nbs/11_rules.ipynb #c005
 VAR_NAMES = tuple(f"?{c}" for c in "abcdefghijklmnopqrstuvwxyz")  # variable names; ?a, ?b are the head's
@@ -685,16 +687,47 @@ def _skyline_ok(closed_pca: dict, h: int, body: tuple, pca: float) -> bool:
             if prev is not None and pca <= prev: return False
     return True
 
+# %% ../nbs/11_rules.ipynb #c036b
+AMIE_COMPAT = (None, "2019")  # mine_rules(amie_compat=...): None = complete output; "2019": AMIE's release jars' output filter
+
+def _level2_redundant(h: int, body: tuple) -> bool:
+    "AMIE's `containsLevel2RedundantSubgraphs` on an integer closed rule: even length >= 4, every relation twice."
+    n = 1 + len(body)
+    return n >= 4 and n % 2 == 0 and all(c == 2 for c in Counter([h] + [a[0] for a in body]).values())
+
+def amie_2019_dropped(rule: Rule) -> bool:  # a rule (mined, parsed or hand-made)
+    "Whether AMIE's 2019 output filter (v3.0, v3.5.x releases) leaves this rule out (closed, even length >= 4, every relation twice)."
+    occ = Counter(x for a in (rule.head,) + tuple(rule.body) for x in (a.subject, a.object) if is_variable(x))
+    closed = len(rule.body) > 0 and all(c >= 2 for c in occ.values())
+    return closed and _level2_redundant(rule.head.relation, tuple((a.relation,) for a in rule.body))
+
+def _check_options(min_initial_support, amie_compat):
+    if amie_compat not in AMIE_COMPAT:
+        raise ValueError(f"amie_compat={amie_compat!r}: use None (complete output) or '2019' (the output filter of AMIE builds before April 2020 and of the v3.5.x releases)")
+    if min_initial_support < 0:
+        raise ValueError(f"min_initial_support={min_initial_support!r} must be >= 0 (AMIE's -minis; default 100, 1 keeps every relation)")
+
+def amie_filters(rules: list[Rule],  # rules mined with min_initial_support=1 (or any lower value)
+                 kg: KG,  # their KG (head relation sizes)
+                 min_initial_support: int = 100,  # AMIE's -minis: drop rules whose head relation has fewer facts
+                 amie_compat: str | None = None) -> list[Rule]:  # "2019": also apply AMIE's 2019 output filter
+    "The rules `mine_rules` returns with these options, from a run with a lower `min_initial_support` (same other settings)."
+    _check_options(min_initial_support, amie_compat)
+    size = np.bincount(kg.triples[:, 1], minlength=kg.num_relations)
+    return [r for r in rules if size[r.head.relation] >= min_initial_support
+            and not (amie_compat == "2019" and amie_2019_dropped(r))]
+
 # %% ../nbs/11_rules.ipynb #c037
 def _mine(ix: _Index, max_len, min_hc, min_pca, min_support, min_std, instantiated, recursivity_limit, n_jobs,
-          progress, time_limit, budget) -> list:
+          progress, time_limit, budget, min_initial_support=1) -> list:
     "Breadth-first search (BRINK App. B.2, Algorithm 2) over all head relations: [(h, body, support, body_size, pca_body)]."
     deadline = time.monotonic() + time_limit if time_limit else None
     # AMIE keeps a child when support >= min_support and support >= min_hc * |head| (and, as always, support >= 1)
     thresholds = np.maximum(max(min_support, 1), min_hc * ix.rel_size)
     cfg = dict(max_len=max_len, thresholds=thresholds, instantiated=instantiated, recursivity_limit=recursivity_limit,
                budget=budget, min_pca=min_pca, paths=None)
-    level = {(h, ()): int(ix.rel_size[h]) for h in range(ix.R) if ix.rel_size[h] >= max(min_support, 1)}
+    # AMIE's -minis: head relations with fewer facts than min_initial_support are not mined (getInitialAtoms)
+    level = {(h, ()): int(ix.rel_size[h]) for h in range(ix.R) if ix.rel_size[h] >= max(min_support, 1, min_initial_support)}
     closed_pca, out, executor = {}, [], []
     workers = (os.cpu_count() or 1) if n_jobs is None or n_jobs < 0 else n_jobs
     def pool():  # worker processes, started when a level is large enough
@@ -739,23 +772,27 @@ def mine_rules(kg: KG,  # knowledge graph to mine
                max_len: int = 4,  # maximum rule length, head included (BRINK §3.1: 4)
                min_hc: float = 0.1,  # minimum head coverage, also the pruning threshold (BRINK §3.1)
                min_pca: float = 0.3,  # minimum PCA confidence (BRINK §3.1; App. A.2 reports 0.4)
-               min_support: int = 2,  # minimum support (this module's default; BRINK gives none)
+               min_support: int = 2,  # minimum support (this module's default; BRINK gives none; AMIE with -minhc ignores -mins)
                instantiated: bool = False,  # also add atoms with an entity constant (AMIE's -const)
                n_jobs: int = 1,  # worker processes (-1: all cores)
                progress: bool = True,  # progress bars on stderr
                min_std: float = 0.0,  # minimum standard confidence (AMIE default 0; BRINK App. A.2: 0.3)
                recursivity_limit: int = 3,  # most atoms with the same relation (AMIE's recursivityLimit)
                time_limit: float | None = None,  # seconds; TimeoutError when exceeded
-               max_rows: int = 4_000_000) -> list[Rule]:  # row budget of one join step (bounds memory)
+               max_rows: int = 4_000_000,  # row budget of one join step (bounds memory)
+               min_initial_support: int = 100,  # AMIE's -minis: head relations with fewer facts give no rules (AMIE: 100)
+               amie_compat: str | None = None) -> list[Rule]:  # "2019": AMIE's 2019 output filter (see above)
     "Closed Horn rules of kg with AMIE 3's refinement, measures, pruning and output test (BRINK §3.1, App. B)."
     if not isinstance(max_len, (int, np.integer)) or max_len < 2:
         raise ValueError(f"max_len={max_len!r}: rules have at least 2 atoms (head and one body atom); BRINK uses 4")
     for name, v in (("min_hc", min_hc), ("min_pca", min_pca), ("min_std", min_std)):
         if not 0 <= v <= 1: raise ValueError(f"{name}={v!r} must be in [0, 1]")
     if min_support < 0: raise ValueError(f"min_support={min_support!r} must be >= 0")
+    _check_options(min_initial_support, amie_compat)
     ix = _index(kg)
     found = _mine(ix, int(max_len), min_hc, min_pca, min_support, min_std, instantiated, recursivity_limit, n_jobs,
-                  progress, time_limit, max_rows)
+                  progress, time_limit, max_rows, min_initial_support)
+    if amie_compat == "2019": found = [f for f in found if not _level2_redundant(f[0], f[1])]
     rules = [_decode(kg, h, body, support=s, head_coverage=s / int(ix.rel_size[h]), std_confidence=s / bs,
                      pca_confidence=s / pb, body_size=bs, pca_body_size=pb) for h, body, s, bs, pb in found]
     return sorted(rules, key=lambda r: (r.head.relation, r.length, [(a.relation, a.subject, a.object) for a in r.body]))
@@ -845,18 +882,31 @@ def read_rules_tsv(path,  # a file written by write_rules_tsv (or AMIE-like with
     return out
 
 # %% ../nbs/11_rules.ipynb #c048
+def _read_triples_tsv(path: Path) -> pd.DataFrame:
+    "(head, relation, tail) rows of a tab-separated file; every line needs 3 non-empty fields (errors name file and line)."
+    rows = []
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            for no, line in enumerate(f, 1):
+                line = line.rstrip("\r\n")
+                if not line: continue  # blank lines (e.g. at the end)
+                parts = line.split("\t")
+                if len(parts) != 3 or "" in parts:
+                    raise ValueError(f"{path}, line {no}: expected 3 tab-separated columns (head, relation, tail), found "
+                                     f"{len(parts)} field(s){' (one empty)' if len(parts) == 3 else ''}: {line[:80]!r}; "
+                                     "fix or remove the line")
+                rows.append(parts)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e}); save it as UTF-8") from None
+    if rows and [p.lower() for p in rows[0]] in (["head", "relation", "tail"], ["h", "r", "t"]): rows = rows[1:]
+    if not rows: raise ValueError(f"{path}: no triples; expected tab-separated lines 'head<TAB>relation<TAB>tail'")
+    return pd.DataFrame(rows, columns=["head", "relation", "tail"])
+
 def load_kg_or_tsv(spec: str,  # registry KG name (e.g. "family") or path to a tab-separated h r t file
                    split: str = "all") -> KG:  # split of a registry KG
     "A KG from the dataset registry or from a tab-separated file of (head, relation, tail) rows."
     path = Path(spec)
-    if path.is_file():
-        import csv
-        df = pd.read_csv(path, sep="\t", header=None, dtype=str, quoting=csv.QUOTE_NONE, keep_default_na=False)
-        if df.shape[1] != 3:
-            raise ValueError(f"{path}: expected 3 tab-separated columns (head, relation, tail), found {df.shape[1]}")
-        df.columns = ["head", "relation", "tail"]
-        if df.iloc[0].str.lower().tolist() in (["head", "relation", "tail"], ["h", "r", "t"]): df = df.iloc[1:]
-        return KG.from_triples(df, name=path.stem)
+    if path.is_file(): return KG.from_triples(_read_triples_tsv(path), name=path.stem)
     from kgrag_nb.datasets import REGISTRY, load_kg
     if spec in REGISTRY and REGISTRY[spec].kind == "kg": return load_kg(spec, split=split)
     known = sorted(k for k, v in REGISTRY.items() if v.kind == "kg")
@@ -873,7 +923,14 @@ def _rules_cli(sub):
     m.add_argument("--min-hc", type=float, default=0.1, help="minimum head coverage (default 0.1)")
     m.add_argument("--min-pca", type=float, default=0.3, help="minimum PCA confidence (default 0.3)")
     m.add_argument("--min-std", type=float, default=0.0, help="minimum standard confidence (default 0)")
-    m.add_argument("--min-support", type=int, default=2, help="minimum support (default 2)")
+    m.add_argument("--min-support", type=int, default=2,
+                   help="minimum support (default 2). AMIE's -mins defaults to 100, but AMIE prunes by head coverage "
+                        "(-minhc) and then does not apply -mins (only -pm support does)")
+    m.add_argument("--min-initial-support", type=int, default=100,
+                   help="AMIE's -minis: head relations with fewer facts are not mined (default 100, as in AMIE; 1 keeps all)")
+    m.add_argument("--amie-compat", choices=["2019"], default=None,
+                   help="2019: leave out the rules that AMIE builds before April 2020 (and the v3.5.x releases) do not output: "
+                        "closed rules of even length >= 4 in which every relation occurs twice")
     m.add_argument("--instantiated", action="store_true", help="also mine atoms with entity constants")
     m.add_argument("--n-jobs", type=int, default=1, help="worker processes (-1: all cores)")
     m.add_argument("--split", default="all", help="split of a registry KG (default all)")
@@ -885,7 +942,8 @@ def _rules_cli(sub):
         t0 = time.perf_counter()
         rules = mine_rules(kg, max_len=args.max_len, min_hc=args.min_hc, min_pca=args.min_pca, min_support=args.min_support,
                            instantiated=args.instantiated, n_jobs=args.n_jobs, progress=not args.quiet,
-                           min_std=args.min_std, time_limit=args.time_limit)
+                           min_std=args.min_std, time_limit=args.time_limit,
+                           min_initial_support=args.min_initial_support, amie_compat=args.amie_compat)
         path = write_rules_tsv(rules, kg, args.out)
         by_type = Counter(r.type for r in rules)
         print(f"{len(rules)} rules in {time.perf_counter() - t0:.1f} s from {kg!r} -> {path}\n"
@@ -894,26 +952,46 @@ def _rules_cli(sub):
     m.set_defaults(func=run)
 
 # %% ../nbs/11_rules.ipynb #c051
-BRINK_TABLE1 = {  # BRINK (brink_incomplete_kg_benchmark.txt) Table 1: mined rules by type
-    "family": dict(symmetry=0, inversion=6, hierarchy=0, composition=56, other=83, total=145),
-    "fb15k237": dict(symmetry=27, inversion=50, hierarchy=76, composition=343, other=570, total=1066),
-}
+def brink_table1(kg_name: str) -> dict:  # "family", "fb15k237" or "wikidata5m"
+    "BRINK (brink_incomplete_kg_benchmark.txt) Table 1, mined rules by type, from `kgrag_nb.papers`: {type: n, 'total': n}."
+    df = paper_numbers("brink_incomplete_kg_benchmark.txt", table="Table 1", dataset=kg_name, metric="rules")
+    return {s: int(v) for s, v in zip(df["setting"], df["value"])}
+
+DEVIATIONS = [  # of the rule mining step (BRINK §3.1, App. A.2, App. B) from AMIE 3 as BRINK ran it
+    "Rules are mined by this module's re-implementation of AMIE 3's semantics (NumPy/SciPy), not by AMIE 3 itself (Java, "
+    "not installable offline); compared with AMIE 3 (commit a70998e1) rule by rule, every measure of every common rule "
+    "agrees and no AMIE rule is missing.",
+    "The default output is the semantically complete rule set; AMIE builds before April 2020 and the v3.5/v3.5.1 "
+    "releases of 2024 (so every released AMIE 3 jar) also leave out closed rules of even length >= 4 in which every "
+    "relation occurs exactly twice. BRINK does not say which build it ran: amie_compat='2019' reproduces that filter, "
+    "and the study shows both.",
+    "AMIE's confidence skyline has an order-dependent false-positive subsumption test (a body chain r2(?b,?z), r1(?z,?a) "
+    "taken as a child of r1(?b,?z), r2(?z,?a)); it is a bug and is not reproduced, so a few rules AMIE drops are output.",
+    "min_support defaults to 2 (BRINK names none; AMIE's default head-coverage pruning applies no -mins); with AMIE's "
+    "min_initial_support of 100 and head coverage 0.1 it never binds.",
+]
 APP_A2 = dict(min_std=0.3, min_pca=0.4)  # BRINK App. A.2: confidence 0.3, PCA confidence 0.4
 
 def _by_type(rules) -> dict:
     c = Counter(r.type for r in rules)
     return {t: c.get(t, 0) for t in RULE_TYPES}
 
-def _bench_one(kg_name: str, max_len: int, n_jobs: int, min_hc: float, min_pca: float, min_std: float) -> dict:
-    "One benchmark configuration, run inside its own process."
+def _bench_one(kg_name: str, max_len: int, n_jobs: int, min_hc: float, min_pca: float, min_std: float,
+               min_initial_support: int = 100) -> dict:
+    "One benchmark configuration, run inside its own process (mined once with min_initial_support=1, options as filters)."
     import resource
     from kgrag_nb.datasets import load_kg
     kg = load_kg(kg_name)
     t0 = time.perf_counter()
-    rules = mine_rules(kg, max_len=max_len, min_hc=min_hc, min_pca=min_pca, min_std=min_std, n_jobs=n_jobs, progress=False)
+    every = mine_rules(kg, max_len=max_len, min_hc=min_hc, min_pca=min_pca, min_std=min_std, n_jobs=n_jobs, progress=False,
+                       min_initial_support=1)
     seconds = time.perf_counter() - t0
+    rules = amie_filters(every, kg, min_initial_support)
+    compat = amie_filters(every, kg, min_initial_support, amie_compat="2019")
     a2 = [r for r in rules if r.std_confidence >= APP_A2["min_std"] and r.pca_confidence >= APP_A2["min_pca"]]
-    return dict(kg=kg_name, max_len=max_len, seconds=round(seconds, 2),
+    return dict(kg=kg_name, max_len=max_len, seconds=round(seconds, 2), min_initial_support=min_initial_support,
+                dropped_by_min_initial_support=len(every) - len(rules), dropped_by_amie_2019=len(rules) - len(compat),
+                rules_amie_2019=len(compat),
                 peak_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
                 workers_peak_mb=round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1) if n_jobs != 1 else None,
                 rules=len(rules), by_type=_by_type(rules), rules_app_a2=len(a2), by_type_app_a2=_by_type(a2),
@@ -922,13 +1000,14 @@ def _bench_one(kg_name: str, max_len: int, n_jobs: int, min_hc: float, min_pca: 
 def bench_rules(configs=(("family", 3), ("family", 4), ("fb15k237", 3), ("fb15k237", 4)),  # (KG, max_len) pairs
                 time_limit: float = 1800,  # seconds per configuration; slower ones are killed and reported skipped
                 n_jobs: int = -1,  # worker processes per run (-1: all cores)
-                min_hc: float = 0.1, min_pca: float = 0.3, min_std: float = 0.0) -> list[dict]:  # BRINK §3.1
+                min_hc: float = 0.1, min_pca: float = 0.3, min_std: float = 0.0,  # BRINK §3.1
+                min_initial_support: int = 100) -> list[dict]:  # AMIE's -minis (rules filtered out by it are reported)
     "Mining time, peak memory and rules by type per configuration, each in a fresh process under a time cap."
     import signal, subprocess
     rows = []
     for kg_name, max_len in configs:
         code = ("import json, kgrag_nb.rules as R; print('BENCH ' + json.dumps(R._bench_one("
-                f"{kg_name!r}, {int(max_len)}, {int(n_jobs)}, {min_hc!r}, {min_pca!r}, {min_std!r})))")
+                f"{kg_name!r}, {int(max_len)}, {int(n_jobs)}, {min_hc!r}, {min_pca!r}, {min_std!r}, {int(min_initial_support)})))")
         proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
         row = dict(kg=kg_name, max_len=max_len, seconds=None, peak_mb=None, rules=None, by_type=None)
@@ -945,3 +1024,18 @@ def bench_rules(configs=(("family", 3), ("family", 4), ("fb15k237", 3), ("fb15k2
 @benchmark("rules", "rule mining (AMIE 3 semantics): Family len 3/4, FB15k-237 len 3/4; --n = time cap per run (s)")
 def _bench_rules(n=None, **kw):
     return bench_rules(time_limit=n or 1800, **kw)
+
+# %% ../nbs/11_rules.ipynb #c057
+def table1_counts(rules: list[Rule],  # rules mined with min_initial_support=1
+                  kg: KG,  # their KG
+                  dataset: str,  # dataset name in the paper's rows (e.g. "family")
+                  min_initial_support: int = 100) -> pd.DataFrame:  # AMIE's -minis for the 2nd and 3rd variant
+    "Rules by BRINK Table 1 type and `total` (columns source, dataset, setting, rules) for each AMIE option."
+    variants = {"ours (every head relation)": amie_filters(rules, kg, 1),
+                f"ours (AMIE -minis {min_initial_support})": amie_filters(rules, kg, min_initial_support),
+                f"ours (AMIE -minis {min_initial_support}, 2019 filter)": amie_filters(rules, kg, min_initial_support, "2019")}
+    rows = []
+    for source, rs in variants.items():
+        counts = {**_by_type(rs), "total": len(rs)}
+        rows += [dict(source=source, dataset=dataset, setting=t, rules=n) for t, n in counts.items()]
+    return pd.DataFrame(rows)

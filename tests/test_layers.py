@@ -76,7 +76,7 @@ KNOWN_HIDDEN: set[tuple[str, str]] = {
     ("awaken", "kgrag_nb.datasets"), ("awaken", "kgrag_nb.backends"),
     # rules: the rules branch
     ("rules", "kgrag_nb.datasets"), ("rules", "signal"), ("rules", "subprocess"), ("rules", "tqdm.auto"),
-    ("rules", "csv"), ("rules", "joblib.externals.loky"),
+    ("rules", "joblib.externals.loky"),
 }
 
 

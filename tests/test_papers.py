@@ -97,9 +97,8 @@ def test_every_paper_file_exists():
 
 def test_moved_numbers_are_not_hard_coded_in_modules():
     "Distinctive values moved into the CSVs appear in no module of the package any more (stored once)."
-    # BRINK Table 1 (145 / 1,066 rules) is still in rules.BRINK_TABLE1 until nbs/11_rules.ipynb reads the CSV; the
-    # datasets registry describes the Family mirror with its BRINK Table 3 size (17,615 triples) in prose.
-    distinctive = ["69.54", "43.97", "57.59", "45.26", "62.97", "1443", "1668", "1421", "133.0", "51.3", "35.4", "18.8",
+    # The datasets registry describes the Family mirror with its BRINK Table 3 size (17,615 triples) in prose.
+    distinctive = ["1066", "69.54", "43.97", "57.59", "45.26", "62.97", "1443", "1668", "1421", "133.0", "51.3", "35.4", "18.8",
                    "0.96", "204087", "198183", "14541"]
     numbers = paper_numbers()["value"].tolist()
     assert all(float(d) in numbers for d in distinctive)  # each is a value of the CSVs
