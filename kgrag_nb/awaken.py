@@ -12,13 +12,17 @@ from .metrics import acc_r, percent_cis
 
 # %% auto #0
 __all__ = ['AWAKENING_TEMPLATE', 'PROBE_TEMPLATE', 'Triple', 'KNOWLEDGE_TYPES', 'MAIN_TYPES', 'BGE_RERANKER',
-           'GENERIC_TYPE_PREFIXES', 'TABLES', 'awakening_prompt', 'parse_awakening_answer', 'probe_prompt',
-           'parse_probe', 'gold_relations', 'relation_parts', 'relation_matches', 'find_gold_path',
-           'knowledge_candidates', 'verbalize_knowledge', 'relation_text', 'type_label', 'qa_probe_question',
-           'leaks_answer', 'distances_to', 'knowledge_distance', 'minilm_scorer', 'make_scorer', 'ranking_query',
-           'rank_top1', 'extract_knowledge', 'probe_rule', 'item_temperatures', 'probe', 'awaken', 'task1_data',
-           'save_run', 'run_awakening', 'intersect_ids', 'passing_ids', 'base_ids', 'hits_row', 'awakening_table',
-           'filter_counts', 'distance_table', 'paper_rows', 'plot_comparison']
+           'GENERIC_TYPE_PREFIXES', 'TABLES', 'DEVIATIONS', 'PAPER', 'PLOT_MODEL', 'awakening_prompt',
+           'parse_awakening_answer', 'probe_prompt', 'parse_probe', 'gold_relations', 'relation_parts',
+           'relation_matches', 'find_gold_path', 'knowledge_candidates', 'verbalize_knowledge', 'relation_text',
+           'type_label', 'qa_probe_question', 'leaks_answer', 'distances_to', 'knowledge_distance', 'minilm_scorer',
+           'make_scorer', 'ranking_query', 'rank_top1', 'extract_knowledge', 'probe_rule', 'item_temperatures', 'probe',
+           'awaken', 'task1_data', 'save_run', 'run_awakening', 'intersect_ids', 'passing_ids', 'base_ids', 'hits_row',
+           'awakening_table', 'filter_counts', 'distance_table', 'paper_rows', 'plot_comparison', 'save_task1',
+           'task1_models', 'load_task1', 'knowledge_label', 'setting_of', 'task1_table', 'report_counts',
+           'paper_select', 'plot_panels', 'report_vs_paper', 'task1_artefact', 'probing_table', 'temperature_sweep',
+           'sweep_summary', 'size_table', 'mean_over_types', 'selected_knowledge', 'changed_by_query', 'distance_rows',
+           'plot_sweep']
 
 # %% ../nbs/14_awaken.ipynb #c005
 # awakening_unseen_entity_kgqa.txt, App. E, "The prompt template used in Awakening LLMs" (verbatim, + answer cue)
@@ -595,4 +599,262 @@ def plot_comparison(frame: pd.DataFrame,  # rows with columns `by`, `hue` and `m
     ax.set_ylabel(f"{metric} (%)"); ax.set_xlabel(""); ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, frameon=False, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
+    return fig
+
+# %% ../nbs/14_awaken.ipynb #c101
+DEVIATIONS = [  # of Task 1 (awakening_unseen_entity_kgqa.txt §4.2, App. B, C, E) as run offline
+    "Data: CWQ only, on FB15k-237 (the offline Freebase subset) instead of Freebase, restricted to the questions whose topic "
+    "entity is in FB15k-237 (474 of GoG's 1,000); 2WikiMultihopQA and Mintaka need Wikidata 2-hop subgraphs (the online "
+    "`SparqlBackend`) and are not run offline.",
+    "Gold path (§4.2 Stage 1): the first sorted 2-hop path A_q-R1-B-R2-answer in FB15k-237 whose relations all occur in the "
+    "record's SPARQL / GoG crucial triples; FB15k-237 folds Freebase CVT nodes into single relations, so some gold paths are "
+    "one hop in the KG and are missed, and some 2-hop paths found are detours.",
+    "Reranker (§4.2 Stage 2): cosine similarity under the offline MiniLM embedder (`reranker = \"minilm\"`), because "
+    "bge-m3-reranker cannot be downloaded offline (set `reranker = \"BAAI/bge-reranker-v2-m3\"` where it can); more than "
+    "300 candidates per type are subsampled (seeded) before ranking.",
+    "T4 types: FB15k-237 has no type triples; A_q's types are the domains of its relations (`LocalBackend.entity_types`), "
+    "user/base domains removed.",
+    "Verbalization: `head, relation, tail` with the relation's last Freebase name (Table 1 style, e.g. `owne_s`).",
+    "Prompts: the App. E templates verbatim as completion prompts (a base model at the CPU profiles) with the answer cue of "
+    "the template's own example appended (`- Short Answer:` / `- **Conclusion**:`).",
+    "Probing rule: Eq. 7 (all three True) at `min_true = 3` (full); the tiny and smoke profiles use `min_true = 1` (at "
+    "least one True of three) because the 270M base model almost never says True three times; the F-count table shows both.",
+    "Order of steps: Step 2's KG filter runs before Step 1 so that only questions with a gold path cost LLM calls (the same "
+    "resulting set); probing temperatures are seeded per item (uniform in [0, 1], App. C).",
+    "Model: the embedded Gemma-3-270M base model (llama.cpp, CPU) at tiny and smoke, on a handful of questions; the paper's "
+    "7B-72B Instruct models need the `full` profile on a vLLM endpoint. Small-model, small-sample numbers: the bootstrap "
+    "CIs are wide and the F counts are shown.",
+    "One shared run (the `awaken_task1` experiment) serves every artefact: all knowledge types (the main six first), both "
+    "probing methods and ranking queries, and every awakening temperature are computed once; candidate subsampling draws "
+    "from one seeded generator in type order, so a type's candidates can differ from a run of that type alone.",
+]
+
+# %% ../nbs/14_awaken.ipynb #c104
+def _json_columns(df: pd.DataFrame) -> list[str]:
+    return [c for c in df.columns if df[c].dtype == object and df[c].map(lambda v: isinstance(v, dict)).any()]
+
+def _as_lists(v):
+    "A list cell read back from parquet (numpy array, nested arrays) as Python lists."
+    if isinstance(v, np.ndarray): return [_as_lists(x) for x in v.tolist()]
+    if isinstance(v, list): return [_as_lists(x) for x in v]
+    return v
+
+def save_task1(xp,  # a `kgrag_nb.reproduce.ExperimentRun` (anything with `save(name, obj)`)
+               results: dict,  # model id -> `run_awakening` result (the first is the main model)
+               params: dict) -> None:  # the run's parameters (seed, temperature, ...), recorded with each model's
+    "Save `run_awakening` results as one table per name in `TABLES` (with a `model` column) and `task1_params` (JSON)."
+    if not results: raise ValueError("save_task1: no results to save")
+    info = {}
+    for name in TABLES:
+        frames = [_jsonable(r[name]).assign(model=m) for m, r in results.items()]
+        df = pd.concat(frames, ignore_index=True)
+        cols = _json_columns(df)
+        for c in cols: df[c] = df[c].map(lambda v: json.dumps(v) if isinstance(v, dict) else v)
+        info[name] = cols
+        xp.save(name, df)
+    xp.save("task1_params", {"models": list(results), "json_columns": info,
+                             "runs": {m: {**params, **r["params"], "model": m} for m, r in results.items()}})
+
+def task1_models(exp) -> list[str]:
+    "Model ids saved by the `awaken_task1` experiment `exp` (`ExperimentResults`), the main model first."
+    return list(exp.load("task1_params")["models"])
+
+def load_task1(exp,  # `ExperimentResults` of `awaken_task1` (or anything with `load(name)`)
+               model: str | None = None) -> dict:  # None = the main model (the endpoint's)
+    "One model's `run_awakening` result (`questions`, `candidates`, `knowledge`, `answers`, `params`) from the experiment."
+    info = exp.load("task1_params")
+    model = model or info["models"][0]
+    if model not in info["runs"]: raise KeyError(f"load_task1: the experiment ran {info['models']}, not {model!r}; add it to "
+                                                 "the experiment's `models` parameter")
+    out = {"params": info["runs"][model]}
+    for name in TABLES:
+        df = exp.load(name)
+        df = df[df["model"] == model].drop(columns="model").reset_index(drop=True)
+        for c in df.columns:
+            if df[c].dtype == object: df[c] = df[c].map(_as_lists)
+        for c in info["json_columns"].get(name, []):
+            df[c] = df[c].map(lambda v: json.loads(v) if isinstance(v, str) else v)
+        out[name] = df
+    return out
+
+# %% ../nbs/14_awaken.ipynb #c107
+PAPER = "awakening_unseen_entity_kgqa.txt"
+PLOT_MODEL = "Llama3.1-8B-Instruct"  # the paper model drawn beside ours (the one every table has)
+
+def knowledge_label(setting: str) -> str:
+    "Row label of a knowledge type as the paper's tables print it, e.g. `A_q-R_q^1-B (T1)`; `No RAG` stays."
+    return setting if setting == "No RAG" else f"{KNOWLEDGE_TYPES[setting]} ({setting})"
+
+def setting_of(label: str) -> str:
+    "The `setting` key (T1-T8 or `No RAG`) of a row label made by `knowledge_label`."
+    m = re.search(r"\((T\d\*?)\)$", str(label))
+    if m: return m.group(1)
+    if label == "No RAG": return label
+    raise ValueError(f"setting_of: {label!r} is neither 'No RAG' nor a label ending in '(T<n>)'")
+
+def task1_table(result: dict,  # from `load_task1` (or `run_awakening` with `params` holding seed, temperature, min_true)
+                types=MAIN_TYPES, intersection: bool = True, mode: str = "triple", method: str = "nli",
+                temperature: float | None = None) -> pd.DataFrame:  # None = the run's main temperature
+    "`awakening_table` with the run's probing rule, seed and temperature, and `model` and `setting` columns first."
+    p = result["params"]
+    t = awakening_table(result, list(types), mode, method, p.get("temperature", 0.7) if temperature is None else temperature,
+                        intersection, p.get("min_true"), p.get("seed", 0))
+    t.insert(0, "setting", ["No RAG", *types]); t.insert(0, "model", p.get("model", ""))
+    return t
+
+# %% ../nbs/14_awaken.ipynb #c109
+from matplotlib.figure import Figure
+from .papers import compare, plot_compare
+
+def report_counts(run,  # the artefact's `StudyRun`
+                  result: dict, types, mode: str = "triple") -> pd.DataFrame:
+    "F counts (`filter_counts`) with the run's probing rule, saved as `f_counts`; records the sample sizes."
+    counts = filter_counts(result, list(types), mode=mode, min_true=result["params"].get("min_true"))
+    run.record_sample_size("questions with a gold path", int(counts.loc[1, "F"]))
+    run.record_sample_size("unanswerable (Step 1)", int(counts.loc[2, "F"]))
+    run.save_table(counts, "f_counts", f"Questions left after each filter (F counts, §4.2; {mode} ranking query)")
+    return counts
+
+def paper_select(table: str, dataset: str | None = "cwq",
+                 models=None,  # None = every Instruct model; "all" = every model; or a list
+                 **filters) -> pd.DataFrame:
+    "Rows of the awakening paper's `table` (`paper_numbers`) for `dataset` (None = any) and `models`."
+    p = paper_numbers(PAPER, table=table, **({"dataset": dataset} if dataset else {}), **filters)
+    if isinstance(models, str) and models == "all": return p
+    return p[p["model"].isin(models) if models is not None else p["model"].str.endswith("-Instruct")]
+
+def plot_panels(df: pd.DataFrame, metrics, by: str = "setting", hue: str = "series", title: str = "") -> Figure:
+    "One `plot_compare` panel per metric, side by side."
+    fig = Figure(figsize=(5.5 * len(metrics), 3.6))
+    for ax, m in zip(np.atleast_1d(fig.subplots(1, len(metrics))), metrics):
+        plot_compare(df, m, by=by, hue=hue, ax=ax, title=f"{m}{': ' + title if title else ''}")
+    return fig
+
+def report_vs_paper(run,  # the artefact's `StudyRun`
+                    ours: pd.DataFrame,  # our rows: `on` columns and metric columns (a `source` column is kept)
+                    paper: pd.DataFrame,  # `paper_numbers` rows
+                    name: str,  # file stem: `<name>_vs_paper` (table) and `<name>` (figure)
+                    caption: str,
+                    on=("model", "setting"), metrics=("Hits@1", "Hits@10"),
+                    plot_models=(PLOT_MODEL,),  # the paper's models drawn beside ours
+                    by: str = "setting", title: str = "",
+                    series_cols=("model",),  # columns that name a bar series (with the source)
+                    figure: bool = True) -> pd.DataFrame:
+    "Ours next to the paper (`compare`), saved with a figure of one panel per metric; returns the comparison."
+    both = compare(ours, paper, on=list(on), ours_label=None if "source" in ours else f"{run.profile}, small model, small n")
+    if "knowledge type" in both and "setting" in both:
+        both["knowledge type"] = both["setting"].map(lambda s: knowledge_label(s) if s in KNOWLEDGE_TYPES or s == "No RAG" else s)
+    run.save_table(both.astype(object).where(both.notna(), ""), f"{name}_vs_paper", caption)
+    if figure:
+        sel = both[both["source"].str.startswith("ours") | both["model"].isin(plot_models)]
+        label = sel["source"].str.replace(r" \(.*", "", regex=True)
+        for c in series_cols: label = label + ": " + sel[c].astype(str)
+        sel = sel.assign(series=label + np.where(sel["source"].str.startswith("paper"), " " + sel["source"].str[6:], ""))
+        run.save_figure(plot_panels(sel, metrics, by, "series", title), name)
+    return both
+
+def task1_artefact(run,  # the artefact's `StudyRun`
+                   result: dict,  # from `load_task1`
+                   table: str,  # the paper's table: "Table 2" (intersection) or "Table 4" (each type its own questions)
+                   intersection: bool, types=MAIN_TYPES) -> tuple[pd.DataFrame, pd.DataFrame]:
+    "Tables 2 and 4: F counts, our table (`<name>_ours`), and it next to the paper's Instruct rows (`<name>_vs_paper`, figure `<name>_hits`)."
+    name = table.lower().replace(" ", "")
+    report_counts(run, result, types)
+    ours = task1_table(result, types, intersection=intersection)
+    how = "on the intersection of questions" if intersection else "per knowledge type without intersection"
+    run.save_table(ours.round(1), f"{name}_ours", f"Awakening {how} ({table} protocol), Hits in % with 95% bootstrap CI")
+    both = report_vs_paper(run, ours, paper_select(table), f"{name}_hits",
+                           f"Awakening Hits@1/Hits@10 {how}: ours vs awakening {table} (Instruct models, CWQ)",
+                           title=f"CWQ, {how} (ours F={int(ours['F'].max())})")
+    return ours, both
+
+# %% ../nbs/14_awaken.ipynb #c112
+def probing_table(result: dict, types=MAIN_TYPES) -> pd.DataFrame:
+    "Table 7: per probing method (qa, nli), block (original, intersection) and type: F, Hits@1, Hits@10 (`setting` = `nli/original/T1`)."
+    p = result["params"]; k, ans, base = result["knowledge"], result["answers"], base_ids(result)
+    temperature, min_true, seed = p.get("temperature", 0.7), p.get("min_true"), p.get("seed", 0)
+    ok = {(m, t): passing_ids(k, t, "triple", m, min_true) & base for m in ("qa", "nli") for t in types}
+    a = ans[np.isclose(ans["temperature"], temperature) & ans["mode"].isin(["triple", "-"])]
+    rows = []
+    for method in ("qa", "nli"):
+        for block in ("original", "intersection"):
+            for t in ["No RAG", *types]:
+                tt = "T1" if t == "No RAG" else t  # the paper's No-RAG F equals T1's in each block
+                ids = ok[(method, tt)] if block == "original" else ok[("qa", tt)] & ok[("nli", tt)]
+                if t == "No RAG" and block == "original" and method == "nli": ids = base
+                rows.append({"model": p.get("model", ""), "setting": f"{method}/{block}/{t}", "probing": method, "block": block}
+                            | hits_row(a[a["type"] == t], ids, knowledge_label(t), seed))
+    return pd.DataFrame(rows)
+
+# %% ../nbs/14_awaken.ipynb #c115
+def temperature_sweep(result: dict, type_: str = "T7") -> pd.DataFrame:
+    "Awakening with `type_` knowledge at every temperature of the run: F, Hits@1, Hits@10 with CIs (each temperature its own row)."
+    temps = result["params"].get("temperatures") or sorted(set(result["answers"]["temperature"]))
+    rows = [task1_table(result, [type_], intersection=False, temperature=t).iloc[1].to_dict() | {"temperature": float(t)}
+            for t in temps]
+    return pd.DataFrame(rows)[["model", "setting", "temperature", "F", "Hits@1", "Hits@1 CI", "Hits@10", "Hits@10 CI"]]
+
+def sweep_summary(sweep: pd.DataFrame) -> pd.DataFrame:
+    "Fig. 7's quoted numbers from a sweep: best Hits@1, the temperature of the best Hits@1 and of the best Hits@10."
+    s = sweep.astype({"Hits@1": float, "Hits@10": float})
+    def best(col): return float(s.loc[s[col].idxmax(), "temperature"]) if s[col].notna().any() else np.nan
+    return pd.DataFrame([{"model": s["model"].iloc[0], "setting": s["setting"].iloc[0], "best Hits@1": s["Hits@1"].max(),
+                          "temperature of best Hits@1": best("Hits@1"), "temperature of best Hits@10": best("Hits@10")}])
+
+# %% ../nbs/14_awaken.ipynb #c118
+def size_table(results: dict,  # model -> `load_task1` result
+               types=MAIN_TYPES) -> pd.DataFrame:
+    "Table 10: per model and type, Hits@k on the questions whose `type` knowledge passed probing for every model."
+    common = {t: intersect_ids([passing_ids(r["knowledge"], t, "triple", "nli", r["params"].get("min_true")) & base_ids(r)
+                                for r in results.values()]) for t in types}
+    rows = []
+    for name, r in results.items():
+        p = r["params"]; a = r["answers"]
+        a = a[(a["mode"] == "triple") & np.isclose(a["temperature"], p.get("temperature", 0.7))]
+        rows += [{"model": name, "setting": t} | hits_row(a[a["type"] == t], common[t], knowledge_label(t), p.get("seed", 0)) for t in types]
+    return pd.DataFrame(rows)
+
+def mean_over_types(df: pd.DataFrame,  # rows with `source`, `model`, F, Hits@1, Hits@10 (ours or the paper's, long per type)
+                   ) -> pd.DataFrame:
+    "Fig. 5's summary: per source and model, the largest F and Hits@1 / Hits@10 averaged over the types."
+    d = df[df["setting"] != "No RAG"].astype({"F": float, "Hits@1": float, "Hits@10": float})
+    g = d.groupby(["source", "model"], sort=False)
+    return pd.DataFrame({"F": g["F"].max(), "Hits@1 (mean over types)": g["Hits@1"].mean(),
+                         "Hits@10 (mean over types)": g["Hits@10"].mean()}).reset_index()
+
+# %% ../nbs/14_awaken.ipynb #c121
+def selected_knowledge(result: dict, types) -> pd.DataFrame:
+    "The selected (leak-free, ranked-first) knowledge per question and type, with its hop distance to the answer."
+    k = result["knowledge"]
+    k = k[(k["mode"] == "triple") & k["text"].notna() & k["type"].isin(list(types))]
+    return k[["id", "type", "text", "dist_to_answer"]].reset_index(drop=True)
+
+def changed_by_query(result: dict) -> tuple[int, int]:
+    "(pairs whose selected knowledge differs between the `triple` and `head_relation` queries, (question, type) pairs)."
+    ch = result["knowledge"].pivot_table(index=["id", "type"], columns="mode", values="text", aggfunc="first")
+    if not {"triple", "head_relation"} <= set(ch.columns): raise ValueError("changed_by_query: the run has not both ranking queries")
+    return int((ch["triple"].fillna("") != ch["head_relation"].fillna("")).sum()), len(ch)
+
+# %% ../nbs/14_awaken.ipynb #c124
+def distance_rows(result: dict, types=("T3", "T7", "T8")) -> pd.DataFrame:
+    "Tables 8/9 (`distance_table`) with the run's probing rule and seed, and `model` and `setting` columns first."
+    p = result["params"]
+    t = distance_table(result, list(types), min_true=p.get("min_true"), seed=p.get("seed", 0)).reset_index(drop=True)
+    t.insert(0, "setting", list(types)); t.insert(0, "model", p.get("model", ""))
+    return t
+
+def plot_sweep(sweep: pd.DataFrame,  # from `temperature_sweep`
+               paper: pd.DataFrame,  # the paper's Fig. 7 rows (`paper_numbers(PAPER, table="Fig. 7")`)
+              ) -> Figure:
+    "Fig. 7: our Hits@1 and Hits@10 per awakening temperature, the paper's best Hits@1 (a star) and best-Hits@10 temperature."
+    v = paper.set_index("metric")["value"]
+    fig = Figure(figsize=(5.5, 3.4)); ax = fig.subplots()
+    for col, mark in (("Hits@1", "o-"), ("Hits@10", "s-")):
+        ax.plot(sweep["temperature"], sweep[col].astype(float), mark, label=f"ours {col} ({sweep['model'].iloc[0]})")
+    ax.plot([v["temperature of best Hits@1"]], [v["best Hits@1"]], "r*", ms=12,
+            label=f"paper: best Hits@1 ({paper['model'].iloc[0]}, T={v['temperature of best Hits@1']:g})")
+    ax.axvline(v["temperature of best Hits@10"], color="gray", ls=":", label=f"paper: best Hits@10 at T={v['temperature of best Hits@10']:g}")
+    ax.set_xlabel("awakening temperature"); ax.set_ylabel("score (%)")
+    ax.set_title(f"Fig. 7: T7 awakening vs temperature (ours F={int(sweep['F'].max())})", fontsize=9)
+    ax.legend(fontsize=7, frameon=False, loc="center left", bbox_to_anchor=(1.0, 0.5)); fig.tight_layout()
     return fig

@@ -17,7 +17,9 @@ from kgrag_nb.awaken import (AWAKENING_TEMPLATE, KNOWLEDGE_TYPES, MAIN_TYPES, PR
                              intersect_ids, item_temperatures, knowledge_candidates, knowledge_distance, leaks_answer,
                              parse_awakening_answer, parse_probe, passing_ids, probe_prompt, probe_rule,
                              qa_probe_question, rank_top1, ranking_query, relation_matches, relation_parts,
-                             relation_text, run_awakening, task1_data, verbalize_knowledge)
+                             relation_text, run_awakening, task1_data, verbalize_knowledge, DEVIATIONS, save_task1, load_task1,
+                             task1_models, task1_table, probing_table, sweep_summary, mean_over_types, changed_by_query,
+                             paper_select, knowledge_label, setting_of)
 from kgrag_nb.backends import LocalBackend
 from kgrag_nb.kg import KG
 
@@ -275,6 +277,63 @@ def test_paper_rows_spot_checks():
             assert r.groupby("model").size().eq(7).all() and r["model"].nunique() == 5 and set(r["source"]) == {f"paper: {t}"}
             assert set(r["knowledge type"]) == {"No RAG", *(f"{KNOWLEDGE_TYPES[k]} ({k})" for k in MAIN_TYPES)}
     with pytest.raises(ValueError, match="no 'mintaka' block"): paper_rows("Table 2", "mintaka")
+
+
+# ---------------------------------------------------------------- the shared experiment and the artefact tables
+def test_save_load_task1_round_trip(tmp_path):
+    from kgrag_nb.reproduce import ExperimentResults, save_result
+    class Folder:  # ExperimentRun.save / ExperimentResults.load on a temporary folder
+        def save(self, name, obj): return save_result(tmp_path, name, obj)
+        def load(self, name): return ExperimentResults(tmp_path).load(name)
+    (tmp_path / "_SUCCESS.json").write_text("{}")
+    res = toy_result() | {"candidates": pd.DataFrame(dict(id=["q1"], text=["k"], triples=[[["a", "r", "b"]]]))}
+    res["questions"]["labels"] = [{"/m/1": "One"}, {}, {"/m/3": "x"}, {}]
+    other = {k: (v.iloc[:2].copy() if isinstance(v, pd.DataFrame) else v) for k, v in res.items()}
+    save_task1(Folder(), {"main": res, "other": other}, dict(seed=3, temperature=0.7, temperatures=[0.7]))
+    assert task1_models(Folder()) == ["main", "other"]
+    back = load_task1(Folder())
+    assert back["params"] == dict(seed=3, temperature=0.7, temperatures=[0.7], n_probe=3, model="main")
+    assert back["knowledge"]["nli_probe_verdicts"].tolist() == res["knowledge"]["nli_probe_verdicts"].tolist()
+    assert all(v is True or v is False or v is None for vs in back["knowledge"]["nli_probe_verdicts"] for v in vs)  # not numpy bools
+    assert back["questions"]["labels"].tolist() == res["questions"]["labels"].tolist()
+    assert back["candidates"]["triples"].tolist() == [[["a", "r", "b"]]]
+    assert len(load_task1(Folder(), "other")["questions"]) == 2
+    with pytest.raises(KeyError, match="not 'nope'"): load_task1(Folder(), "nope")
+    assert awakening_table(back, ["T1", "T2"], n_resamples=200).equals(awakening_table(res, ["T1", "T2"], n_resamples=200))
+
+
+@given(st.sampled_from(["No RAG", *KNOWLEDGE_TYPES]))
+def test_setting_label_round_trip(setting):
+    assert setting_of(knowledge_label(setting)) == setting
+
+
+def test_task1_table_and_probing_table_hand_computed():
+    res = toy_result() | {"params": dict(model="toy", min_true=None, seed=0, temperature=0.7)}
+    t = task1_table(res, ["T1", "T2"], intersection=False)
+    assert t[["model", "setting", "F"]].values.tolist() == [["toy", "No RAG", 3], ["toy", "T1", 2], ["toy", "T2", 2]]
+    k = res["knowledge"].copy()
+    k["qa_probe_verdicts"] = [[True] * 3, [False] * 3, [True] * 3, [True] * 3, [True] * 3, [True] * 3]
+    p = probing_table(res | {"knowledge": k}, ["T1", "T2"]).set_index("setting")["F"]
+    # qa passes T1 {q1, q2, q3}, T2 {q2, q3}; nli (Eq. 7) T1 {q1, q2}, T2 {q1, q3}; T1 has answers for q1, q2 only
+    assert (p["qa/original/T1"], p["qa/original/T2"], p["qa/intersection/T2"], p["nli/original/No RAG"], p["qa/original/No RAG"]) == (2, 2, 1, 3, 3)
+
+
+def test_sweep_summary_and_mean_over_types():
+    sw = pd.DataFrame(dict(model="m", setting="T7", temperature=[0.3, 0.7, 1.2], F=4, **{"Hits@1": [25.0, 50.0, 0.0],
+                           "Hits@10": [50.0, 50.0, 75.0]}))
+    assert sweep_summary(sw).iloc[0, 2:].tolist() == [50.0, 0.7, 1.2]
+    m = mean_over_types(pd.DataFrame(dict(source="s", model="a", setting=["No RAG", "T1", "T2"], F=[9, 4, 2],
+                                          **{"Hits@1": [0.0, 10.0, 30.0], "Hits@10": [5.0, 30.0, 50.0]})))
+    assert m.iloc[0].tolist() == ["s", "a", 4.0, 20.0, 40.0]
+
+
+def test_changed_by_query_and_paper_select():
+    k = pd.DataFrame(dict(id=["q1", "q1", "q2", "q2", "q3", "q3"], type="T1", mode=["triple", "head_relation"] * 3,
+                          text=["a", "b", "c", "c", None, "d"]))
+    assert changed_by_query({"knowledge": k}) == (2, 3)
+    assert set(paper_select("Table 4")["model"]) == {f"{m}-Instruct" for m in ("Llama3.1-8B", "Llama3.1-70B", "Qwen2.5-7B", "Qwen2.5-32B", "Qwen2.5-72B")}
+    assert paper_select("Fig. 6", dataset=None, models="all")["value"].tolist() == [19.2, 35.4]
+    assert len(DEVIATIONS) == 10
 
 
 # ---------------------------------------------------------------- the pipeline against the real model

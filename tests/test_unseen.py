@@ -17,7 +17,8 @@ from kgrag_nb.unseen import (DiFaR, KNOWLEDGE_SETS, METHODS, TOP_LEVEL_TYPES, bu
                              build_knowledge, decomposition_prompt, disambiguation_prompt, entity_queries,
                              extraction_prompt, kg_stats, knowledge_sets, merge_hits, paper_table3, parse_choice,
                              nearest_type, parse_decomposition, parse_extraction, parse_type, question_topics, relation_candidates,
-                             run_unseen_entity_qa, summarize_unseen, type_prompt)
+                             run_unseen_entity_qa, summarize_unseen, type_prompt, DEVIATIONS, IncompleteKG, masked_left,
+                             sample_questions, summarize_datasets, trace_table, fallback_table, answer_table)
 
 
 def rec(id, question, answers, *topics):
@@ -218,6 +219,40 @@ def test_summarize_unseen():
     assert s["F"].tolist() == [1, 2] and s["Hits@1"].tolist() == [0.0, 50.0] and s["Hits@10"].tolist() == [100.0, 50.0]
     assert s["no knowledge"].tolist() == [0, 1]
     assert (s["Hits@1 CI low"] <= s["Hits@1"]).all() and (s["Hits@1"] <= s["Hits@1 CI high"]).all()
+
+
+def test_masked_left_hand_computed():
+    qs = [rec("a", "What follows One?", ["Two"], ("e1", "One"))]
+    inc = build_incomplete_kg(qs, LocalBackend(CHAIN), map_id=str)
+    assert masked_left(inc) == set()
+    unmasked = IncompleteKG(initial=inc.initial, kg=inc.initial, topics=inc.topics, masked=inc.masked)
+    assert masked_left(unmasked) == {"e1"}  # e1 still in its own 2-hop subgraph
+
+
+def test_sample_questions_seeded_in_order():
+    from kgrag_nb.datasets import load_kg
+    kg = load_kg("fb15k237")
+    a, eligible = sample_questions("cwq", kg, 5, seed=0)
+    b, _ = sample_questions("cwq", kg, 5, seed=0)
+    order = {r.id: i for i, r in enumerate(eligible)}
+    assert [r.id for r in a] == [r.id for r in b] and len(a) == 5 and [order[r.id] for r in a] == sorted(order[r.id] for r in a)
+    assert all(r.answers for r in eligible) and len(sample_questions("cwq", kg, 10 ** 6)[0]) == len(eligible)
+
+
+def test_artefact_tables_hand_computed():
+    trace = [dict(id="a", question="q?", gold=["x", "y", "z", "w"], entity="E", extraction=dict(relation="r", fallback=True),
+                  candidates=[], knowledge_items={}, type=dict(type="thing", fallback=False),
+                  decomposition=dict(sub_questions=["q?"]), difar={"DiFaR (question)": [dict(text="E, r, x")]})]
+    t = trace_table({"webqsp": trace}).iloc[0]
+    assert (t["gold"], t["nearest_relation"], t["T7"], t["difar_question_top"]) == ("x | y | z", "", "", "E, r, x")
+    assert fallback_table({"webqsp": trace}).iloc[0].tolist() == ["webqsp", 1, 1, 1, 0]  # no disambiguation record = fell back
+    ans = pd.DataFrame([dict(dataset=d, id=i, method=m, gold=np.array(["g"]), knowledge=np.array(["k1", "k2"]), samples=np.array(["s", "t"]),
+                             hits1=h, hits10=h, no_knowledge=False)
+                        for d in ("cwq", "webqsp") for i, h in (("a", 1), ("b", 0), ("c", 0), ("d", 0)) for m in ("No RAG", "Ours (T7)")])
+    s = summarize_datasets(ans)
+    assert s[["dataset", "method", "F", "Hits@1", "Hits@10"]].values.tolist() == [[d, m, 4, 25.0, 25.0] for d in ("cwq", "webqsp") for m in ("No RAG", "Ours (T7)")]
+    assert answer_table(ans).iloc[0][["gold", "knowledge", "first answer"]].tolist() == ["g", "k1 ; k2", "s"]
+    assert len(DEVIATIONS) == 8
 
 
 def test_run_rejects_bad_arguments():
