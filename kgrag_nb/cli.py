@@ -189,3 +189,8 @@ def _dispatch(argv: list[str]) -> int:
     load_study_modules()  # study modules (entry points `kgrag_nb.studies`) register their subcommands when imported
     args = build_parser().parse_args(argv)
     return args.func(args)
+
+# %% ../nbs/10_cli.ipynb #6dbc6b2c
+#| eval: false
+if __name__ == "__main__": sys.exit(main())
+
