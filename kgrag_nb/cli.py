@@ -190,7 +190,7 @@ def _dispatch(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     return args.func(args)
 
-# %% ../nbs/10_cli.ipynb #6dbc6b2c
+# %% ../nbs/10_cli.ipynb #2aa51c4f
 #| eval: false
 if __name__ == "__main__": sys.exit(main())
 
