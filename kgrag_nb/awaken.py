@@ -9,6 +9,12 @@ from pathlib import Path
 import numpy as np, pandas as pd
 from .baselines import parse_short_answer
 from .metrics import acc_r, percent_cis
+import zlib
+from .baselines import closed_book, no_rag_prompt
+from .datasets import load_qa, load_kg, topic_in_kg, mid_to_fb15k
+from .retrieval import embed
+from .backends import LocalBackend
+
 
 # %% auto #0
 __all__ = ['AWAKENING_TEMPLATE', 'PROBE_TEMPLATE', 'Triple', 'KNOWLEDGE_TYPES', 'MAIN_TYPES', 'BGE_RERANKER',
@@ -234,7 +240,6 @@ def minilm_scorer(query: str,  # the ranking query (`ranking_query`)
                   texts: list[str],  # verbalized candidates
                  ) -> np.ndarray:
     "Cosine similarity of `query` to each of `texts` under the offline MiniLM embedder (the default reranker)."
-    from kgrag_nb.retrieval import embed
     if not texts: return np.zeros(0)
     v = embed([query] + list(texts))
     return np.asarray(v[1:] @ v[0], dtype=float)
@@ -352,7 +357,6 @@ def item_temperatures(texts: list[str],  # one item per row
                       seed: int = 0) -> np.ndarray:
     """Seeded uniform temperatures (2 decimals), shape (len(texts), k), a function of each text (not of its position),
     so the same item gets the same temperatures, and the same cached answers, in every study."""
-    import zlib
     return np.array([np.round(np.random.default_rng([seed, zlib.crc32(str(t).encode())]).uniform(low, high, k), 2)
                      for t in texts]).reshape(len(texts), k)
 
@@ -365,7 +369,6 @@ def probe(client,  # `kgrag_nb.llm.LLMClient`
           min_true: int | None = None,  # None = Eq. 7 (all True); see `probe_rule`
           seed: int = 0) -> list[dict]:
     "Probe each item `n_probe` times at temperatures drawn from [0, 1] (App. C): raw answers, verdicts, `in_model` (Eq. 7)."
-    from kgrag_nb.baselines import no_rag_prompt
     if method not in ("nli", "qa"): raise ValueError(f"probe: method={method!r}; use 'nli' (True/False, Eq. 7) or 'qa' (App. B.4)")
     if method == "qa" and (expected is None or len(expected) != len(texts)):
         raise ValueError("probe: QA-probing needs `expected`, one answer per text (see qa_probe_question)")
@@ -401,8 +404,6 @@ def awaken(client,  # `kgrag_nb.llm.LLMClient`
 # %% ../nbs/14_awaken.ipynb #c035
 def task1_data(dataset: str = "cwq") -> tuple:
     "(records, backend, map_id) for Task 1 offline: CWQ questions whose topic entity is in FB15k-237, a LocalBackend."
-    from kgrag_nb.datasets import load_qa, load_kg, topic_in_kg, mid_to_fb15k
-    from kgrag_nb.backends import LocalBackend
     if dataset != "cwq":
         raise ValueError(f"task1_data: {dataset!r} needs Wikidata 2-hop subgraphs, i.e. the online backend: build "
                          "kgrag_nb.backends.SparqlBackend('https://query.wikidata.org/sparql', dialect='wikidata') and pass "
@@ -445,7 +446,6 @@ def run_awakening(records: list,  # QA records (CWQ: `load_qa('cwq')`, topic ent
                   seed: int = 0,
                   out_dir=None) -> dict:  # save the tables here (JSONL) when given
     "Task 1 end to end: `{'questions', 'candidates', 'knowledge', 'answers'}` DataFrames (see `save_run`)."
-    from kgrag_nb.baselines import closed_book
     qs, cands, know, kept = [], [], [], []
     for r in records:
         if n_questions is not None and len(kept) >= n_questions: break

@@ -14,6 +14,11 @@ import scipy.sparse as sp
 from .kg import KG
 from .papers import paper_numbers
 from .hooks import subcommand, benchmark
+import signal, subprocess
+from joblib.externals.loky import get_reusable_executor
+from tqdm.auto import tqdm
+from .datasets import REGISTRY, load_kg
+
 
 # %% auto #0
 __all__ = ['VAR_NAMES', 'RULE_TYPES', 'OTHER_PATTERNS', 'TSV_COLUMNS', 'MIN_PARALLEL_ITEMS', 'AMIE_COMPAT', 'DEVIATIONS',
@@ -639,7 +644,6 @@ def _run(fn, ix, items, arg_fn, pool, progress, desc, deadline) -> list:
     batches = [items[i:i + size] for i in range(0, len(items), size)]
     bar = None
     if progress:
-        from tqdm.auto import tqdm
         bar = tqdm(total=len(items), desc=desc, leave=False, file=sys.stderr)
     out = []
     def timeout(): return TimeoutError(f"mine_rules: time limit reached during '{desc}'; raise time_limit or the thresholds")
@@ -732,7 +736,6 @@ def _mine(ix: _Index, max_len, min_hc, min_pca, min_support, min_std, instantiat
     workers = (os.cpu_count() or 1) if n_jobs is None or n_jobs < 0 else n_jobs
     def pool():  # worker processes, started when a level is large enough
         if not executor:
-            from joblib.externals.loky import get_reusable_executor
             executor.append(get_reusable_executor(max_workers=workers, initializer=_init_worker, initargs=ix.kg_arrays,
                                                   reuse=False))
         return executor[0]
@@ -907,7 +910,6 @@ def load_kg_or_tsv(spec: str,  # registry KG name (e.g. "family") or path to a t
     "A KG from the dataset registry or from a tab-separated file of (head, relation, tail) rows."
     path = Path(spec)
     if path.is_file(): return KG.from_triples(_read_triples_tsv(path), name=path.stem)
-    from kgrag_nb.datasets import REGISTRY, load_kg
     if spec in REGISTRY and REGISTRY[spec].kind == "kg": return load_kg(spec, split=split)
     known = sorted(k for k, v in REGISTRY.items() if v.kind == "kg")
     raise ValueError(f"{spec!r} is neither a file nor a KG of the dataset registry; pass a TSV path or one of {known}")
@@ -980,7 +982,6 @@ def _bench_one(kg_name: str, max_len: int, n_jobs: int, min_hc: float, min_pca: 
                min_initial_support: int = 100) -> dict:
     "One benchmark configuration, run inside its own process (mined once with min_initial_support=1, options as filters)."
     import resource
-    from kgrag_nb.datasets import load_kg
     kg = load_kg(kg_name)
     t0 = time.perf_counter()
     every = mine_rules(kg, max_len=max_len, min_hc=min_hc, min_pca=min_pca, min_std=min_std, n_jobs=n_jobs, progress=False,
@@ -1003,7 +1004,6 @@ def bench_rules(configs=(("family", 3), ("family", 4), ("fb15k237", 3), ("fb15k2
                 min_hc: float = 0.1, min_pca: float = 0.3, min_std: float = 0.0,  # BRINK §3.1
                 min_initial_support: int = 100) -> list[dict]:  # AMIE's -minis (rules filtered out by it are reported)
     "Mining time, peak memory and rules by type per configuration, each in a fresh process under a time cap."
-    import signal, subprocess
     rows = []
     for kg_name, max_len in configs:
         code = ("import json, kgrag_nb.rules as R; print('BENCH ' + json.dumps(R._bench_one("

@@ -70,14 +70,7 @@ ALLOWED_HIDDEN = {"torch", "transformers", "sentence_transformers", "pykeen", "v
 
 # (importing module, imported module) pairs that other branches of issue 8 own; shrink after merging.
 KNOWN_UPWARD: set[tuple[str, str]] = set()
-KNOWN_HIDDEN: set[tuple[str, str]] = {
-    # awaken, unseen: the awakening branch
-    ("awaken", "kgrag_nb.retrieval"), ("awaken", "zlib"), ("awaken", "kgrag_nb.baselines"),
-    ("awaken", "kgrag_nb.datasets"), ("awaken", "kgrag_nb.backends"),
-    # rules: the rules branch
-    ("rules", "kgrag_nb.datasets"), ("rules", "signal"), ("rules", "subprocess"), ("rules", "tqdm.auto"),
-    ("rules", "joblib.externals.loky"),
-}
+KNOWN_HIDDEN: set[tuple[str, str]] = set()
 
 
 # paper-named constants still defined in a base layer for modules of other branches; shrink after merging
