@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 # %% auto #0
-__all__ = ['COLUMNS', 'DISPLAY_MODES', 'AWAKENING_MAX_SUBGRAPH_TRIPLES', 'PARQUET_FILES', 'KG', 'patch_kg']
+__all__ = ['COLUMNS', 'DISPLAY_MODES', 'PARQUET_FILES', 'KG', 'patch_kg']
 
 # %% ../nbs/01_kg.ipynb #c005
 COLUMNS = ("head", "relation", "tail")  # column names of triple tables
@@ -356,10 +356,6 @@ def in_degree(self: KG) -> np.ndarray:
     return np.diff(self._csr("in")[0])
 
 # %% ../nbs/01_kg.ipynb #c027
-# awakening_unseen_entity_kgqa.txt App. C. Not a default here (the base layer has no paper's defaults): kept importable
-# from `kgrag_nb.kg` for the awakening study modules until they own it (tests/test_layers.py KNOWN_PAPER_CONSTANTS).
-AWAKENING_MAX_SUBGRAPH_TRIPLES = 40_000
-
 @patch_kg
 def khop_triples(self: KG,
                  seeds,  # seed entity or entities (names or indices)

@@ -12,8 +12,8 @@ from typing import Any, Sequence
 import numpy as np, pandas as pd
 from tqdm.auto import tqdm
 
-from .kg import KG, AWAKENING_MAX_SUBGRAPH_TRIPLES
-from .backends import KGBackend, LocalBackend, RelationRetriever, RELATION_MODES
+from .kg import KG
+from .backends import AWAKENING_MAX_SUBGRAPH_TRIPLES, KGBackend, LocalBackend, RelationRetriever, RELATION_MODES
 from .datasets import mid_to_fb15k
 from .retrieval import Retriever, embed, load_embedder
 from .baselines import no_rag_prompt, parse_short_answer

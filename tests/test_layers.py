@@ -74,9 +74,7 @@ KNOWN_HIDDEN: set[tuple[str, str]] = set()
 
 
 # paper-named constants still defined in a base layer for modules of other branches; shrink after merging
-KNOWN_PAPER_CONSTANTS: set[tuple[str, str]] = {
-    ("kg", "AWAKENING_MAX_SUBGRAPH_TRIPLES"),  # unseen.py imports it from kgrag_nb.kg; it belongs to the awakening study
-}
+KNOWN_PAPER_CONSTANTS: set[tuple[str, str]] = set()
 NO_PAPER_DEFAULTS = ["kg", "retrieval"]  # issue 8 item 2: paper-specific defaults leave these base layers
 PAPER_PREFIXES = ("AWAKENING", "BRINK", "UNSEEN", "JCQL", "COE", "MKR", "MISSING")
 
