@@ -88,6 +88,13 @@ def process_alive(pid: int, started: str | None = None) -> bool:
     return stat[0] not in "ZX" and (started is None or stat[1] == started)
 
 _HOST = socket.gethostname()
+_OWN_START: dict[int, str | None] = {}  # pid -> its /proc start time (read once per process; a forked child has a new pid)
+
+def _own_start_time() -> str | None:
+    "This process's /proc start time, read once (it is written with every claim)."
+    pid = os.getpid()
+    if pid not in _OWN_START: st = _proc_stat(pid); _OWN_START[pid] = st and st[1]
+    return _OWN_START[pid]
 
 # %% ../nbs/03_llm.ipynb #c010b
 class ResponseCache:
@@ -188,9 +195,8 @@ def _claim(self: ResponseCache,
         try:
             state, info = _claim_state(self, key, owner, ttl_s)  # again, under the write lock
             if state == "free":
-                st = _proc_stat(os.getpid())
                 conn.execute("INSERT OR REPLACE INTO claims VALUES (?,?,?,?,?,?)",
-                             (key, owner, _HOST, os.getpid(), st and st[1], time.time()))
+                             (key, owner, _HOST, os.getpid(), _own_start_time(), time.time()))
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK"); raise
