@@ -29,7 +29,9 @@ __all__ = ['EXTRACT_INTENT_KEYWORDS_PROMPT', 'EXTRACT_RELATIONS_PROMPT', 'INTENT
            'make_misinformation', 'answer_prompt', 'first_line', 'following', 'build_contexts', 'run_conditions',
            'cell_table', 'significance', 'discrimination_rates', 'minimal_coverage', 'distractor_index',
            'pool_released', 'pool_hotpot', 'rag_select', 'scope_coe', 'run_usability', 'usability_table',
-           'setting_label', 'ours_vs_paper_cells', 'stars_vs_paper']
+           'setting_label', 'ours_vs_paper_cells', 'stars_vs_paper', 'released_overview', 'misinformation_counts',
+           'usability_questions', 'hotpot_questions', 'bm25_distractors', 'report_condition', 'report_usability',
+           'report_table1']
 
 # %% ../nbs/19_coe.ipynb #c005
 # chain_of_evidence.txt App. A, "Intent and Keyword Extraction Prompt" (verbatim; 5 few-shot examples)
@@ -500,7 +502,7 @@ def rebuild_samples(client,  # LLMClient
         ans = (r.answers or [""])[0]
         row = dict(id=r.id, question=r.question, answer=ans, CoE=" ".join(sents), n_sentences=len(sents), features_ok=f is not None,
                    is_coe=None, SenP=None, senp_status="not run", senp_removed=0, senp_calls=0, WordP=None, wordp_status="not run",
-                   wordp_keyword=None, wordp_term=None, wordp_is_coe=None, calls=0)
+                   wordp_keyword=None, wordp_term=None, wordp_is_coe=None, calls=0, features=f)
         if f is None or not sents: rows.append({**row, "senp_status": "no features" if f is None else "no sentences"}); continue
         (j,) = discriminate(client, [(r.id, f, row["CoE"])], trace)
         row.update(is_coe=j["is_coe"], calls=j["calls"])
@@ -815,3 +817,107 @@ DEVIATIONS = [
     "Table 5: the Google-snippet corpus is not available; substitutes (a) released irrelevant snippets + CoE sentences + BM25 hard distractors and (b) HotpotQA distractor sentences (capped pool); the RAG reranker is MiniLM cosine similarity; pools are shuffled with the seed.",
     "Sample sizes: tiny and smoke evaluate a handful / about 20 de-duplicated records per dataset, not 676 / 660.",
 ]
+
+# %% ../nbs/19_coe.ipynb #c038
+def released_overview(datasets: Sequence[str] = tuple(DATASETS), cfg=None) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+    "({dataset: released DataFrame}, quirks table, piece-count table) of the released files."
+    data = {d: load_released(d, cfg) for d in datasets}
+    q = pd.DataFrame([{"dataset": d, **quirks(df)} for d, df in data.items()])
+    pieces = pd.DataFrame([{"dataset": d, "variant": v, "knowledge pieces": x, "samples (unique questions)": int(df["question"].map(_norm_ws).nunique())}
+                           for d, df in data.items() for v, x in piece_counts(df).items()])
+    return data, q, pieces
+
+def misinformation_counts(records: pd.DataFrame, p_values: Sequence[float]) -> pd.DataFrame:  # rows with CoE, SenP, WordP, misinformation
+    "Per record: misinformation sentences available vs the most any variant needs at the largest p (§7.1)."
+    pmax = max(p_values) if len(p_values) else 0
+    return pd.DataFrame([dict(dataset=r.get("dataset", ""), id=r["id"], available=len(r["misinformation"]),
+                              entity_replacement=sum(contains(m, r["wrong_ans"]) and m in [swap_answer(s, r["answer"], r["wrong_ans"])[0] for s in sentence_spans(r["CoE"])] for m in r["misinformation"]),
+                              needed=max(misinformation_needed(r[v], pmax) for v in VARIANTS)) for _, r in records.iterrows()])
+
+def usability_questions(released: pd.DataFrame,  # sampled released records of one dataset, with a `features` column
+                        index: BM25Index | None, n_hard: int, max_pool: int, seed: int) -> list[dict]:
+    "Substitute (a) questions: the pool of `pool_released`, capped at `max_pool` snippets (every CoE sentence kept)."
+    out = []
+    for _, r in released.iterrows():
+        sn, gold = pool_released(r, index, n_hard=n_hard, seed=seed)
+        if len(sn) > max_pool:
+            keep = set(np.flatnonzero(gold)) | set(np.random.default_rng(seed).permutation(np.flatnonzero(~np.asarray(gold)))[:max(0, max_pool - sum(gold))].tolist())
+            sn, gold = [s for i, s in enumerate(sn) if i in keep], [g for i, g in enumerate(gold) if i in keep]
+        out.append(dict(setting="(a) released snippets + CoE + BM25", dataset=r["dataset"], id=r["id"], question=r["question"], answer=r["answer"],
+                        features=r["features"], snippets=sn, is_gold=gold))
+    return out
+
+def hotpot_questions(records: Sequence, features: Sequence, max_pool: int, seed: int) -> list[dict]:
+    "Substitute (b) questions: HotpotQA distractor sentences (`pool_hotpot`), features from the rebuild step."
+    out = []
+    for r, f in zip(records, features):
+        sn, gold = pool_hotpot(r, max_pool=max_pool, seed=seed)
+        out.append(dict(setting="(b) HotpotQA distractor sentences", dataset="hotpotqa", id=r.id, question=r.question, answer=(r.answers or [""])[0],
+                        features=f, snippets=sn, is_gold=gold))
+    return out
+
+def bm25_distractors(released: dict, corpus: pd.DataFrame | None = None, limit: int | None = None) -> BM25Index:
+    "BM25 over every released CoE sentence (all datasets) and the 2Wiki corpus sentences (hard distractors of substitute (a))."
+    texts = [s for df in released.values() for c in df["CoE"] for s in sentence_spans(c)]
+    if corpus is not None: texts += [s for t in corpus["text"].head(limit) for s in sentence_spans(t)]
+    return distractor_index(texts)
+
+# %% ../nbs/19_coe.ipynb #c039
+def report_condition(run,  # kgrag_nb.reproduce.StudyRun of the artefact
+                     xp,  # the coe_runs ExperimentResults
+                     condition: str,  # irrelevant | faithfulness | misinformation
+                     papers_mod) -> dict:  # kgrag_nb.papers (passed in: the study's report step)
+    "Tables 2–4: our cells (mean, min–max over runs) beside the paper's, Mann–Whitney stars beside the paper's, containment / agreement, exclusions."
+    table, metric = CONDITION_TABLE[condition]
+    _sizes(run, xp)
+    rows = xp.load("answers")
+    rows = rows[rows["condition"] == condition]
+    cells, sig = cell_table(rows, metric.lower()), significance(rows, metric.lower())
+    paper = papers_mod.paper_numbers(PAPER, table=table)
+    ours = ours_vs_paper_cells(cells, condition)
+    both = papers_mod.compare(ours, paper, on=["model", "dataset", "setting"], ours_label=f"{run.profile}, {', '.join(sorted(set(rows['model'])))}")
+    run.save_table(both, f"{table.lower().replace(' ', '')}_vs_paper", f"{table}: {metric} (%) per model × dataset × p × variant; ours = mean over runs (min, max), n questions")
+    stars = stars_vs_paper(sig, paper, condition)
+    run.save_table(stars.round(4), f"{table.lower().replace(' ', '')}_mann_whitney", f"{table}: Mann–Whitney U, CoE vs SenP / WordP on per-question means over runs; two- and one-sided (CoE greater); our stars beside the paper's")
+    cols = ["model", "dataset", "p", "variant", "n", "runs", f"{metric} mean", f"{metric} min", f"{metric} max", "containment", "agreement", "judge_unreadable"]
+    run.save_table(cells[cols].round(1), f"{table.lower().replace(' ', '')}_cells", f"{table}: our cells with gold-answer containment and judge/containment agreement (%)")
+    ex = xp.load("exclusions")
+    ex = ex[ex["condition"] == condition] if len(ex) else ex
+    exc = ex.groupby(["dataset", "variant", "reason"]).size().rename("records").reset_index() if len(ex) else pd.DataFrame(columns=["dataset", "variant", "reason", "records"])
+    run.save_table(exc, f"{table.lower().replace(' ', '')}_exclusions", f"{table}: records excluded per variant and why")
+    return dict(rows=rows, cells=cells, sig=sig, both=both, stars=stars, exclusions=exc, paper=paper)
+
+def report_usability(run, xp, papers_mod) -> dict:
+    "Table 5: RAG vs RAG+ScopeCoE ACC on substitutes (a) and (b), snippets selected and gold recall, beside the paper's."
+    _sizes(run, xp)
+    rows = xp.load("usability")
+    t = usability_table(rows)
+    paper = papers_mod.paper_numbers(PAPER, table="Table 5")
+    ours = t.rename(columns={"setting": "substitute"}).rename(columns={"method": "setting", "ACC mean": "ACC"}).round(2)
+    both = papers_mod.compare(ours, paper, on=["model", "dataset", "setting"], ours_label=run.profile)
+    run.save_table(both, "table5_vs_paper", "Table 5: ACC (%) of naive RAG (top 5) and RAG+ScopeCoE, mean snippets selected (paper: §8.4 prose); "
+                   "ours on substitute (a) or (b) (column `substitute`), with gold-sentence recall (%) and pool size")
+    return dict(rows=rows, table=t, both=both, paper=paper)
+
+def _sizes(run, xp):
+    for what, n in (xp.record.get("sample_sizes") or {}).items(): run.record_sample_size(what, n)
+
+def report_table1(run, xp, papers_mod) -> dict:
+    "Table 1: released rows vs unique questions, knowledge pieces beside the paper's, quirks, our discrimination rates, rebuilt samples."
+    _sizes(run, xp)
+    q, pieces = xp.load("quirks"), xp.load("pieces")
+    run.save_table(q, "released_quirks", "Released files (lsplx/ScopeCOE data/): rows vs unique questions and each quirk's count per dataset")
+    paper = papers_mod.paper_numbers(PAPER, table="Table 1")
+    ours = pieces.rename(columns={"variant": "setting", "samples (unique questions)": "samples"}).assign(model="")
+    both = papers_mod.compare(ours, paper, on=["model", "dataset", "setting"], ours_label="released files, all records")
+    run.save_table(both, "table1_vs_paper", "Table 1: samples and mean knowledge pieces (sentences split on . ! ?) of the released files beside the paper's")
+    rates = discrimination_rates(xp.load("discrimination"), seed=run.seed)
+    run.save_table(rates.round(1), "discrimination_rates", "Our App. B discrimination of the released texts: CoE accepted, SenP / WordP rejected (%, 95% bootstrap CI)")
+    rb = xp.load("rebuilt")
+    summ = rebuild_summary(rb)
+    cand = paper[(paper["dataset"] == "hotpotqa") & (paper["setting"] == "candidates")]["value"].item()
+    acc = paper[(paper["dataset"] == "hotpotqa") & (paper["setting"] == "CoE") & (paper["metric"] == "samples")]["value"].item()
+    rebuilt = pd.DataFrame([{"source": f"ours ({run.profile})", **summ}, {"source": "paper (§4.1, HotpotQA)", "records": cand, "CoE accepted": acc, "acceptance %": 100 * acc / cand}])
+    run.save_table(rebuilt.round(2), "rebuilt_samples", "New samples from HotpotQA (§4.1–4.2): candidates, CoE accepted, SenP / WordP made, records that cannot be perturbed")
+    info = xp.load("run_info")
+    return dict(quirks=q, both=both, rates=rates, rebuilt=rebuilt, rebuilt_rows=rb, info=info)
