@@ -20,18 +20,18 @@ __all__ = ['EXTRACT_INTENT_KEYWORDS_PROMPT', 'EXTRACT_RELATIONS_PROMPT', 'INTENT
            'WRONG_ANSWER_PROMPT', 'VERDICT_CUE', 'ANSWER_SYSTEM_PROMPT', 'ANSWER_USER_TEMPLATE', 'ANSWER_CUE',
            'CORRECTNESS_JUDGE_PROMPT', 'GROUNDEDNESS_JUDGE_PROMPT', 'VERDICT_TOKENS', 'FEATURE_TOKENS',
            'RELATION_TOKENS', 'DATASETS', 'VARIANTS', 'MARKUP', 'PLACEMENTS', 'BROADER_TERM_PROMPT',
-           'MISINFORMATION_PROMPT', 'CONDITIONS', 'ANSWER_TOKENS', 'JUDGE_TOKENS', 'RAG_TOP_K', 'PAPER', 'PAPER_MODELS',
-           'OPEN_STAND_INS', 'CONDITION_TABLE', 'DEVIATIONS', 'fill', 'parse_features', 'parse_relations',
-           'parse_verdict', 'judge_verdict', 'parse_phrase', 'split_sentences', 'sentence_spans', 'extract_features',
-           'discrimination_prompts', 'coe_decision', 'discriminate', 'contains', 'load_released', 'quirks',
-           'piece_counts', 'sample_records', 'irrelevant_chars', 'irrelevant_context', 'misinformation_needed',
-           'misinformation_context', 'swap_answer', 'wrong_answers', 'is_yes_no', 'rebuild_samples', 'rebuild_summary',
-           'make_misinformation', 'answer_prompt', 'first_line', 'following', 'build_contexts', 'run_conditions',
-           'cell_table', 'significance', 'discrimination_rates', 'minimal_coverage', 'distractor_index',
-           'pool_released', 'pool_hotpot', 'rag_select', 'scope_coe', 'run_usability', 'usability_table',
-           'setting_label', 'ours_vs_paper_cells', 'stars_vs_paper', 'released_overview', 'misinformation_counts',
-           'usability_questions', 'hotpot_questions', 'bm25_distractors', 'report_condition', 'report_usability',
-           'report_table1']
+           'MISINFORMATION_PROMPT', 'CONDITIONS', 'ANSWER_TOKENS', 'JUDGE_TOKENS', 'ANSWER_STOP', 'RAG_TOP_K', 'PAPER',
+           'PAPER_MODELS', 'OPEN_STAND_INS', 'CONDITION_TABLE', 'DEVIATIONS', 'fill', 'parse_features',
+           'parse_relations', 'parse_verdict', 'judge_verdict', 'parse_phrase', 'split_sentences', 'sentence_spans',
+           'extract_features', 'discrimination_prompts', 'coe_decision', 'discriminate', 'contains', 'load_released',
+           'quirks', 'piece_counts', 'sample_records', 'irrelevant_chars', 'irrelevant_context',
+           'misinformation_needed', 'misinformation_context', 'swap_answer', 'wrong_answers', 'is_yes_no',
+           'rebuild_samples', 'rebuild_summary', 'make_misinformation', 'answer_prompt', 'first_line', 'following',
+           'build_contexts', 'run_conditions', 'cell_table', 'significance', 'discrimination_rates', 'minimal_coverage',
+           'distractor_index', 'pool_released', 'pool_hotpot', 'rag_select', 'scope_coe', 'run_usability',
+           'usability_table', 'setting_label', 'ours_vs_paper_cells', 'stars_vs_paper', 'released_overview',
+           'misinformation_counts', 'usability_questions', 'hotpot_questions', 'bm25_distractors', 'report_condition',
+           'report_usability', 'report_table1']
 
 # %% ../nbs/19_coe.ipynb #c005
 # chain_of_evidence.txt App. A, "Intent and Keyword Extraction Prompt" (verbatim; 5 few-shot examples)
@@ -568,6 +568,7 @@ def make_misinformation(client, records: pd.DataFrame,  # rows with id, question
 # %% ../nbs/19_coe.ipynb #c026
 CONDITIONS = ("irrelevant", "faithfulness", "misinformation")
 ANSWER_TOKENS, JUDGE_TOKENS = 32, 3  # ours: generation budgets
+ANSWER_STOP = ["\n\n"]  # ours: the judges read the first non-empty line; a blank line ends the answer
 
 def answer_prompt(question: str, context: str) -> str:
     "The authors' answer prompt (system + user turn, coe_upstream_prompts.txt §4) as one completion prompt with an answer cue."
@@ -615,7 +616,7 @@ def run_conditions(client,  # answering LLMClient
     for run, s in enumerate(seeds):
         ids = [f"{j['id']}/{j['variant']}/{j['condition']}/{j['p']}" for j in jobs]
         outs, _ = complete_traced(client, [answer_prompt(j["question"], j["context"]) for j in jobs], ids, "coe_answer", f"run{run}", trace,
-                                  max_tokens=max_tokens, temperature=temperature, seed=s)
+                                  max_tokens=max_tokens, temperature=temperature, seed=s, stop=ANSWER_STOP)
         ans = [first_line(o) for o in outs]
         acc_i = [i for i, j in enumerate(jobs) if j["condition"] != "faithfulness"]
         fr_i = [i for i, j in enumerate(jobs) if j["condition"] == "faithfulness" and not contains(ans[i], j["wrong_ans"])]
@@ -759,7 +760,7 @@ def run_usability(client, judge, questions: list[dict],  # per question: id, que
     for run, s in enumerate(seeds):
         ids = [f"{j['id']}/{j['method']}" for j in jobs]
         outs, _ = complete_traced(client, [answer_prompt(j["question"], j["context"]) for j in jobs], ids, "coe_usability", f"run{run}", trace,
-                                  max_tokens=ANSWER_TOKENS, temperature=0.1, seed=s)
+                                  max_tokens=ANSWER_TOKENS, temperature=0.1, seed=s, stop=ANSWER_STOP)
         ans = [first_line(o) for o in outs]
         jp = [fill(CORRECTNESS_JUDGE_PROMPT, Question=j["question"], Reference_answer=j["answer"], Model_response=a) for j, a in zip(jobs, ans)]
         raw, _ = complete_traced(judge, jp, ids, "coe_judge", f"usability{run}", trace, max_tokens=JUDGE_TOKENS, temperature=0.1, seed=s)
