@@ -311,3 +311,64 @@ def test_pipeline_embedded(embedded_server, tmp_path):
     assert len(rows) == len(jobs) and rows["output"].map(lambda s: isinstance(s, str)).all()
     assert rows.loc[rows["condition"] == "irrelevant", "acc"].isin([0.0, 1.0]).all()
     assert rows.loc[rows["condition"] == "faithfulness", "fr"].isin([0.0, 1.0]).all()
+
+
+# ------------------------------------------------------------------------------------------------ rebuild and pools (pure logic)
+class Rules:
+    "Replies by prompt kind; `coe_until` = number of sentences a knowledge text needs to be judged CoE (keyword verdicts)."
+    def __init__(self, need_sentences=2): self.need, self.n = need_sentences, 0
+    def complete(self, prompts, **kw):
+        out = []
+        for p in prompts:
+            self.n += 1
+            if p.startswith("Please extract both"): r = '{ "Intent": "Birth place", "Keywords": ["Oberoi Group", "hotel company"] }'
+            elif p.startswith("Please extract relations"): r = "[]"
+            elif p.startswith("Replace the phrase"): r = " business organization"
+            elif p.startswith("For the input phrase"): r = " Mumbai"
+            elif "Input Keyword:" in p:
+                know = p.split("Input external knowledge: ", 1)[1]
+                r = "yes" if len(coe.sentence_spans(know.rsplit("\nOutput:", 1)[0])) >= self.need else "no"
+            else: r = "yes"
+            out.append([r])
+        return out
+
+
+def hotpot_record(sents, answer="Delhi"):
+    from kgrag_nb.datasets import QARecord
+    return QARecord(id="h1", question="The Oberoi Group is a hotel company with a head office in what city?", answers=[answer],
+                    context=[{"title": "Oberoi", "sentences": sents}, {"title": "Other", "sentences": ["Unrelated text."]}],
+                    supporting_facts=[("Oberoi", i) for i in range(len(sents))])
+
+
+def test_rebuild_senp_wordp_and_counts():
+    sents = ["The Oberoi Group is a hotel company.", "The Oberoi Group has its head office in Delhi.", "The Oberoi Group has staff."]
+    tw = TraceWriter()
+    df = coe.rebuild_samples(Rules(need_sentences=3), [hotpot_record(sents)], seed=0, trace=tw)
+    r = df.iloc[0]
+    assert r["is_coe"] and r["senp_status"] == "ok" and r["senp_removed"] == 1  # first candidate (keyword, no answer) removed -> Non-CoE
+    assert r["SenP"] == " ".join(sents[1:]) and r["wrong_ans"] == "Mumbai"
+    assert r["wordp_status"] == "ok" and "business organization" in r["WordP"] and "Delhi" in r["WordP"]
+    # never Non-CoE after every removal: counted as "cannot be perturbed"
+    df2 = coe.rebuild_samples(Rules(need_sentences=1), [hotpot_record(sents)], seed=0)
+    assert df2.iloc[0]["senp_status"] in ("still CoE", "nothing left") and coe.rebuild_summary(df2)["SenP cannot be perturbed"] == 1
+    assert coe.rebuild_samples(Rules(), [hotpot_record(sents, answer="yes")]).empty  # yes/no questions are left out
+    assert {t["stage"] for t in tw.records} >= {"intent_keywords", "relations", "discriminate/intent", "broader_term", "wrong_answer"}
+
+
+def test_pools_keep_gold_cap_and_are_seeded():
+    rec = hotpot_record([f"Gold sentence {i}." for i in range(3)])
+    rec.context.append({"title": "More", "sentences": [f"Other {i}." for i in range(20)]})
+    sn, gold = coe.pool_hotpot(rec, max_pool=8, seed=1)
+    assert len(sn) == 8 and sum(gold) == 3 and all(s.startswith("Gold") == g for s, g in zip(sn, gold))
+    assert (sn, gold) == coe.pool_hotpot(rec, max_pool=8, seed=1)
+    r = dict(question="Q?", answer="Rome", CoE="A is in Rome. B is old.", irrelevant_info=["n1", "n2"])
+    sn, gold = coe.pool_released(r, None, seed=0)
+    assert sorted(sn) == sorted(["n1", "n2", "A is in Rome.", "B is old."]) and sum(gold) == 2
+    assert all((s in ("A is in Rome.", "B is old.")) == g for s, g in zip(sn, gold))
+
+
+def test_discrimination_rates_direction():
+    j = pd.DataFrame([dict(dataset="d", variant=v, is_coe=c, unreadable=0, calls=3) for v, c in
+                      [("CoE", True), ("CoE", False), ("SenP", False), ("SenP", False), ("WordP", True), ("WordP", True)]])
+    r = coe.discrimination_rates(j).set_index("variant")["rate"].to_dict()
+    assert r == {"CoE": 50.0, "SenP": 100.0, "WordP": 0.0}
