@@ -781,7 +781,7 @@ def usability_table(rows: pd.DataFrame) -> pd.DataFrame:  # run_usability output
     extra["containment"] *= 100
     return out.join(extra).reset_index()
 
-# %% ../nbs/19_coe.ipynb #c036
+# %% ../nbs/19_coe.ipynb #c037
 PAPER = "chain_of_evidence.txt"
 PAPER_MODELS = ["GPT-3.5", "GPT-4", "Llama2-13B", "Llama3-70B", "Qwen2.5-32B"]
 OPEN_STAND_INS = {"GPT-3.5": "Qwen/Qwen2.5-7B-Instruct", "GPT-4": "Qwen/Qwen2.5-72B-Instruct"}  # ours: open models run in their place
@@ -820,7 +820,7 @@ DEVIATIONS = [
     "The rebuild (§4.1–4.2) is run on HotpotQA only: the mirror has no 2WikiMultihopQA records with supporting facts beyond a two-record fixture.",
 ]
 
-# %% ../nbs/19_coe.ipynb #c038
+# %% ../nbs/19_coe.ipynb #c039
 def released_overview(datasets: Sequence[str] = tuple(DATASETS), cfg=None) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
     "({dataset: released DataFrame}, quirks table, piece-count table) of the released files."
     data = {d: load_released(d, cfg) for d in datasets}
@@ -864,7 +864,7 @@ def bm25_distractors(released: dict, corpus: pd.DataFrame | None = None, limit: 
     if corpus is not None: texts += [s for t in corpus["text"].head(limit) for s in sentence_spans(t)]
     return distractor_index(texts)
 
-# %% ../nbs/19_coe.ipynb #c039
+# %% ../nbs/19_coe.ipynb #c040
 def report_condition(run,  # kgrag_nb.reproduce.StudyRun of the artefact
                      xp,  # the coe_runs ExperimentResults
                      condition: str,  # irrelevant | faithfulness | misinformation
