@@ -882,7 +882,7 @@ def report_condition(run,  # kgrag_nb.reproduce.StudyRun of the artefact
     stars = stars_vs_paper(sig, paper, condition)
     run.save_table(stars.round(4), f"{table.lower().replace(' ', '')}_mann_whitney", f"{table}: Mann–Whitney U, CoE vs SenP / WordP on per-question means over runs; two- and one-sided (CoE greater); our stars beside the paper's")
     cols = ["model", "dataset", "p", "variant", "n", "runs", f"{metric} mean", f"{metric} min", f"{metric} max", "containment", "agreement", "judge_unreadable"]
-    run.save_table(cells[cols].round(1), f"{table.lower().replace(' ', '')}_cells", f"{table}: our cells with gold-answer containment and judge/containment agreement (%)")
+    run.save_table(cells[cols].round({c: 1 for c in cols if c != "p"}), f"{table.lower().replace(' ', '')}_cells", f"{table}: our cells with gold-answer containment and judge/containment agreement (%)")
     ex = xp.load("exclusions")
     ex = ex[ex["condition"] == condition] if len(ex) else ex
     exc = ex.groupby(["dataset", "variant", "reason"]).size().rename("records").reset_index() if len(ex) else pd.DataFrame(columns=["dataset", "variant", "reason", "records"])
