@@ -19,6 +19,7 @@ from kgrag_nb.papers import (CLAIM_COLUMNS, COLUMNS, KEY, available_papers, comp
 
 AW, BR = "awakening_unseen_entity_kgqa", "brink_incomplete_kg_benchmark"
 JC = "jcql_joint_kbc_kbqa"
+CE = "chain_of_evidence"
 needs_text = pytest.mark.skipif(not papers_text_dir().is_dir(), reason="shared/papers/ (the papers' text) not present")
 
 
@@ -69,7 +70,7 @@ def v(paper, table, model, dataset, setting, metric) -> float:
 
 # ---------------------------------------------------------------- the files themselves
 def test_files_schema_keys_and_values():
-    assert set(available_papers()) >= {AW, BR, JC}
+    assert set(available_papers()) >= {AW, BR, JC, CE}
     for stem in available_papers():
         raw = pd.read_csv(papers_dir() / f"{stem}.csv", dtype=str, keep_default_na=False)
         assert tuple(raw.columns) == COLUMNS
@@ -515,3 +516,123 @@ def test_jcql_claims_are_in_the_text():
     assert "the performance improves rapidly at lower values, then grows slowly at high values until it stabilizes" in text
     assert "the inference paths involve less than 1% of the KBC test triples" in text
     assert len(paper_claims(JC)) >= 3
+
+
+# ---------------------------------------------------------------- Chain-of-Evidence paper (coe study)
+CE_COLS = [(d, v) for d in ("hotpotqa", "2wiki") for v in ("CoE", "SenP", "WordP")]
+
+
+def ce_wide(title: str) -> dict:
+    "(model, dataset, setting) -> (value, starred) of Tables 2-4 re-read from the text (model on the first row of its block)."
+    lines, out, model = block(CE, title, "* indicates"), {}, None
+    for l in lines:
+        f = [x.strip() for x in l.split("\t")]
+        vals = [x for x in f if re.fullmatch(r"\d+\.\d%\*?", x)]
+        if len(vals) != 6: continue
+        model = f[0] or model
+        p = float(next(x for x in f[1:] if re.fullmatch(r"0(\.\d+)?", x)))
+        for (d, v), x in zip(CE_COLS, vals): out[(model, d, f"p={p:g} {v}")] = (float(x.rstrip("*%")), x.endswith("*"))
+    return out
+
+
+@needs_text
+@pytest.mark.parametrize("table,title", [("Table 2", "Table 2: LLMs’ Accuracy"), ("Table 3", "Table 3: LLMs’ Following Rate"),
+                                         ("Table 4", "Table 4: LLMs’ Accuracy (ACC) with CoE")])
+def test_coe_wide_tables_match_text(table, title):
+    text = ce_wide(title)
+    csv = paper_numbers(CE, table=table)
+    assert len(text) == len(csv) == 5 * 4 * 6
+    for r in csv.itertuples():
+        value, star = text[(r.model, r.dataset, r.setting)]
+        assert r.value == value and ("*" in r.note) == star, (table, r.model, r.dataset, r.setting)
+    assert {r.setting.split()[1] for r in csv.itertuples() if "*" in r.note} == {"SenP", "WordP"}  # every Non-CoE cell starred, no CoE cell
+
+
+@needs_text
+def test_coe_tables_1_and_5_match_text():
+    t1 = lookup(CE, "Table 1")
+    rows = table_rows(block(CE, "Table 1: The details", "4.2 Non-CoE"))
+    got = {}
+    ds = None
+    for _, fields, nums in rows:
+        if fields and fields[0] in ("HotpotQA", "2WikiMultihopQA"): ds = "hotpotqa" if fields[0] == "HotpotQA" else "2wiki"
+        got[(ds, fields[-1])] = nums
+    for (d, v), (n, k) in got.items():
+        assert t1[("", d, v, "samples")] == n and t1[("", d, v, "knowledge pieces")] == k
+    t5 = lookup(CE, "Table 5")
+    for _, fields, nums in table_rows(block(CE, "Table 5: LLMs’ Accuracy", "we reuse its process")):
+        if len(nums) != 4: continue
+        for (d, s), x in zip([("hotpotqa", "RAG"), ("hotpotqa", "RAG+ScopeCoE"), ("2wiki", "RAG"), ("2wiki", "RAG+ScopeCoE")], nums):
+            assert t5[(fields[0], d, s, "ACC")] == x
+    assert len(paper_numbers(CE, table="Table 5", metric="ACC")) == 20
+
+
+def _ce_agrees(got: float, quoted: float) -> bool:
+    "The paper's one-decimal figure is `got` rounded or truncated."
+    return any(abs(x - quoted) < 1e-6 for x in (round(got + 1e-9, 1), round(got - 1e-9, 1), int(got * 10 + 1e-9) / 10))
+
+
+def _ce_frame(table):
+    d = paper_numbers(CE, table=table)
+    return d.assign(p=d.setting.str.extract(r"p=([\d.]+)")[0].astype(float), v=d.setting.str.split().str[1])
+
+
+@needs_text
+def test_coe_prose_aggregates():
+    "Every aggregate §4.1, §5.2, §6.2, §7.2 and §8.4 state, recomputed from the tables (means over models, datasets and p)."
+    text = " ".join(paper_text(CE).split())
+    t2, t3, t4 = _ce_frame("Table 2"), _ce_frame("Table 3"), _ce_frame("Table 4")
+    mean = lambda d, v: d[d.v == v].value.mean()
+    drop = lambda d, v, models=None: (lambda g: g[g.p == 0].value.mean() - g[g.p == 0.75].value.mean())(d[(d.v == v) & (d.model.isin(models) if models else True)])
+    t5 = paper_numbers(CE, table="Table 5", metric="ACC").groupby(["dataset", "setting"]).value.mean()
+    weak, strong = ["GPT-3.5", "Llama2-13B"], ["GPT-4", "Llama3-70B", "Qwen2.5-32B"]
+    checks = [
+        ("we obtained 676 and 660 samples that contain CoE", v(CE, "Table 1", "", "hotpotqa", "CoE", "samples"), 676),
+        ("CoE achieves an average accuracy of 92.0% across five LLMs", mean(t2, "CoE"), 92.0),
+        ("outperforming Non-CoE variants SenP and WordP by 22.5% and 16.3%", mean(t2, "CoE") - mean(t2, "SenP"), 22.5),
+        ("outperforming Non-CoE variants SenP and WordP by 22.5% and 16.3%", mean(t2, "CoE") - mean(t2, "WordP"), 16.3),
+        ("the ACC of LLMs with CoE only decreases by 1.8%", drop(t2, "CoE"), 1.8),
+        ("the ACC decreases by 12.9% and 9.0% under the Non-CoE variants", drop(t2, "SenP"), 12.9),
+        ("the ACC decreases by 12.9% and 9.0% under the Non-CoE variants", drop(t2, "WordP"), 9.0),
+        ("CoE outperforms Non-CoE by 14.6% in ACC", t2[(t2.p == 0) & (t2.v == "CoE")].value.mean() - t2[(t2.p == 0) & (t2.v != "CoE")].value.mean(), 14.6),
+        ("under CoE, the average FR reaches 85.4%", mean(t3, "CoE"), 85.4),
+        ("which is 20.6% and 16.2% higher than the SenP and WordP", mean(t3, "CoE") - mean(t3, "SenP"), 20.6),
+        ("which is 20.6% and 16.2% higher than the SenP and WordP", mean(t3, "CoE") - mean(t3, "WordP"), 16.2),
+        ("the FR of LLMs with CoE decreases by 3.6%", drop(t3, "CoE"), 3.6),
+        ("demonstrate a 6.6% reduction in FR when processing CoE", mean(t2, "CoE") - mean(t3, "CoE"), 6.6),
+        ("under CoE, the average ACC of LLMs reaches 84.1%", mean(t4, "CoE"), 84.1),
+        ("shows 6.2% and 6.3% smaller decreases", drop(t4, "SenP") - drop(t4, "CoE"), 6.2),
+        ("shows 6.2% and 6.3% smaller decreases", drop(t4, "WordP") - drop(t4, "CoE"), 6.3),
+        ("results in an 18.0% ACC drop for LLMs equipped with CoE", drop(t4, "CoE"), 18.0),
+        ("(with average ACC decreasing by 34.5%)", drop(t4, "CoE", weak), 34.5),
+        ("(with average ACC decreasing by 7.1%)", drop(t4, "CoE", strong), 7.1),
+        ("achieves average ACC of 77.8% and 81.6% on HotpotQA", t5[("hotpotqa", "RAG+ScopeCoE")], 77.8),
+        ("achieves average ACC of 77.8% and 81.6% on HotpotQA", t5[("2wiki", "RAG+ScopeCoE")], 81.6),
+        ("outperforming RAG by 10.4% and 28.7%", t5[("hotpotqa", "RAG+ScopeCoE")] - t5[("hotpotqa", "RAG")], 10.4),
+        ("outperforming RAG by 10.4% and 28.7%", t5[("2wiki", "RAG+ScopeCoE")] - t5[("2wiki", "RAG")], 28.7),
+        ("fewer knowledge pieces (4.6 for HotpotQA and 4.8 for 2WikiMultihopQA)", v(CE, "Table 5", "", "2wiki", "RAG+ScopeCoE", "snippets"), 4.8),
+    ]
+    for quote, got, quoted in checks:
+        assert quote in text, quote
+        assert _ce_agrees(got, quoted), (quote, got, quoted)  # the paper rounds or truncates to one decimal
+
+
+@needs_text
+def test_coe_prose_disagrees_with_tables():
+    "Where the prose quotes an aggregate its tables do not give (recomputed as above, every other aggregate matches)."
+    text = " ".join(paper_text(CE).split())
+    t3, t4 = _ce_frame("Table 3"), _ce_frame("Table 4")
+    mean = lambda d, v: d[d.v == v].value.mean()
+    drop = lambda d, v: d[(d.v == v) & (d.p == 0)].value.mean() - d[(d.v == v) & (d.p == 0.75)].value.mean()
+    wrong = [  # (quote, recomputed, quoted)
+        ("which is 21.4% and 15.3% higher than the SenP and WordP types", mean(t4, "CoE") - mean(t4, "SenP"), 21.4),  # tables: 18.6
+        ("which is 21.4% and 15.3% higher than the SenP and WordP types", mean(t4, "CoE") - mean(t4, "WordP"), 15.3),  # tables: 15.5
+        ("while the FR drops by 9.7% and 7.9% under Non-CoE", drop(t3, "SenP"), 9.7),  # tables: 9.6
+        ("while the FR drops by 9.7% and 7.9% under Non-CoE", drop(t3, "WordP"), 7.9),  # tables: 7.8
+    ]
+    for quote, got, quoted in wrong:
+        assert quote in text, quote
+        assert not _ce_agrees(got, quoted), (quote, got, quoted)
+    # Table 4's p = 0 rows repeat Table 2's (the same contexts: no misinformation added)
+    t2 = _ce_frame("Table 2")
+    assert t2[t2.p == 0].set_index(["model", "dataset", "setting"]).value.equals(t4[t4.p == 0].set_index(["model", "dataset", "setting"]).value)
