@@ -1,0 +1,79 @@
+"""The stand-in server (`kgrag serve stub`): a test instrument for rehearsals, exercised over real HTTP with the project's client."""
+import os, signal, subprocess, sys, time
+
+import httpx
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from kgrag_nb.llm import LLMClient, ResponseCache
+from kgrag_nb.serve import STUB_MODEL, StubServer, free_port, port_in_use, served_models, stub_reply, stub_tokens
+
+
+@pytest.fixture(scope="module")
+def stub():
+    with StubServer() as srv: yield srv
+
+
+def test_stub_tokens_hand_computed():
+    assert [stub_tokens(t) for t in ("", "a", "abcd", "abcde", "x" * 400)] == [1, 1, 1, 2, 100]
+
+
+@settings(max_examples=200, deadline=None)
+@given(prompt=st.text(max_size=200), max_tokens=st.integers(1, 40), seed=st.none() | st.integers(0, 10**6),
+       stop=st.none() | st.lists(st.text(min_size=1, max_size=3), max_size=2))
+def test_stub_reply_properties(prompt, max_tokens, seed, stop):
+    text, finish = stub_reply(prompt, max_tokens, seed, 0.7, stop)
+    assert (text, finish) == stub_reply(prompt, max_tokens, seed, 0.7, stop)  # deterministic
+    assert finish in ("stop", "length") and len(text) <= 4 * max_tokens
+    words = set(__import__("re").findall(r"\w+", prompt)) or {"none"}
+    assert all(w in words or any(w in v for v in words) for w in text.split())  # pieces of the prompt's words only
+    assert not any(s in text for s in stop or [])
+
+
+def test_client_completions_are_the_stub_rule_and_counted(stub, tmp_path):
+    client = LLMClient(stub.url, model=STUB_MODEL, cache=ResponseCache(tmp_path / "c.sqlite"), progress=False)
+    prompts = [f"- Question: Who wrote book number {i}?\n- Short Answer:" for i in range(20)]
+    out = client.complete(prompts, max_tokens=8, seed=5, stop=["\n"])
+    assert out == [[stub_reply(p, 8, 5, 0.0, ["\n"])[0]] for p in prompts]
+    u = client.usage
+    assert u.requests == 20 and u.answers_cached == 20 and u.prompt_tokens == sum(stub_tokens(p) for p in prompts)
+    assert u.completion_tokens == sum(stub_tokens(t[0]) if t[0] else 0 for t in out)
+    assert client.complete(prompts, max_tokens=8, seed=5, stop=["\n"]) == out and client.usage.requests == 20  # cached
+
+
+def test_client_chat_and_samples(stub):
+    client = LLMClient(stub.url, model=None, progress=False)
+    msgs = [[{"role": "system", "content": "be brief"}, {"role": "user", "content": "name a river in Peru"}]]
+    out = client.chat(msgs, n=3, temperature=0.7, seed=10, max_tokens=12)
+    assert client.model is None and out == [[stub_reply("be brief\nname a river in Peru", 12, 10 + s, 0.7)[0] for s in range(3)]]
+
+
+def test_many_requests_in_parallel(stub):
+    client = LLMClient(stub.url, model=STUB_MODEL, max_concurrency=64, progress=False)
+    prompts = [f"item {i} alpha beta" for i in range(600)]
+    t0 = time.perf_counter(); out = client.complete(prompts, max_tokens=4); dt = time.perf_counter() - t0
+    assert len(out) == 600 and client.usage.requests == 600 and client.usage.errors == 0
+    assert dt < 60, f"600 stub requests took {dt:.1f} s"
+
+
+def test_bad_requests_are_refused_with_a_reason(stub):
+    r = httpx.post(f"{stub.url}/completions", json={"model": "meta-llama/Llama-3.1-8B-Instruct", "prompt": "x"})
+    assert r.status_code == 404 and "stub" in r.json()["error"]["message"]
+    assert httpx.post(f"{stub.url}/completions", json={"prompt": ["a", "b"]}).status_code == 400
+    assert httpx.post(f"{stub.url}/completions", json={"prompt": "a", "max_tokens": 0}).status_code == 400
+    assert httpx.post(f"{stub.url}/chat/completions", json={"messages": []}).status_code == 400
+    with pytest.raises(ValueError, match="loopback"): StubServer(host="0.0.0.0")
+
+
+def test_kgrag_serve_stub_command_serves_and_stops_on_sigterm():
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "kgrag_nb.cli", "serve", "stub", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while served_models(f"http://127.0.0.1:{port}/v1") is None and time.monotonic() < deadline: time.sleep(0.2)
+        assert served_models(f"http://127.0.0.1:{port}/v1") == [STUB_MODEL]
+        proc.send_signal(signal.SIGTERM); proc.wait(20)
+        assert "test instrument" in proc.stdout.read() and not port_in_use("127.0.0.1", port)
+    finally:
+        if proc.poll() is None: proc.kill()
