@@ -121,6 +121,9 @@ def _bench(sub):
     p.add_argument("name", help="benchmark name (see `kgrag bench list`)")
     p.add_argument("--json", action="store_true"); p.add_argument("--llm-url", default=None)
     p.add_argument("--n", type=int, default=None, help="the benchmark's size knob (requests, start entities, ...)")
+    p.add_argument("--server", choices=["embedded", "stub"], default=None,
+                   help="llm: which local server to measure against without --llm-url (stub = the test instrument)")
+    p.add_argument("--concurrency", type=int, default=None, help="llm: requests in flight (default 8 embedded, 64 stub)")
     def run(args):
         if args.name == "list":
             for name, (_, text) in sorted(BENCHMARKS.items()): print(f"{name:<22} {text}")
@@ -128,7 +131,8 @@ def _bench(sub):
         if args.name not in BENCHMARKS:
             raise SystemExit(f"kgrag bench: unknown benchmark {args.name!r}; known: {', '.join(sorted(BENCHMARKS))}")
         fn = BENCHMARKS[args.name][0]
-        result = fn(n=args.n, **({"llm_url": args.llm_url} if args.llm_url else {}))
+        extra = {k: v for k, v in (("llm_url", args.llm_url), ("server", args.server), ("concurrency", args.concurrency)) if v}
+        result = fn(n=args.n, **extra)
         print_bench(result, as_json=args.json); return 0
     p.set_defaults(func=run)
 

@@ -77,3 +77,32 @@ def test_kgrag_serve_stub_command_serves_and_stops_on_sigterm():
         assert "test instrument" in proc.stdout.read() and not port_in_use("127.0.0.1", port)
     finally:
         if proc.poll() is None: proc.kill()
+
+
+# --- the client's group commit (cache writes of one event-loop turn in one transaction), measured on the stub ---
+
+def test_claim_many_and_put_many_hand_cases(tmp_path):
+    cache = ResponseCache(tmp_path / "c.sqlite")
+    cache.put_many([("a", {"text": "A"}, {"p": 1})])
+    assert cache.claim_many(["b"], "other-owner") == [("mine", None)]  # this (live) process holds b for another call
+    states = cache.claim_many(["a", "b", "c"], "me")
+    assert states[0] == ("answered", {"text": "A"}) and states[1][0] == "busy" and states[2] == ("mine", None)
+    assert cache.claim_holder("c")["owner"] == "me"
+    cache.put_many([("b", {"text": "B"}, None), ("c", {"text": "C"}, None)])
+    assert cache.get_many(["a", "b", "c", "zz"]) == {"a": {"text": "A"}, "b": {"text": "B"}, "c": {"text": "C"}}
+    assert cache.claim_holder("b") is None and cache.claim_holder("c") is None and cache.request("a") == {"p": 1}
+
+
+def test_group_commit_stores_every_answer_in_few_transactions(stub, tmp_path, monkeypatch):
+    cache = ResponseCache(tmp_path / "c.sqlite")
+    calls, original = [], ResponseCache.put_many
+    def counting(self, items):
+        calls.append(len(items)); return original(self, items)
+    monkeypatch.setattr(ResponseCache, "put_many", counting)
+    client = LLMClient(stub.url, model=STUB_MODEL, cache=cache, max_concurrency=64, progress=False)
+    prompts = [f"question {i} about rivers" for i in range(300)]
+    out = client.complete(prompts, max_tokens=4)
+    assert sum(calls) == 300 and len(calls) < 300  # every answer written, grouped
+    stored = cache.get_many([r["key"] for row in client.complete(prompts, max_tokens=4, return_records=True)[1] for r in row])
+    assert len(stored) == 300 and client.usage.requests == 300 and client.usage.cache_hits == 300
+    assert [[stored[k]["text"]] for k in [r["key"] for row in client.complete(prompts, max_tokens=4, return_records=True)[1] for r in row]] == out
