@@ -18,15 +18,15 @@ from tqdm.auto import tqdm
 from .config import PROFILES, Config, get_config
 from .datasets import dataset_checksums
 from .llm import LLMClient
-from .serve import EmbeddedServer, llm_endpoint
+from .serve import STUB_MODEL, STUB_NOTE, EmbeddedServer, llm_endpoint
 
 # %% auto #0
 __all__ = ['RUNNER_PARAMETERS', 'STUDY_PARAMETERS', 'FIXED_PDF_METADATA', 'RUN_ID', 'Artifact', 'Experiment', 'load_registry',
            'load_experiments', 'experiments_for', 'select_artifacts', 'parameters_of', 'check_study_notebooks',
            'save_figure', 'markdown_table', 'save_table', 'code_version', 'experiment_key', 'experiment_dir',
-           'ExperimentResults', 'save_result', 'StudyRun', 'ExperimentRun', 'effective_parameters', 'plan_experiments',
-           'run_notebook', 'ensure_experiment', 'check_overrides', 'git_sha', 'new_run_id', 'check_run_id',
-           'redact_url', 'scrub_secrets', 'config_environment', 'reproduce']
+           'ExperimentResults', 'save_result', 'peak_rss_mb', 'StudyRun', 'ExperimentRun', 'effective_parameters',
+           'plan_experiments', 'run_notebook', 'ensure_experiment', 'check_overrides', 'git_sha', 'new_run_id',
+           'check_run_id', 'redact_url', 'scrub_secrets', 'config_environment', 'reproduce']
 
 # %% ../nbs/07_reproduce.ipynb #c005
 @dataclass
@@ -272,6 +272,13 @@ def _display_markdown(text: str):
     except ImportError: pass
     print(text)
 
+def peak_rss_mb() -> float | None:
+    "Peak resident memory of this process so far in MiB (Linux/macOS `getrusage`), None where unavailable."
+    try: import resource  # POSIX only
+    except ImportError: return None
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(kb / (1024 * 1024) if sys.platform == "darwin" else kb / 1024, 1)  # macOS reports bytes, Linux KiB
+
 class StudyRun:
     "Provenance, outputs, experiments and LLM access of one study notebook execution."
     record_folder = "artifacts"  # subfolder of the run directory for this notebook's run record
@@ -296,7 +303,8 @@ class StudyRun:
         self.out_dir = self.cfg.figures_dir / artifact
         self.outputs, self.datasets, self.sample_sizes, self._clients, self._server = [], {}, {}, [], None
         self.experiments_used, self.deviation_list = {}, []
-        self.started, self._hooked = time.time(), False
+        self.started, self._hooked, self.stages, self._cell = time.time(), False, [], None
+        self._hook_usage()  # inside a reproduction run: usage, peak memory and per-cell stages after every cell
 
     @classmethod
     def from_papermill(cls, g: dict, cfg: Config | None = None):
@@ -325,6 +333,9 @@ class StudyRun:
             url = self._server.url
         client = LLMClient.from_config(self.cfg, base_url=url, model=self.model_name, **kwargs)
         client.resolve_model()  # checks a given name against the server, pins the served id for cache keys and records
+        if self.run_dir:  # the keys of every request, for `kgrag plan` (what a run sends, what the cache holds)
+            (self.run_dir / self.record_folder).mkdir(parents=True, exist_ok=True)
+            client.key_log = self.run_dir / self.record_folder / f"{self.artifact}.keys"
         self._clients.append(client)
         self._hook_usage()
         if self.run_dir: client.on_usage.append(lambda _: self._write_usage())  # also while a cell runs: a killed kernel keeps its count
@@ -338,13 +349,33 @@ class StudyRun:
             ip = get_ipython()
         except ImportError: ip = None
         if ip is None: return
-        ip.events.register("post_run_cell", lambda *_: self._write_usage())
+        ip.events.register("pre_run_cell", self._cell_starts)
+        ip.events.register("post_run_cell", self._cell_ends)
         self._hooked = True
+
+    def _cell_starts(self, info=None):
+        code = [l for l in (getattr(info, "raw_cell", "") or "").splitlines() if l.strip() and not l.lstrip().startswith("#")]
+        self._cell = (time.time(), code[0][:80] if code else "", self._llm_counts())
+
+    def _cell_ends(self, result=None):
+        "A stage record per executed cell (its first code line, wall time, peak memory, LLM requests and tokens) and the usage file."
+        if self._cell is not None:
+            t0, code, before = self._cell
+            after = self._llm_counts()
+            self.stages.append(dict(stage=len(self.stages) + 1, code=code, wall_s=round(time.time() - t0, 3), peak_rss_mb=peak_rss_mb(),
+                                    **{k: after[k] - before[k] for k in after}))
+            self._cell = None
+        if self.run_dir: self._write_usage()
+
+    def _llm_counts(self) -> dict:
+        u = self.usage()
+        return {k: int(u.get(k, 0)) for k in ("requests", "prompt_tokens", "completion_tokens", "cache_hits")}
 
     def _write_usage(self):
         folder = self.run_dir / self.record_folder; folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f".{self.artifact}.usage.json.{os.getpid()}.{threading.get_ident()}"  # written whole, then renamed: never read half-written
-        tmp.write_text(json.dumps({"usage": self.usage(), "models": self.models}) + "\n")
+        tmp.write_text(json.dumps({"usage": self.usage(), "models": self.models, "peak_rss_mb": peak_rss_mb(),
+                                   "stages": self.stages}) + "\n")
         os.replace(tmp, folder / f"{self.artifact}.usage.json")
 
     def use_datasets(self, *names: str) -> dict:
@@ -387,7 +418,8 @@ class StudyRun:
 
     def notes(self) -> list[str]:
         "Provenance lines printed under every table: model, sample sizes, seed, data checksums."
-        lines = [f"model: {', '.join(self.models) or 'none (no LLM used)'}",
+        stub = STUB_MODEL in self.models
+        lines = [f"model: {', '.join(self.models) or 'none (no LLM used)'}" + (f" -- {STUB_NOTE}" if stub else ""),
                  f"sample sizes: {', '.join(f'{k}={v}' for k, v in self.sample_sizes.items()) or 'n/a'}",
                  f"seed: {self.seed}; profile: {self.profile}"]
         if self.datasets:
@@ -423,7 +455,7 @@ class StudyRun:
         record = self._record()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "provenance.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-        record.update(usage=self.usage(), wall_s=round(time.time() - self.started, 3))
+        record.update(usage=self.usage(), wall_s=round(time.time() - self.started, 3), peak_rss_mb=peak_rss_mb(), stages=self.stages)
         if self.run_dir:
             (self.run_dir / self.record_folder).mkdir(parents=True, exist_ok=True)
             (self.run_dir / self.record_folder / f"{self.artifact}.json").write_text(json.dumps(record, indent=1) + "\n")
@@ -681,6 +713,7 @@ def reproduce(profile: str | None = None,  # `tiny`, `smoke` or `full` (default:
     with endpoint as url:
         if needs_llm: model = LLMClient.from_config(cfg, base_url=url, model=model, progress=False).resolve_model()
         manifest["model"] = model if needs_llm else None
+        if needs_llm and model == STUB_MODEL: manifest["test_instrument"] = STUB_NOTE
         has_secret = bool(url) and redact_url(url) != url
         nb_url = None if has_secret else url  # credentials reach kernels only through KGRAG_LLM_URL
         bar = tqdm(total=len(exps) + len(arts), desc="notebooks", unit="nb", disable=not progress)
