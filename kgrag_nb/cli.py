@@ -89,6 +89,7 @@ def _serve(sub):
     e.add_argument("--port", type=int, default=None); e.add_argument("--n-ctx", type=int, default=2048)
     s = which.add_parser("stub", help="TEST INSTRUMENT: instant deterministic stand-in OpenAI server on 127.0.0.1 (rehearsals, benchmarks)")
     s.add_argument("--port", type=int, default=8766)
+    s.add_argument("--models", default=serve.STUB_MODEL, help="comma-separated model ids to report, each starting with 'stub'")
     v = which.add_parser("vllm", help="`vllm serve` on a GPU node (needs `pip install -e .[gpu]`)")
     v.add_argument("--model", required=True); v.add_argument("--tensor-parallel-size", type=int, default=1)
     v.add_argument("--host", default="127.0.0.1"); v.add_argument("--port", type=int, default=8000)
@@ -100,9 +101,10 @@ def _serve(sub):
             serve.serve_vllm(args.model, tensor_parallel_size=args.tensor_parallel_size, host=args.host, port=args.port)
             return 0
         if args.server == "stub":
-            print(f"serving the stand-in model {serve.STUB_MODEL!r} (a test instrument, not a language model) at "
+            models = serve.stub_models(args.models)
+            print(f"serving the stand-in model(s) {models} (a test instrument, not a language model) at "
                   f"http://127.0.0.1:{args.port}/v1 (Ctrl-C stops)", flush=True)
-            try: serve.run_stub_server("127.0.0.1", args.port)
+            try: serve.run_stub_server("127.0.0.1", args.port, models)
             except KeyboardInterrupt: pass
             return 0
         server = serve.EmbeddedServer(get_config(), port=args.port, n_ctx=args.n_ctx, shared=True).start()  # others may reuse it

@@ -418,7 +418,7 @@ class StudyRun:
 
     def notes(self) -> list[str]:
         "Provenance lines printed under every table: model, sample sizes, seed, data checksums."
-        stub = STUB_MODEL in self.models
+        stub = any(m.startswith(STUB_MODEL) for m in self.models)
         lines = [f"model: {', '.join(self.models) or 'none (no LLM used)'}" + (f" -- {STUB_NOTE}" if stub else ""),
                  f"sample sizes: {', '.join(f'{k}={v}' for k, v in self.sample_sizes.items()) or 'n/a'}",
                  f"seed: {self.seed}; profile: {self.profile}"]
@@ -713,7 +713,7 @@ def reproduce(profile: str | None = None,  # `tiny`, `smoke` or `full` (default:
     with endpoint as url:
         if needs_llm: model = LLMClient.from_config(cfg, base_url=url, model=model, progress=False).resolve_model()
         manifest["model"] = model if needs_llm else None
-        if needs_llm and model == STUB_MODEL: manifest["test_instrument"] = STUB_NOTE
+        if needs_llm and model and model.startswith(STUB_MODEL): manifest["test_instrument"] = STUB_NOTE
         has_secret = bool(url) and redact_url(url) != url
         nb_url = None if has_secret else url  # credentials reach kernels only through KGRAG_LLM_URL
         bar = tqdm(total=len(exps) + len(arts), desc="notebooks", unit="nb", disable=not progress)

@@ -15,7 +15,7 @@ from .config import EMBEDDED_MODEL_ALIAS, Config, get_config
 # %% auto #0
 __all__ = ['LOOPBACK', 'STUB_MODEL', 'STUB_NOTE', 'embedded_model_path', 'free_port', 'port_in_use', 'served_models',
            'EmbeddedServer', 'server_state', 'run_llama_server', 'llm_endpoint', 'vllm_command', 'serve_vllm',
-           'stub_tokens', 'stub_reply', 'run_stub_server', 'StubServer']
+           'stub_tokens', 'stub_reply', 'stub_models', 'run_stub_server', 'StubServer']
 
 # %% ../nbs/04_serve.ipynb #c005
 _ASSEMBLED: dict[Path, Path] = {}
@@ -279,16 +279,26 @@ def stub_reply(prompt: str,  # the prompt (chat: the messages' contents joined b
     return text, finish
 
 # %% ../nbs/04_serve.ipynb #s103
-def _stub_app(model: str = STUB_MODEL):
+def stub_models(models: str | list = STUB_MODEL) -> list[str]:
+    "The model ids a stand-in server reports (a comma-separated string or a list); each must start with `stub` so"
+    " that every table made with it names a stub (several ids stand in for studies that compare models)."
+    ids = [m.strip() for m in (models.split(",") if isinstance(models, str) else models) if m and m.strip()]
+    bad = [m for m in ids if not m.startswith(STUB_MODEL)]
+    if not ids or bad: raise ValueError(f"stub model ids {bad or ids!r}: each must start with {STUB_MODEL!r} (e.g. stub, stub-2) "
+                                        "so that results made with the test instrument are never mistaken for a model's")
+    return ids
+
+def _stub_app(model: str | list = STUB_MODEL):
     "The Starlette app of the stand-in server (imported here: starlette comes with the `cpu` extra)."
+    served = stub_models(model)
     from starlette.applications import Starlette  # optional: llama-cpp-python[server] brings it
     from starlette.responses import JSONResponse
     from starlette.routing import Route
     created = int(time.time())
 
     async def models(request):
-        return JSONResponse({"object": "list", "data": [{"id": model, "object": "model", "created": created,
-                                                         "owned_by": "kgrag-stub (test instrument)"}]})
+        return JSONResponse({"object": "list", "data": [{"id": m, "object": "model", "created": created,
+                                                         "owned_by": "kgrag-stub (test instrument)"} for m in served]})
 
     def error(status: int, message: str):
         return JSONResponse({"error": {"message": message, "type": "invalid_request_error"}}, status_code=status)
@@ -296,7 +306,8 @@ def _stub_app(model: str = STUB_MODEL):
     async def generate(request, chat: bool):
         try: body = await request.json()
         except ValueError: return error(400, "the body is not JSON")
-        if body.get("model") not in (None, model): return error(404, f"model {body.get('model')!r} is not served; this stub serves {model!r}")
+        name = body.get("model") or served[0]
+        if name not in served: return error(404, f"model {name!r} is not served; this stub serves {served}")
         if chat:
             msgs = body.get("messages")
             if not isinstance(msgs, list) or not msgs: return error(400, "'messages' must be a non-empty list")
@@ -314,7 +325,7 @@ def _stub_app(model: str = STUB_MODEL):
                     {"index": i, "text": t, "finish_reason": f, "logprobs": None}) for i, (t, f) in enumerate(answers)]
         p_tok, c_tok = stub_tokens(prompt), sum(stub_tokens(t) if t else 0 for t, _ in answers)
         return JSONResponse({"id": f"stub-{hashlib.sha256(prompt.encode()).hexdigest()[:12]}",
-                             "object": "chat.completion" if chat else "text_completion", "created": created, "model": model,
+                             "object": "chat.completion" if chat else "text_completion", "created": created, "model": name,
                              "choices": choices, "system_fingerprint": "kgrag-stub",
                              "usage": {"prompt_tokens": p_tok, "completion_tokens": c_tok, "total_tokens": p_tok + c_tok}})
 
@@ -325,8 +336,9 @@ def _stub_app(model: str = STUB_MODEL):
 
 def run_stub_server(host: str = "127.0.0.1",  # loopback only
                     port: int = 8766,  # listen port
-                    model: str = STUB_MODEL):  # model id it reports (keep it obviously a stub)
+                    model: str | list = STUB_MODEL):  # model id(s) it reports, each starting with `stub`
     "Serve the stand-in server in this process until interrupted (uvicorn, one event loop, no access log)."
+    stub_models(model)
     if host not in LOOPBACK: raise ValueError(f"host={host!r}: the stub server binds loopback only (127.0.0.1)")
     import uvicorn  # optional: llama-cpp-python[server] brings it
     uvicorn.run(_stub_app(model), host=host, port=int(port), log_level="warning", access_log=False,
@@ -338,10 +350,11 @@ class StubServer:
     def __init__(self,
                  port: int | None = None,  # None = a free port
                  host: str = "127.0.0.1",  # loopback only
-                 model: str = STUB_MODEL,  # model id it reports
+                 model: str | list = STUB_MODEL,  # model id(s) it reports, each starting with `stub`
                  startup_timeout: float = 60.0):  # seconds to wait for `/v1/models`
         if host not in LOOPBACK: raise ValueError(f"host={host!r}: the stub server binds loopback only (127.0.0.1)")
-        self.host, self.port, self.model, self.startup_timeout, self.proc = host, port, model, startup_timeout, None
+        self.models = stub_models(model)
+        self.host, self.port, self.model, self.startup_timeout, self.proc = host, port, self.models[0], startup_timeout, None
 
     @property
     def url(self) -> str: return f"http://{self.host}:{self.port}/v1"
@@ -352,7 +365,7 @@ class StubServer:
         if self.proc is not None: return self
         self.port = int(self.port or free_port(self.host))
         if port_in_use(self.host, self.port): raise RuntimeError(f"port {self.port} is taken; pass another port (or none)")
-        code = f"from kgrag_nb.serve import run_stub_server; run_stub_server({self.host!r}, {self.port}, {self.model!r})"
+        code = f"from kgrag_nb.serve import run_stub_server; run_stub_server({self.host!r}, {self.port}, {self.models!r})"
         self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, start_new_session=True,
                                      preexec_fn=_parent_death_signal)
         atexit.register(self.stop)
@@ -361,7 +374,7 @@ class StubServer:
             if self.proc.poll() is not None:
                 rc, self.proc = self.proc.returncode, None
                 raise RuntimeError(f"the stub server exited with code {rc} before serving {self.url} (its stderr is above)")
-            if served_models(self.url, timeout=2.0) == [self.model]: return self
+            if served_models(self.url, timeout=2.0) == self.models: return self
             time.sleep(0.1)
         self.stop(); raise TimeoutError(f"the stub server did not answer at {self.url} within {self.startup_timeout}s")
 
