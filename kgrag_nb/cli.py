@@ -8,6 +8,7 @@ import argparse, json, os, signal, sys, time
 from . import datasets, serve
 from .bench import print_bench  # importing bench also registers `kgrag bench llm` and `kgrag bench kg`
 from .config import PROFILES, get_config
+from .plan import plan  # importing plan registers `kgrag plan`
 from .reproduce import load_experiments, load_registry, reproduce
 from .hooks import SUBCOMMANDS, BENCHMARKS, EVALUATORS, subcommand, load_study_modules
 

@@ -704,7 +704,8 @@ def reproduce(profile: str | None = None,  # `tiny`, `smoke` or `full` (default:
     manifest = dict(run_id=run_id, git_sha=git_sha(cfg.root), profile=profile, only=only, jobs=jobs,
                     started=datetime.now(timezone.utc).isoformat(), llm_url=redact_url(llm_url) or "embedded",
                     config=cfg.public_dict(), python=sys.version.split()[0], overrides=overrides or {},
-                    overrides_apply_to=applies, experiments=[], artifacts=[])
+                    overrides_apply_to=applies, experiments=[], artifacts=[], status="running")
+    (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1, default=str) + "\n")  # a killed run still names its profile
     t0 = time.time()
     plan = plan_experiments(exps, profile, cfg, overrides)
     needs_llm = any(a.needs_llm for a in arts) or any(e.needs_llm and not plan[e.id]["done"] for e in exps)
@@ -770,7 +771,7 @@ def reproduce(profile: str | None = None,  # `tiny`, `smoke` or `full` (default:
                                run_dir / "notebooks" / f"{a.id}.ipynb", dict(artifact=a.id, experiments={u: plan[u]["key"] for u in a.uses}))
             manifest["artifacts"] = _parallel(run_art, arts, jobs)
         bar.close()
-    manifest.update(wall_s=round(time.time() - t0, 2), llm_usage=_sum_usage(manifest["experiments"] + manifest["artifacts"]),
+    manifest.update(status="finished", wall_s=round(time.time() - t0, 2), llm_usage=_sum_usage(manifest["experiments"] + manifest["artifacts"]),
                     failed=[e.get("artifact") or e.get("experiment") for e in manifest["experiments"] + manifest["artifacts"]
                             if e["status"] == "failed"],
                     skipped=[e.get("artifact") or e.get("experiment") for e in manifest["experiments"] + manifest["artifacts"]

@@ -62,6 +62,7 @@ LAYERS = [
      "jcql": ["jcql"], "missing": ["missing"], "coe": ["coe"]},
     ["report"],
     ["bench"],
+    ["plan"],
     ["cli"],
 ]
 

@@ -1,0 +1,56 @@
+"""`kgrag plan`: GPU-time arithmetic, and on the tiny profile the plan's request count equals what a real run sends."""
+import json
+
+import pytest
+
+from kgrag_nb.config import EMBEDDED_MODEL_ALIAS, get_config
+from kgrag_nb.plan import DEFAULT_THROUGHPUT, gpu_hours, plan, price_keys
+from kgrag_nb.llm import ResponseCache, request_key
+from kgrag_nb.reproduce import reproduce
+from kgrag_nb.serve import STUB_MODEL, StubServer
+
+
+def test_gpu_hours_hand_computed():
+    assert DEFAULT_THROUGHPUT == 5000.0
+    assert gpu_hours(36_000_000) == 2.0 and gpu_hours(36_000_000, replicas=4) == 0.5
+    assert gpu_hours(9_000, throughput=2.5, replicas=1) == 1.0
+    with pytest.raises(ValueError, match="replicas=0"): gpu_hours(1, replicas=0)
+    with pytest.raises(ValueError, match="throughput=-1"): gpu_hours(1, throughput=-1)
+
+
+def test_price_keys_rekeys_for_the_target_model(tmp_path):
+    src, dst = ResponseCache(tmp_path / "rehearsal.sqlite"), ResponseCache(tmp_path / "real.sqlite")
+    reqs = [("completion", STUB_MODEL, "Q: a?", {"max_tokens": 8, "temperature": 0.0}, 0),
+            ("completion", STUB_MODEL, "Q: b?", {"max_tokens": 24, "temperature": 0.7, "seed": 1}, 1),
+            ("chat", "stub-2", [{"role": "user", "content": "c"}], {"max_tokens": 5}, 0)]
+    keys = []
+    for kind, model, payload, params, s in reqs:
+        k = request_key(kind, model, payload, params, s); keys.append(k)
+        src.put(k, {"text": "x", "prompt_tokens": 3, "completion_tokens": 1},
+                request={"kind": kind, "model": model, "payload": payload, "params": params, "sample_index": s})
+    dst.put(request_key("completion", "M", "Q: b?", reqs[1][3], 1), {"text": "y"})  # the real cache holds the second one
+    log = tmp_path / "x.keys"; log.write_text("\n".join(keys + keys[:1]) + "\n")  # a repeated key is one request
+    src.close(); dst.close()
+    p = price_keys(log, tmp_path / "rehearsal.sqlite", tmp_path / "real.sqlite", "M")
+    assert p == dict(requests=3, other_models=1, prompt_tokens=9, completion_tokens_max=37, in_cache=1, unknown=0,
+                     to_send_tokens_max=8 + 5)
+
+
+@pytest.mark.llm
+def test_tiny_plan_counts_the_requests_a_real_tiny_run_sends(embedded_server, tmp_path):
+    only = "closed_book_baseline"
+    common = dict(runs_dir=tmp_path / "runs", figures_dir=tmp_path / "figures")
+    rehearsal_cfg = get_config(cache_dir=tmp_path / "rehearsal_cache", **common)
+    real_cfg = get_config(cache_dir=tmp_path / "real_cache", **common)
+    with StubServer() as stub:
+        m = reproduce(profile="tiny", only=only, llm_url=stub.url, model=STUB_MODEL, run_id="rehearsal", cfg=rehearsal_cfg, progress=False)
+    assert m["status"] == "finished" and not m["failed"] and "TEST INSTRUMENT" in m["test_instrument"]
+    before = plan("tiny", only=only, model=embedded_server.model, cfg=real_cfg)
+    row = before.set_index("id").loc[only]
+    assert row["basis"] == "exact" and row["rehearsal"] == "rehearsal" and row["in_cache"] == 0 and row["requests"] > 0
+    real = reproduce(profile="tiny", only=only, llm_url=embedded_server.url, run_id="real", cfg=real_cfg, progress=False)
+    assert not real["failed"] and real["model"] == EMBEDDED_MODEL_ALIAS
+    assert real["llm_usage"]["requests"] - real["llm_usage"].get("retries", 0) == row["requests"]  # exactly what the plan said
+    after = plan("tiny", only=only, model=embedded_server.model, cfg=real_cfg).set_index("id").loc[only]
+    assert after["rehearsal"] == "real"  # the newest record of the notebook: the real run's own key log
+    assert (after["requests"], after["in_cache"], after["to_send"], after["gpu_hours"]) == (row["requests"], row["requests"], 0, 0.0)
