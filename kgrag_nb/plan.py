@@ -16,7 +16,8 @@ from .reproduce import _read_registry, experiments_for, markdown_table, select_a
 from .serve import STUB_MODEL
 
 # %% auto #0
-__all__ = ['DEFAULT_PLAN_MODEL', 'DEFAULT_THROUGHPUT', 'EXACT_PROMPTS', 'gpu_hours', 'rehearsal_records', 'price_keys', 'plan']
+__all__ = ['DEFAULT_PLAN_MODEL', 'DEFAULT_THROUGHPUT', 'EXACT_PROMPTS', 'gpu_hours', 'rehearsal_records', 'price_keys', 'plan',
+           'rehearsal_table']
 
 # %% ../nbs/20_plan.ipynb #p004
 DEFAULT_PLAN_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -143,3 +144,41 @@ def _plan(sub):
                           f"--llm-url http://127.0.0.1:8766/v1 --model stub --only <artefact>`")
         return 0
     p.set_defaults(func=run)
+
+# %% ../nbs/20_plan.ipynb #p021
+def _running_cell(executed: Path) -> str:
+    "First code line of the cell papermill was executing in an executed copy ('' when none or unreadable)."
+    try: cells = json.loads(executed.read_text())["cells"]
+    except (OSError, ValueError, KeyError): return ""
+    for c in cells:
+        if c.get("metadata", {}).get("papermill", {}).get("status") == "running":
+            code = [l for l in "".join(c["source"]).splitlines() if l.strip() and not l.lstrip().startswith("#")]
+            return code[0][:80] if code else ""
+    return ""
+
+def rehearsal_table(run_ids: list[str], cfg: Config | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    "`(notebooks, stages)` of the given runs: per notebook and per stage wall time, peak memory, LLM requests and tokens."
+    cfg = cfg or get_config()
+    rows, stages = [], []
+    for rid in run_ids:
+        run_dir = cfg.runs_dir / rid
+        man = json.loads((run_dir / "manifest.json").read_text()) if (run_dir / "manifest.json").exists() else {}
+        entries = {e.get("artifact") or e.get("experiment"): e for e in man.get("experiments", []) + man.get("artifacts", [])}
+        for folder in ("experiments", "artifacts"):
+            d = run_dir / folder
+            ids = sorted({p.name.split(".")[0] for p in d.iterdir() if not p.name.startswith(".")}) if d.is_dir() else []
+            for sid in ids:
+                rec = next((json.loads(f.read_text()) for f in (d / f"{sid}.json", d / f"{sid}.usage.json") if f.exists()), {})
+                e, st, u = entries.get(sid, {}), rec.get("stages") or [], rec.get("usage") or {}
+                executed = run_dir / "notebooks" / ("experiments/" if folder == "experiments" else "") / f"{sid}.ipynb"
+                status = e.get("status") or ("stopped (wall limit)" if man.get("status") != "finished" else "unknown")
+                slow = max(st, key=lambda s: s["wall_s"]) if st else None
+                rows.append(dict(id=sid, kind=folder[:-1], run=rid, status=status,
+                                 wall_s=e.get("wall_s") if e.get("wall_s") is not None else round(sum(s["wall_s"] for s in st), 1),
+                                 peak_rss_mb=rec.get("peak_rss_mb"), requests=int(u.get("requests", 0)),
+                                 prompt_tokens=int(u.get("prompt_tokens", 0)), completion_tokens=int(u.get("completion_tokens", 0)),
+                                 slowest_stage=f"{slow['code']} ({slow['wall_s']:.0f} s)" if slow else "",
+                                 stopped_in=(e.get("error") or "") if status == "failed" else
+                                            (_running_cell(executed) if status.startswith("stopped") else "")))
+                stages += [dict(id=sid, run=rid, **s) for s in st]
+    return pd.DataFrame(rows), pd.DataFrame(stages)
