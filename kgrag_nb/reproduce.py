@@ -4,7 +4,7 @@
 
 # %% ../nbs/07_reproduce.ipynb #c002
 from __future__ import annotations
-import ast, fnmatch, hashlib, json, os, pickle, re, subprocess, sys, threading, time
+import ast, fnmatch, hashlib, json, os, pickle, re, signal, subprocess, sys, threading, time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -674,10 +674,46 @@ def _read_record(run_dir: Path, folder: str, sid: str) -> dict:
         if f.exists(): return json.loads(f.read_text())
     return {}
 
+def _kernel_children() -> list[int]:
+    "Pids of the Jupyter kernels this process started (Linux /proc; empty elsewhere)."
+    me, out = str(os.getpid()), []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if stat.read_text().rsplit(")", 1)[1].split()[1] != me: continue
+            if b"ipykernel" in (stat.parent / "cmdline").read_bytes(): out.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError): continue
+    return out
+
+def _stop_kernels(grace_s: float = 5.0) -> list[int]:
+    "SIGTERM the kernels this process started (SIGKILL after `grace_s`): their papermill runs end at once with a"
+    " dead-kernel error, so worker threads return instead of finishing their notebooks. Returns the pids."
+    pids = _kernel_children()
+    for pid in pids:
+        try: os.kill(pid, signal.SIGTERM)
+        except OSError: pass
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() and Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+                                              for p in pids if Path(f"/proc/{p}/stat").exists()):
+        time.sleep(0.1)
+    for pid in pids:
+        try: os.kill(pid, signal.SIGKILL)
+        except OSError: pass
+    return pids
+
 def _parallel(fn, items: list, jobs: int) -> list:
-    "`[fn(x) for x in items]`, `jobs` at a time (each papermill run has its own kernel process)."
+    "`[fn(x) for x in items]`, `jobs` at a time (each papermill run has its own kernel process). On Ctrl-C or SIGTERM"
+    " the queued items are dropped and the running notebooks' kernels are stopped, so the interrupt takes seconds."
     if jobs <= 1 or len(items) <= 1: return [fn(x) for x in items]
-    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="kgrag-nb") as pool: return list(pool.map(fn, items))
+    pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="kgrag-nb")
+    futures = []
+    try:
+        futures = [pool.submit(fn, x) for x in items]
+        return [f.result() for f in futures]
+    except BaseException:
+        for f in futures: f.cancel()
+        _stop_kernels()
+        raise
+    finally: pool.shutdown(wait=True, cancel_futures=True)
 
 def reproduce(profile: str | None = None,  # `tiny`, `smoke` or `full` (default: config)
               only: str | None = None,  # comma-separated glob patterns of artefact ids

@@ -1,5 +1,6 @@
 """The stand-in server (`kgrag serve stub`): a test instrument for rehearsals, exercised over real HTTP with the project's client."""
 import os, signal, subprocess, sys, time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -106,3 +107,36 @@ def test_group_commit_stores_every_answer_in_few_transactions(stub, tmp_path, mo
     stored = cache.get_many([r["key"] for row in client.complete(prompts, max_tokens=4, return_records=True)[1] for r in row])
     assert len(stored) == 300 and client.usage.requests == 300 and client.usage.cache_hits == 300
     assert [[stored[k]["text"]] for k in [r["key"] for row in client.complete(prompts, max_tokens=4, return_records=True)[1] for r in row]] == out
+
+
+# --- `kgrag reproduce --jobs 2` stops its running kernels promptly on SIGTERM ---
+
+def test_sigterm_stops_parallel_notebooks_promptly(tmp_path):
+    import json as _json
+    root = tmp_path / "proj"; (root / "nbs" / "studies").mkdir(parents=True)
+    params = 'profile = "tiny"\nrun_dir = None\nllm_url = None\nmodel = None\n'
+    for sid in ("s1", "s2", "s3"):
+        nb = {"cells": [{"cell_type": "code", "id": "p", "metadata": {"tags": ["parameters"]}, "execution_count": None, "outputs": [], "source": params},
+                        {"cell_type": "code", "id": "b", "metadata": {}, "execution_count": None, "outputs": [],
+                         "source": f"import os, time, pathlib\npathlib.Path(r'{tmp_path}', '{sid}.started').write_text(str(os.getpid()))\ntime.sleep(300)"}],
+              "metadata": {"kernelspec": {"name": "python3", "display_name": "python3", "language": "python"}}, "nbformat": 4, "nbformat_minor": 5}
+        (root / "nbs" / "studies" / f"{sid}.ipynb").write_text(_json.dumps(nb))
+    (root / "studies.yaml").write_text("artifacts:\n" + "".join(
+        f"  {s}: {{paper: p.txt, title: t, notebook: nbs/studies/{s}.ipynb, profiles: {{tiny: {{}}}}}}\n" for s in ("s1", "s2", "s3")))
+    env = dict(os.environ, KGRAG_HOME=str(root), KGRAG_RUNS=str(tmp_path / "runs"), KGRAG_FIGURES=str(tmp_path / "fig"),
+               KGRAG_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.Popen([sys.executable, "-m", "kgrag_nb.cli", "reproduce", "--profile", "tiny", "--jobs", "2", "--run-id", "r"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ((tmp_path / "s1.started").exists() and (tmp_path / "s2.started").exists()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert (tmp_path / "s2.started").exists(), "two notebooks never started"
+        t0 = time.monotonic(); proc.send_signal(signal.SIGTERM); rc = proc.wait(60); dt = time.monotonic() - t0
+        assert rc == 143 and dt < 30, f"exit {rc} after {dt:.1f} s (the notebooks sleep 300 s)"
+        assert not (tmp_path / "s3.started").exists()  # the queued notebook never started
+        kernels = [int((tmp_path / f"{s}.started").read_text()) for s in ("s1", "s2")]
+        time.sleep(1)
+        assert not [pid for pid in kernels if Path(f"/proc/{pid}").exists()], "a kernel outlived the run"
+    finally:
+        if proc.poll() is None: proc.kill()
