@@ -16,8 +16,8 @@ from .reproduce import _read_registry, experiments_for, markdown_table, select_a
 from .serve import STUB_MODEL
 
 # %% auto #0
-__all__ = ['DEFAULT_PLAN_MODEL', 'DEFAULT_THROUGHPUT', 'EXACT_PROMPTS', 'gpu_hours', 'rehearsal_records', 'price_keys', 'plan',
-           'rehearsal_table']
+__all__ = ['DEFAULT_PLAN_MODEL', 'DEFAULT_THROUGHPUT', 'EXACT_PROMPTS', 'GROWTH_FORMS', 'gpu_hours', 'rehearsal_records',
+           'price_keys', 'plan', 'rehearsal_table', 'fit_growth']
 
 # %% ../nbs/20_plan.ipynb #p004
 DEFAULT_PLAN_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -182,3 +182,24 @@ def rehearsal_table(run_ids: list[str], cfg: Config | None = None) -> tuple[pd.D
                                             (_running_cell(executed) if status.startswith("stopped") else "")))
                 stages += [dict(id=sid, run=rid, **s) for s in st]
     return pd.DataFrame(rows), pd.DataFrame(stages)
+
+# %% ../nbs/20_plan.ipynb #p031
+GROWTH_FORMS = {"linear": lambda n: n, "n log n": lambda n: n * math.log(n), "quadratic": lambda n: n * n}
+
+def fit_growth(sizes: list,  # problem sizes (> 0), at least 3
+               costs: list) -> dict:  # measured costs (seconds, MiB, ...), one per size
+    "The growth form (`linear`, `n log n`, `quadratic`) whose `a + b f(n)` fits best, its relative residual, and the log-log slope."
+    if len(sizes) != len(costs) or len(sizes) < 3: raise ValueError(f"fit_growth: give >= 3 sizes and as many costs (got {len(sizes)}, {len(costs)})")
+    if min(sizes) <= 0 or min(costs) <= 0: raise ValueError("fit_growth: sizes and costs must be positive")
+    out = {}
+    for name, f in GROWTH_FORMS.items():
+        x = [f(n) for n in sizes]; mx, my = sum(x) / len(x), sum(costs) / len(costs)
+        sxx = sum((a - mx) ** 2 for a in x)
+        b = sum((a - mx) * (c - my) for a, c in zip(x, costs)) / sxx if sxx else 0.0
+        a0 = my - b * mx
+        out[name] = math.sqrt(sum((a0 + b * a - c) ** 2 for a, c in zip(x, costs)) / len(x)) / my
+    lx, ly = [math.log(n) for n in sizes], [math.log(c) for c in costs]
+    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
+    slope = sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
+    best = min(out, key=out.get)
+    return dict(growth=best, rel_residual=round(out[best], 4), loglog_slope=round(slope, 3))

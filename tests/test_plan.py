@@ -54,3 +54,20 @@ def test_tiny_plan_counts_the_requests_a_real_tiny_run_sends(embedded_server, tm
     after = plan("tiny", only=only, model=embedded_server.model, cfg=real_cfg).set_index("id").loc[only]
     assert after["rehearsal"] == "real"  # the newest record of the notebook: the real run's own key log
     assert (after["requests"], after["in_cache"], after["to_send"], after["gpu_hours"]) == (row["requests"], row["requests"], 0, 0.0)
+
+
+from hypothesis import given, settings, strategies as st
+from kgrag_nb.plan import GROWTH_FORMS, fit_growth
+
+
+@settings(max_examples=100, deadline=None)
+@given(sizes=st.lists(st.integers(10, 100_000), min_size=3, max_size=5, unique=True), form=st.sampled_from(sorted(GROWTH_FORMS)),
+       a=st.floats(0, 1), b=st.floats(1, 100))
+def test_fit_growth_recovers_the_form_of_exact_data(sizes, form, a, b):
+    sizes = sorted(sizes)
+    if sizes[-1] < 2 * sizes[0]: sizes.append(sizes[-1] * 4)  # spread enough to tell the forms apart
+    costs = [a + b * GROWTH_FORMS[form](n) for n in sizes]
+    fit = fit_growth(sizes, costs)
+    assert fit["rel_residual"] < 1e-6
+    assert fit["growth"] == form  # exact data: only the true form fits with no residual
+    if a == 0: assert abs(fit["loglog_slope"] - {"linear": 1, "quadratic": 2}.get(form, fit["loglog_slope"])) < 1e-6
