@@ -71,3 +71,10 @@ def test_fit_growth_recovers_the_form_of_exact_data(sizes, form, a, b):
     assert fit["rel_residual"] < 1e-6
     assert fit["growth"] == form  # exact data: only the true form fits with no residual
     if a == 0: assert abs(fit["loglog_slope"] - {"linear": 1, "quadratic": 2}.get(form, fit["loglog_slope"])) < 1e-6
+
+
+def test_embed_device_is_configurable_for_gpu_nodes(monkeypatch):
+    from kgrag_nb.config import get_config
+    assert get_config().embed_device in ("cpu", __import__("os").environ.get("KGRAG_EMBED_DEVICE"))
+    monkeypatch.setenv("KGRAG_EMBED_DEVICE", "cuda:1")
+    assert get_config().embed_device == "cuda:1" and get_config(embed_device="cpu").embed_device == "cpu"
