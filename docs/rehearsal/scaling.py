@@ -2,7 +2,7 @@
 subgraphs of the questions' topic entities, capped at 40,000 triples per entity, awakening §5.1 / App. C) and the DiFaR
 embedding of its verbalised triples. Each size runs in a fresh process, so its peak memory is its own.
 
-    nice -n 19 python docs/rehearsal/scaling.py          # writes docs/rehearsal/scaling.{csv,md,png}
+    nice -n 19 python docs/rehearsal/scaling.py [union embed awaken]   # writes docs/rehearsal/scaling.{csv,md,png}
 """
 import json, subprocess, sys, time
 from pathlib import Path
@@ -31,6 +31,23 @@ t0 = time.perf_counter(); embed(texts, model, cache_dir=False)
 print(json.dumps(dict(stage="DiFaR triple embedding (MiniLM, CPU)", size={n}, unit="triples", wall_s=time.perf_counter() - t0,
                       peak_rss_mb=peak_rss_mb(), triples={n})))
 """
+AWAKEN = """
+import json, time
+import numpy as np
+from kgrag_nb import awaken
+from kgrag_nb.reproduce import peak_rss_mb
+records, backend, map_id = awaken.task1_data("cwq")
+texts = []
+def counting_scorer(query, cands):  # no embedding: count the texts the MiniLM reranker would embed
+    texts.extend(cands); return np.zeros(len(cands))
+awaken.extract_knowledge(records[0], backend, map_id, scorer=counting_scorer)  # adjacency built outside the timing
+texts.clear(); t0 = time.perf_counter(); sizes = []
+for r in records[1:{n} + 1]:
+    ex = awaken.extract_knowledge(r, backend, map_id, scorer=counting_scorer); sizes.append(ex["question"].get("n_subgraph", 0))
+print(json.dumps(dict(stage="awakening Step 2 without embedding (subgraph, candidates, distances)", size={n}, unit="questions",
+                      wall_s=time.perf_counter() - t0, peak_rss_mb=peak_rss_mb(), triples=int(np.mean(sizes)),
+                      texts_to_embed=len(texts), unique_texts=len(set(texts)))))
+"""
 
 def measure(code: str, sizes: list) -> list:
     out = []
@@ -44,13 +61,18 @@ if __name__ == "__main__":
     import pandas as pd, matplotlib; matplotlib.use("Agg"); import matplotlib.pyplot as plt
     from kgrag_nb.plan import fit_growth
     from kgrag_nb.reproduce import markdown_table
-    rows = measure(UNION, [50, 150, 474]) + measure(EMBED, [500, 1500, 4500])
-    df = pd.DataFrame(rows); df.to_csv(HERE / "scaling.csv", index=False)
+    plan = {"union": (UNION, [50, 150, 474]), "embed": (EMBED, [500, 1500, 4500]), "awaken": (AWAKEN, [5, 15, 45])}
+    which = sys.argv[1:] or list(plan)  # measure these again; keep the other stages' rows of scaling.csv
+    rows = [r for w in which for r in measure(*plan[w])]
+    old = pd.read_csv(HERE / "scaling.csv") if (HERE / "scaling.csv").exists() else pd.DataFrame(columns=["stage"])
+    new = pd.DataFrame(rows)
+    df = pd.concat([old[~old["stage"].isin(set(new["stage"]))], new], ignore_index=True); df.to_csv(HERE / "scaling.csv", index=False)
     fits = []
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    import numpy as np
     for stage, g in df.groupby("stage", sort=False):
         for col in ("wall_s", "peak_rss_mb", "triples"):
-            if col == "triples" and g["unit"].iloc[0] == "triples": continue
+            if col == "triples" and not stage.startswith("incomplete KG"): continue
             fits.append(dict(stage=stage, measure=col, sizes=list(g["size"]), values=[round(v, 2) for v in g[col]], **fit_growth(list(g["size"]), list(g[col]))))
         axes[0 if g["unit"].iloc[0] == "questions" else 1].plot(g["size"], g["wall_s"], "o-", label=stage)
         axes[2].plot(g["size"] / g["size"].max(), g["peak_rss_mb"], "o-", label=stage)
