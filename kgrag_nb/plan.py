@@ -188,7 +188,8 @@ GROWTH_FORMS = {"linear": lambda n: n, "n log n": lambda n: n * math.log(n), "qu
 
 def fit_growth(sizes: list,  # problem sizes (> 0), at least 3
                costs: list) -> dict:  # measured costs (seconds, MiB, ...), one per size
-    "The growth form (`linear`, `n log n`, `quadratic`) whose `a + b f(n)` fits best, its relative residual, and the log-log slope."
+    "The growth form (`linear`, `n log n`, `quadratic`) whose `a + b f(n)` fits best, its relative residual, and the"
+    " log-log slope; `flat` when that slope is below 0.25 (the cost hardly grows, e.g. a saturating union of subgraphs)."
     if len(sizes) != len(costs) or len(sizes) < 3: raise ValueError(f"fit_growth: give >= 3 sizes and as many costs (got {len(sizes)}, {len(costs)})")
     if min(sizes) <= 0 or min(costs) <= 0: raise ValueError("fit_growth: sizes and costs must be positive")
     out = {}
@@ -202,4 +203,4 @@ def fit_growth(sizes: list,  # problem sizes (> 0), at least 3
     mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
     slope = sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
     best = min(out, key=out.get)
-    return dict(growth=best, rel_residual=round(out[best], 4), loglog_slope=round(slope, 3))
+    return dict(growth="flat" if abs(slope) < 0.25 else best, rel_residual=round(out[best], 4), loglog_slope=round(slope, 3))
