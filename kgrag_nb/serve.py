@@ -266,12 +266,16 @@ def stub_reply(prompt: str,  # the prompt (chat: the messages' contents joined b
                temperature: float | None = None,  # request temperature (part of the generator's seed)
                stop: str | list | None = None) -> tuple[str, str]:  # stop sequences
     "The stub's `(answer, finish_reason)`: 1-6 words of the prompt chosen by a generator seeded with the request, a"
-    " leading space, at most `max_tokens` stub tokens, cut before the first stop sequence."
+    " leading space, at most `max_tokens` stub tokens, cut before the first stop sequence. A prompt that offers"
+    " True/False (or Yes/No) is answered ` True` (` Yes`): gates such as knowledge probing open, so a rehearsal sends"
+    " every later request (an upper bound on what a model's answers would trigger)."
     budget = 16 if max_tokens is None else int(max_tokens)
     if budget < 1: raise ValueError(f"max_tokens={max_tokens}: ask for at least 1 token")
     words = re.findall(r"\w+", prompt) or ["none"]
     rng = random.Random(hashlib.sha256(f"{seed}|{temperature}|{prompt}".encode()).digest())
     text = " " + " ".join(rng.choice(words) for _ in range(rng.randint(1, 6)))
+    for yes, no in (("True", "False"), ("Yes", "No")):
+        if re.search(rf"\b{yes}\b", prompt) and re.search(rf"\b{no}\b", prompt): text = f" {yes}"; break
     finish = "stop"
     if stub_tokens(text) > budget: text, finish = text[:4 * budget], "length"
     for s in ([stop] if isinstance(stop, str) else stop or []):

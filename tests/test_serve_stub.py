@@ -26,9 +26,15 @@ def test_stub_reply_properties(prompt, max_tokens, seed, stop):
     text, finish = stub_reply(prompt, max_tokens, seed, 0.7, stop)
     assert (text, finish) == stub_reply(prompt, max_tokens, seed, 0.7, stop)  # deterministic
     assert finish in ("stop", "length") and len(text) <= 4 * max_tokens
-    words = set(__import__("re").findall(r"\w+", prompt)) or {"none"}
+    words = (set(__import__("re").findall(r"\w+", prompt)) or {"none"}) | {"True", "Yes"}
     assert all(w in words or any(w in v for v in words) for w in text.split())  # pieces of the prompt's words only
     assert not any(s in text for s in stop or [])
+
+
+def test_true_false_and_yes_no_prompts_open_the_gate():
+    assert stub_reply("Claim: Paris is in France. True or False?", 8, 1)[0] == " True"
+    assert stub_reply("Answer Yes or No.", 8)[0] == " Yes"
+    assert stub_reply("Trueish falsehood", 8, 2)[0] != " True"  # whole words only
 
 
 def test_client_completions_are_the_stub_rule_and_counted(stub, tmp_path):

@@ -63,9 +63,9 @@ if __name__ == "__main__":
     from kgrag_nb.reproduce import markdown_table
     plan = {"union": (UNION, [50, 150, 474]), "embed": (EMBED, [500, 1500, 4500]), "awaken": (AWAKEN, [5, 15, 45])}
     which = sys.argv[1:] or list(plan)  # measure these again; keep the other stages' rows of scaling.csv
-    rows = [r for w in which for r in measure(*plan[w])]
+    rows = [r for w in which if w in plan for r in measure(*plan[w])]  # `replot`: measure nothing
     old = pd.read_csv(HERE / "scaling.csv") if (HERE / "scaling.csv").exists() else pd.DataFrame(columns=["stage"])
-    new = pd.DataFrame(rows)
+    new = pd.DataFrame(rows, columns=["stage"] if not rows else None)
     df = pd.concat([old[~old["stage"].isin(set(new["stage"]))], new], ignore_index=True); df.to_csv(HERE / "scaling.csv", index=False)
     fits = []
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
