@@ -119,7 +119,9 @@ def plan(profile: str = "full",  # profile the run will use
     df = pd.DataFrame(rows)
     total = {c: df[c].sum(min_count=1) if c not in ("id", "kind", "basis", "rehearsal") else "" for c in df.columns}
     total.update(id="TOTAL", basis="no rehearsal for some" if df["basis"].eq("no rehearsal").any() else "")
-    return pd.concat([df, pd.DataFrame([total])], ignore_index=True)
+    out = pd.concat([df, pd.DataFrame([total])], ignore_index=True)
+    counts = ["requests", "other_models", "prompt_tokens", "completion_tokens_max", "in_cache", "to_send"]
+    return out.astype({c: "Int64" for c in counts})  # whole numbers; <NA> where no rehearsal tells
 
 # %% ../nbs/20_plan.ipynb #p012
 @subcommand
