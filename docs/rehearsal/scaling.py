@@ -66,17 +66,21 @@ if __name__ == "__main__":
     rows = [r for w in which if w in plan for r in measure(*plan[w])]  # `replot`: measure nothing
     old = pd.read_csv(HERE / "scaling.csv") if (HERE / "scaling.csv").exists() else pd.DataFrame(columns=["stage"])
     new = pd.DataFrame(rows, columns=["stage"] if not rows else None)
-    df = pd.concat([old[~old["stage"].isin(set(new["stage"]))], new], ignore_index=True); df.to_csv(HERE / "scaling.csv", index=False)
+    df = pd.concat([old[~old["stage"].isin(set(new["stage"]))], new], ignore_index=True)
+    df = df.astype({c: "Int64" for c in ("size", "triples", "texts_to_embed", "unique_texts") if c in df})
+    df.to_csv(HERE / "scaling.csv", index=False)
     fits = []
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     import numpy as np
+    colors = dict(zip(df["stage"].unique(), ["tab:blue", "tab:orange", "tab:green", "tab:red"]))
     for stage, g in df.groupby("stage", sort=False):
         for col in ("wall_s", "peak_rss_mb", "triples"):
             if col == "triples" and not stage.startswith("incomplete KG"): continue
-            fits.append(dict(stage=stage, measure=col, sizes=list(g["size"]), values=[round(v, 2) for v in g[col]], **fit_growth(list(g["size"]), list(g[col]))))
-        axes[0 if g["unit"].iloc[0] == "questions" else 1].plot(g["size"], g["wall_s"], "o-", label=stage)
-        axes[2].plot(g["size"] / g["size"].max(), g["peak_rss_mb"], "o-", label=stage)
-    axes[0].set(xlabel="questions", ylabel="wall s", title="incomplete KG build"); axes[1].set(xlabel="triples", ylabel="wall s", title="triple embedding")
+            fits.append(dict(stage=stage, measure=col, sizes=[int(v) for v in g["size"]], values=[round(float(v), 2) for v in g[col]],
+                             **fit_growth([int(v) for v in g["size"]], [float(v) for v in g[col]])))
+        axes[0 if g["unit"].iloc[0] == "questions" else 1].plot(g["size"], g["wall_s"], "o-", label=stage, color=colors[stage])
+        axes[2].plot(g["size"] / g["size"].max(), g["peak_rss_mb"], "o-", label=stage, color=colors[stage])
+    axes[0].set(xlabel="questions", ylabel="wall s", title="per-question stages"); axes[0].legend(fontsize=6); axes[1].set(xlabel="triples", ylabel="wall s", title="triple embedding")
     axes[2].set(xlabel="size / largest size", ylabel="peak RSS MiB", title="peak memory"); axes[2].legend(fontsize=6)
     fig.text(0, -0.05, "measured on a shared 2-core CPU machine (nice 19, other jobs running): times are upper bounds", fontsize=7)
     fig.savefig(HERE / "scaling.png", dpi=130, bbox_inches="tight")
