@@ -149,14 +149,16 @@ def _plan(sub):
 
 # %% ../nbs/20_plan.ipynb #p021
 def _running_cell(executed: Path) -> str:
-    "First code line of the cell papermill was executing in an executed copy ('' when none or unreadable)."
+    "First code line of the cell papermill was executing in an executed copy: the one marked running, else (a run"
+    " stopped by a signal marks every cell completed) the last cell that has a start time; '' when none or unreadable."
     try: cells = json.loads(executed.read_text())["cells"]
     except (OSError, ValueError, KeyError): return ""
-    for c in cells:
-        if c.get("metadata", {}).get("papermill", {}).get("status") == "running":
-            code = [l for l in "".join(c["source"]).splitlines() if l.strip() and not l.lstrip().startswith("#")]
-            return code[0][:80] if code else ""
-    return ""
+    pm = lambda c: c.get("metadata", {}).get("papermill", {})
+    hit = next((c for c in cells if pm(c).get("status") == "running"), None) or next(
+        (c for c in reversed(cells) if c["cell_type"] == "code" and pm(c).get("start_time")), None)
+    if hit is None: return ""
+    code = [l for l in "".join(hit["source"]).splitlines() if l.strip() and not l.lstrip().startswith("#")]
+    return code[0][:80] if code else ""
 
 def rehearsal_table(run_ids: list[str], cfg: Config | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     "`(notebooks, stages)` of the given runs: per notebook and per stage wall time, peak memory, LLM requests and tokens."
