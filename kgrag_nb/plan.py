@@ -160,6 +160,12 @@ def _running_cell(executed: Path) -> str:
     code = [l for l in "".join(hit["source"]).splitlines() if l.strip() and not l.lstrip().startswith("#")]
     return code[0][:80] if code else ""
 
+def _executed_wall(executed: Path) -> float | None:
+    "Seconds papermill recorded for the cells of an executed copy (a stopped run included), None when unreadable."
+    try: cells = json.loads(executed.read_text())["cells"]
+    except (OSError, ValueError, KeyError): return None
+    return round(sum(c.get("metadata", {}).get("papermill", {}).get("duration") or 0 for c in cells), 1)
+
 def rehearsal_table(run_ids: list[str], cfg: Config | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     "`(notebooks, stages)` of the given runs: per notebook and per stage wall time, peak memory, LLM requests and tokens."
     cfg = cfg or get_config()
@@ -177,8 +183,9 @@ def rehearsal_table(run_ids: list[str], cfg: Config | None = None) -> tuple[pd.D
                 executed = run_dir / "notebooks" / ("experiments/" if folder == "experiments" else "") / f"{sid}.ipynb"
                 status = e.get("status") or ("stopped (wall limit)" if man.get("status") != "finished" else "unknown")
                 slow = max(st, key=lambda s: s["wall_s"]) if st else None
-                rows.append(dict(id=sid, kind=folder[:-1], run=rid, status=status,
-                                 wall_s=e.get("wall_s") if e.get("wall_s") is not None else round(sum(s["wall_s"] for s in st), 1),
+                wall = e.get("wall_s")
+                if wall is None: wall = _executed_wall(executed) or round(sum(s["wall_s"] for s in st), 1)
+                rows.append(dict(id=sid, kind=folder[:-1], run=rid, status=status, wall_s=wall,
                                  peak_rss_mb=rec.get("peak_rss_mb"), requests=int(u.get("requests", 0)),
                                  prompt_tokens=int(u.get("prompt_tokens", 0)), completion_tokens=int(u.get("completion_tokens", 0)),
                                  slowest_stage=f"{slow['code']} ({slow['wall_s']:.0f} s)" if slow else "",
