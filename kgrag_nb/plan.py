@@ -167,7 +167,8 @@ def _executed_wall(executed: Path) -> float | None:
     return round(sum(c.get("metadata", {}).get("papermill", {}).get("duration") or 0 for c in cells), 1)
 
 def rehearsal_table(run_ids: list[str], cfg: Config | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    "`(notebooks, stages)` of the given runs: per notebook and per stage wall time, peak memory, LLM requests and tokens."
+    "`(notebooks, stages)` of the given runs: per notebook and per stage wall time, peak memory, LLM requests sent and"
+    " tokens, and `needed` (distinct requests the notebook asked for, cache hits included: its key log)."
     cfg = cfg or get_config()
     rows, stages = [], []
     for rid in run_ids:
@@ -187,6 +188,7 @@ def rehearsal_table(run_ids: list[str], cfg: Config | None = None) -> tuple[pd.D
                 if wall is None: wall = _executed_wall(executed) or round(sum(s["wall_s"] for s in st), 1)
                 rows.append(dict(id=sid, kind=folder[:-1], run=rid, status=status, wall_s=wall,
                                  peak_rss_mb=rec.get("peak_rss_mb"), requests=int(u.get("requests", 0)),
+                                 needed=len(set((d / f"{sid}.keys").read_text().split())) if (d / f"{sid}.keys").exists() else 0,
                                  prompt_tokens=int(u.get("prompt_tokens", 0)), completion_tokens=int(u.get("completion_tokens", 0)),
                                  slowest_stage=f"{slow['code']} ({slow['wall_s']:.0f} s)" if slow else "",
                                  stopped_in=(e.get("error") or "") if status == "failed" else
