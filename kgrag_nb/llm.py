@@ -19,7 +19,8 @@ from .config import CACHE_MODES, Config, get_config
 # %% auto #0
 __all__ = ['CacheMissError', 'ModelNotServedError', 'EndpointUnreachableError', 'MalformedResponseError', 'public_url',
            'canonical_json', 'request_key', 'process_alive', 'ResponseCache', 'Usage', 'run_sync', 'is_retryable',
-           'backoff_delay', 'retrying', 'replace_surrogates', 'parse_response', 'progress_stream', 'LLMClient']
+           'backoff_delay', 'retrying', 'replace_surrogates', 'parse_response', 'progress_stream', 'LLMClient',
+           'GroupCommit']
 
 # %% ../nbs/03_llm.ipynb #c005
 class CacheMissError(KeyError):
@@ -181,27 +182,34 @@ def _claim_state(self: ResponseCache, key: str, owner: str, ttl_s: float):
     live = time.time() - claimed < ttl_s and (host != _HOST or process_alive(pid, started))
     return ("busy" if live else "free"), dict(owner=owner_, host=host, pid=pid, claimed=claimed)
 
+def _claim_many(self: ResponseCache,
+                keys: list[str],  # `request_key`s about to be sent
+                owner: str,  # this caller's claim token (one per client call)
+                ttl_s: float = 900.0) -> list[tuple]:  # a claim older than this is stale even when its process still runs
+    "`claim` for several keys in one write transaction (the client's group commit); one `(state, info)` per key."
+    with self._lock:
+        seen = [_claim_state(self, k, owner, ttl_s) for k in keys]  # a read first: waiters poll without the write lock
+        if all(s != "free" for s, _ in seen): return seen
+        conn = self._connect()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            seen, now, me = [], time.time(), (_HOST, os.getpid(), _own_start_time())
+            for k in keys:
+                state, info = _claim_state(self, k, owner, ttl_s)  # again, under the write lock
+                if state == "free": conn.execute("INSERT OR REPLACE INTO claims VALUES (?,?,?,?,?,?)", (k, owner, *me, now))
+                seen.append((state, info))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK"); raise
+    return [(s, i) if s != "free" else (("mine", None) if i is None else ("taken_over", i)) for s, i in seen]
+
 def _claim(self: ResponseCache,
            key: str,  # `request_key` about to be sent
            owner: str,  # this caller's claim token (one per client call)
            ttl_s: float = 900.0):  # a claim older than this is stale even when its process still runs
     "Claim `key` before sending it: 'answered' (with the response), 'busy' (another live process is fetching it),"
     " 'mine', or 'taken_over' (the previous claim was stale: its process died, or it is older than `ttl_s`)."
-    with self._lock:
-        state, info = _claim_state(self, key, owner, ttl_s)  # a read first: waiters poll without taking the write lock
-        if state != "free": return state, info
-        conn = self._connect()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            state, info = _claim_state(self, key, owner, ttl_s)  # again, under the write lock
-            if state == "free":
-                conn.execute("INSERT OR REPLACE INTO claims VALUES (?,?,?,?,?,?)",
-                             (key, owner, _HOST, os.getpid(), _own_start_time(), time.time()))
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK"); raise
-    if state != "free": return state, info
-    return ("mine", None) if info is None else ("taken_over", info)
+    return _claim_many(self, [key], owner, ttl_s)[0]
 
 def _release(self: ResponseCache, key: str, owner: str):
     "Drop `owner`'s claim on `key` (its request failed), so a waiting process sends it instead."
@@ -213,7 +221,30 @@ def _claim_holder(self: ResponseCache, key: str) -> dict | None:
         row = self._connect().execute("SELECT owner, host, pid, claimed FROM claims WHERE key=?", (key,)).fetchone()
     return None if row is None else dict(zip(("owner", "host", "pid", "claimed"), row))
 
+def _put_many(self: ResponseCache, items: list[tuple]):  # (key, response, request or None) triples
+    "`put` for several responses in one write transaction (the client's group commit)."
+    now = time.time()
+    stmts = []
+    for key, response, request in items:
+        stmts += [("INSERT OR REPLACE INTO responses VALUES (?,?,?,?)",
+                   (key, None if request is None else canonical_json(request), canonical_json(response), now)),
+                  ("DELETE FROM claims WHERE key=?", (key,))]
+    if stmts:
+        with self._lock: self._transaction(*stmts)
+
+def _get_many(self: ResponseCache, keys: list[str]) -> dict:
+    "`{key: response}` for the keys that are stored (one query per 500 keys)."
+    out, keys = {}, list(keys)
+    with self._lock:
+        conn = self._connect()
+        for i in range(0, len(keys), 500):
+            part = keys[i:i + 500]
+            rows = conn.execute(f"SELECT key, response FROM responses WHERE key IN ({','.join('?' * len(part))})", part)
+            out.update((k, json.loads(r)) for k, r in rows)
+    return out
+
 ResponseCache.claim, ResponseCache.release, ResponseCache.claim_holder = _claim, _release, _claim_holder
+ResponseCache.claim_many, ResponseCache.put_many, ResponseCache.get_many = _claim_many, _put_many, _get_many
 
 # %% ../nbs/03_llm.ipynb #c013
 @dataclass
@@ -268,10 +299,11 @@ def backoff_delay(attempt: int, base: float = 0.5, cap: float = 30.0, err: BaseE
 def retrying(max_retries: int,  # retries after the first attempt
              backoff: float = 0.5,  # first delay in seconds (see `backoff_delay`)
              on_retry=None,  # called with tenacity's retry state before each wait (e.g. to count retries)
+             done: int = 0,  # retries already made before this policy takes over (shifts the backoff schedule)
             ) -> AsyncRetrying:
     "The client's retry policy as a tenacity `AsyncRetrying`: `is_retryable` errors, `backoff_delay` waits, last error re-raised."
     return AsyncRetrying(retry=retry_if_exception(is_retryable), stop=stop_after_attempt(max_retries + 1),
-                         wait=lambda rs: backoff_delay(rs.attempt_number - 1, backoff, err=rs.outcome.exception()),
+                         wait=lambda rs: backoff_delay(rs.attempt_number - 1 + done, backoff, err=rs.outcome.exception()),
                          before_sleep=on_retry, reraise=True)
 
 # %% ../nbs/03_llm.ipynb #c020x
@@ -378,6 +410,7 @@ class LLMClient:
         self.claim_timeout_s = claim_timeout_s if claim_timeout_s is not None else (timeout + 30) * (max_retries + 1)
         self.__key = os.environ.get(api_key_env) or "sk-no-key-needed"  # never logged, never in repr or cache
         self.usage, self._served, self._ulock = Usage(), None, threading.Lock()
+        self.key_log = None  # a file path: every call appends the request keys it needs, one a line (`kgrag plan`)
         self.on_usage, self.usage_every_s, self._notified, self._pending = [], usage_every_s, 0.0, None  # callbacks f(usage: Usage)
 
     def __repr__(self):
@@ -461,7 +494,13 @@ async def _send(self: LLMClient, api, kind: str, model: str, payload, params: di
             return parse_response(kind, raw.content, raw.headers.get("content-type", ""))
         except MalformedResponseError: self._count(errors=1, malformed=1); raise
         except Exception: self._count(errors=1); raise
-    try: rec, replaced = await retrying(self.max_retries, self.backoff, on_retry=lambda rs: self._count(retries=1))(attempt)
+    try:
+        try: rec, replaced = await attempt()  # first attempt outside tenacity: most requests need no retry (cheaper)
+        except Exception as first:
+            if not is_retryable(first) or self.max_retries < 1: raise
+            self._count(retries=1); await asyncio.sleep(backoff_delay(0, self.backoff, err=first))
+            rec, replaced = await retrying(self.max_retries - 1, self.backoff, on_retry=lambda rs: self._count(retries=1),
+                                           done=1)(attempt)
     except openai.APITimeoutError as e:
         raise TimeoutError(f"{self.endpoint}: no answer within timeout={self.timeout}s after {attempts} attempt(s); "
                            f"raise LLMClient(timeout=...) or lower max_concurrency") from e
@@ -475,7 +514,43 @@ async def _send(self: LLMClient, api, kind: str, model: str, payload, params: di
 LLMClient._send = _send
 
 # %% ../nbs/03_llm.ipynb #c026
-async def _fetch(self: LLMClient, api, sem, failed: asyncio.Event, owner: str, key: str, job: tuple, kind: str, model: str) -> dict:
+class GroupCommit:
+    "Cache writes of one client call (claims, answers) issued during the same event-loop turn, committed together:"
+    " one SQLite transaction per turn instead of one per request. A caller awaits its own write, so every answer is"
+    " stored before it is used."
+    def __init__(self, cache: ResponseCache, ttl_s: float):  # the cache; claims older than `ttl_s` are stale
+        self.cache, self.ttl_s, self.claims, self.puts, self.flushes = cache, ttl_s, [], [], 0
+
+    def _queue(self, where: list, item) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        if not self.claims and not self.puts: loop.call_soon(self._flush)  # first write of this turn: flush at its end
+        fut = loop.create_future(); where.append((item, fut)); return fut
+
+    def claim(self, key: str, owner: str) -> asyncio.Future: return self._queue(self.claims, (key, owner))
+    def put(self, key: str, response: dict, request: dict | None) -> asyncio.Future:
+        return self._queue(self.puts, (key, response, request))
+
+    def _flush(self):
+        claims, puts, self.claims, self.puts = self.claims, self.puts, [], []
+        self.flushes += 1
+        for items, write in ((puts, self.cache.put_many), (claims, self._claim_all)):
+            if not items: continue
+            try: results = write([it for it, _ in items]) or [None] * len(items)
+            except Exception as e: results, err = None, e
+            for i, (_, fut) in enumerate(items):
+                if fut.done(): continue  # its task was cancelled
+                if results is None: fut.set_exception(err)
+                else: fut.set_result(results[i])
+
+    def _claim_all(self, items: list) -> list:
+        out, by_owner = [None] * len(items), {}
+        for i, (key, owner) in enumerate(items): by_owner.setdefault(owner, []).append(i)
+        for owner, idx in by_owner.items():
+            for i, r in zip(idx, self.cache.claim_many([items[i][0] for i in idx], owner, self.ttl_s)): out[i] = r
+        return out
+
+async def _fetch(self: LLMClient, api, sem, failed: asyncio.Event, owner: str, key: str, job: tuple, kind: str, model: str,
+                 batch: GroupCommit | None = None) -> dict:  # group commit of the call (None: one transaction per write)
     "The answer to one missed key: claimed and sent here, or (another process holds a live claim) waited for;"
     " abandoned without sending once `failed` is set (another request of the call failed)."
     payload, prm, s = job
@@ -483,17 +558,22 @@ async def _fetch(self: LLMClient, api, sem, failed: asyncio.Event, owner: str, k
     while True:
         async with sem:
             if failed.is_set(): raise asyncio.CancelledError()
-            state, hit = self.cache.claim(key, owner, self.claim_timeout_s) if share else ("mine", None)
+            if not share: state, hit = "mine", None
+            elif batch is not None: state, hit = await batch.claim(key, owner)
+            else: state, hit = self.cache.claim(key, owner, self.claim_timeout_s)
             if state in ("mine", "taken_over"):
                 if state == "taken_over": self._count(claims_taken_over=1)
                 try: rec = await self._send(api, kind, model, payload, prm)
                 except BaseException:
                     if share: self.cache.release(key, owner)
                     raise
-                if self.cache is not None:
-                    self.cache.put(key, rec, request={"kind": kind, "model": model, "payload": payload, "params": prm, "sample_index": s})
-                    self._count(answers_cached=1)
-                return {**rec, "cached": False}
+        if state in ("mine", "taken_over"):  # the answer is stored before it is returned (outside the semaphore:
+            if self.cache is not None:       # the next request goes out while the write waits for its group commit)
+                request = {"kind": kind, "model": model, "payload": payload, "params": prm, "sample_index": s}
+                if batch is not None: await batch.put(key, rec, request)
+                else: self.cache.put(key, rec, request=request)
+                self._count(answers_cached=1)
+            return {**rec, "cached": False}
         if state == "answered":
             self._count(inflight_waits=1)
             return {**hit, "cached": True}
@@ -524,9 +604,12 @@ async def _generate(self: LLMClient, kind, payloads, n, temperature, params, des
                 key = request_key(kind, model, payload, prm, s)
                 jobs.setdefault(key, (payload, prm, s)); row.append(key)
             rows.append(row)
+        if self.key_log is not None:  # every key this call needs (hits too): `kgrag plan` prices a run from these
+            with open(self.key_log, "a") as f: f.write("".join(f"{k}\n" for k in jobs))
         results, misses = {}, []
+        stored = self.cache.get_many(jobs) if self.cache is not None and self.mode != "record" else {}
         for key, (payload, prm, s) in jobs.items():
-            hit = self.cache.get(key) if self.cache is not None and self.mode != "record" else None
+            hit = stored.get(key)
             if hit is not None: results[key] = {**hit, "cached": True}
             elif self.mode == "replay":
                 raise CacheMissError(f"replay mode: no cached {kind} for model {model!r}, prompt {_prompt_start(kind, payload)!r} "
@@ -539,8 +622,9 @@ async def _generate(self: LLMClient, kind, payloads, n, temperature, params, des
             bar = tqdm(total=len(misses), desc=desc or f"{kind} {model}", disable=not self.progress or len(misses) <= 5,
                        file=progress_stream())
             failed = asyncio.Event()
+            batch = GroupCommit(self.cache, self.claim_timeout_s) if self.cache is not None else None
             async def one(key):
-                try: results[key] = await self._fetch(api, sem, failed, owner, key, jobs[key], kind, model)
+                try: results[key] = await self._fetch(api, sem, failed, owner, key, jobs[key], kind, model, batch)
                 except BaseException: failed.set(); raise
                 bar.update(1)
             tasks = [asyncio.ensure_future(one(k)) for k in misses]

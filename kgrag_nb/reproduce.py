@@ -4,7 +4,7 @@
 
 # %% ../nbs/07_reproduce.ipynb #c002
 from __future__ import annotations
-import ast, fnmatch, hashlib, json, os, pickle, re, subprocess, sys, threading, time
+import ast, fnmatch, hashlib, json, os, pickle, re, signal, subprocess, sys, threading, time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -18,15 +18,15 @@ from tqdm.auto import tqdm
 from .config import PROFILES, Config, get_config
 from .datasets import dataset_checksums
 from .llm import LLMClient
-from .serve import EmbeddedServer, llm_endpoint
+from .serve import STUB_MODEL, STUB_NOTE, EmbeddedServer, llm_endpoint
 
 # %% auto #0
 __all__ = ['RUNNER_PARAMETERS', 'STUDY_PARAMETERS', 'FIXED_PDF_METADATA', 'RUN_ID', 'Artifact', 'Experiment', 'load_registry',
            'load_experiments', 'experiments_for', 'select_artifacts', 'parameters_of', 'check_study_notebooks',
            'save_figure', 'markdown_table', 'save_table', 'code_version', 'experiment_key', 'experiment_dir',
-           'ExperimentResults', 'save_result', 'StudyRun', 'ExperimentRun', 'effective_parameters', 'plan_experiments',
-           'run_notebook', 'ensure_experiment', 'check_overrides', 'git_sha', 'new_run_id', 'check_run_id',
-           'redact_url', 'scrub_secrets', 'config_environment', 'reproduce']
+           'ExperimentResults', 'save_result', 'peak_rss_mb', 'StudyRun', 'ExperimentRun', 'effective_parameters',
+           'plan_experiments', 'run_notebook', 'ensure_experiment', 'check_overrides', 'git_sha', 'new_run_id',
+           'check_run_id', 'redact_url', 'scrub_secrets', 'config_environment', 'reproduce']
 
 # %% ../nbs/07_reproduce.ipynb #c005
 @dataclass
@@ -272,6 +272,13 @@ def _display_markdown(text: str):
     except ImportError: pass
     print(text)
 
+def peak_rss_mb() -> float | None:
+    "Peak resident memory of this process so far in MiB (Linux/macOS `getrusage`), None where unavailable."
+    try: import resource  # POSIX only
+    except ImportError: return None
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(kb / (1024 * 1024) if sys.platform == "darwin" else kb / 1024, 1)  # macOS reports bytes, Linux KiB
+
 class StudyRun:
     "Provenance, outputs, experiments and LLM access of one study notebook execution."
     record_folder = "artifacts"  # subfolder of the run directory for this notebook's run record
@@ -296,7 +303,8 @@ class StudyRun:
         self.out_dir = self.cfg.figures_dir / artifact
         self.outputs, self.datasets, self.sample_sizes, self._clients, self._server = [], {}, {}, [], None
         self.experiments_used, self.deviation_list = {}, []
-        self.started, self._hooked = time.time(), False
+        self.started, self._hooked, self.stages, self._cell = time.time(), False, [], None
+        self._hook_usage()  # inside a reproduction run: usage, peak memory and per-cell stages after every cell
 
     @classmethod
     def from_papermill(cls, g: dict, cfg: Config | None = None):
@@ -325,6 +333,9 @@ class StudyRun:
             url = self._server.url
         client = LLMClient.from_config(self.cfg, base_url=url, model=self.model_name, **kwargs)
         client.resolve_model()  # checks a given name against the server, pins the served id for cache keys and records
+        if self.run_dir:  # the keys of every request, for `kgrag plan` (what a run sends, what the cache holds)
+            (self.run_dir / self.record_folder).mkdir(parents=True, exist_ok=True)
+            client.key_log = self.run_dir / self.record_folder / f"{self.artifact}.keys"
         self._clients.append(client)
         self._hook_usage()
         if self.run_dir: client.on_usage.append(lambda _: self._write_usage())  # also while a cell runs: a killed kernel keeps its count
@@ -338,13 +349,33 @@ class StudyRun:
             ip = get_ipython()
         except ImportError: ip = None
         if ip is None: return
-        ip.events.register("post_run_cell", lambda *_: self._write_usage())
+        ip.events.register("pre_run_cell", self._cell_starts)
+        ip.events.register("post_run_cell", self._cell_ends)
         self._hooked = True
+
+    def _cell_starts(self, info=None):
+        code = [l for l in (getattr(info, "raw_cell", "") or "").splitlines() if l.strip() and not l.lstrip().startswith("#")]
+        self._cell = (time.time(), code[0][:80] if code else "", self._llm_counts())
+
+    def _cell_ends(self, result=None):
+        "A stage record per executed cell (its first code line, wall time, peak memory, LLM requests and tokens) and the usage file."
+        if self._cell is not None:
+            t0, code, before = self._cell
+            after = self._llm_counts()
+            self.stages.append(dict(stage=len(self.stages) + 1, code=code, wall_s=round(time.time() - t0, 3), peak_rss_mb=peak_rss_mb(),
+                                    **{k: after[k] - before[k] for k in after}))
+            self._cell = None
+        if self.run_dir: self._write_usage()
+
+    def _llm_counts(self) -> dict:
+        u = self.usage()
+        return {k: int(u.get(k, 0)) for k in ("requests", "prompt_tokens", "completion_tokens", "cache_hits")}
 
     def _write_usage(self):
         folder = self.run_dir / self.record_folder; folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f".{self.artifact}.usage.json.{os.getpid()}.{threading.get_ident()}"  # written whole, then renamed: never read half-written
-        tmp.write_text(json.dumps({"usage": self.usage(), "models": self.models}) + "\n")
+        tmp.write_text(json.dumps({"usage": self.usage(), "models": self.models, "peak_rss_mb": peak_rss_mb(),
+                                   "stages": self.stages}) + "\n")
         os.replace(tmp, folder / f"{self.artifact}.usage.json")
 
     def use_datasets(self, *names: str) -> dict:
@@ -387,7 +418,8 @@ class StudyRun:
 
     def notes(self) -> list[str]:
         "Provenance lines printed under every table: model, sample sizes, seed, data checksums."
-        lines = [f"model: {', '.join(self.models) or 'none (no LLM used)'}",
+        stub = any(m.startswith(STUB_MODEL) for m in self.models)
+        lines = [f"model: {', '.join(self.models) or 'none (no LLM used)'}" + (f" -- {STUB_NOTE}" if stub else ""),
                  f"sample sizes: {', '.join(f'{k}={v}' for k, v in self.sample_sizes.items()) or 'n/a'}",
                  f"seed: {self.seed}; profile: {self.profile}"]
         if self.datasets:
@@ -423,7 +455,7 @@ class StudyRun:
         record = self._record()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "provenance.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-        record.update(usage=self.usage(), wall_s=round(time.time() - self.started, 3))
+        record.update(usage=self.usage(), wall_s=round(time.time() - self.started, 3), peak_rss_mb=peak_rss_mb(), stages=self.stages)
         if self.run_dir:
             (self.run_dir / self.record_folder).mkdir(parents=True, exist_ok=True)
             (self.run_dir / self.record_folder / f"{self.artifact}.json").write_text(json.dumps(record, indent=1) + "\n")
@@ -611,7 +643,7 @@ def config_environment(cfg: Config, llm_url: str | None = None, model: str | Non
     "Export `cfg`'s paths and modes (and the endpoint) as `KGRAG_*` variables while notebooks run, so kernels see them."
     values = {"KGRAG_HOME": cfg.root, "KGRAG_DATA": cfg.data_dir, "KGRAG_CACHE": cfg.cache_dir, "KGRAG_RUNS": cfg.runs_dir,
               "KGRAG_FIGURES": cfg.figures_dir, "KGRAG_LLM_CACHE_MODE": cfg.llm_cache_mode,
-              "KGRAG_MAX_CONCURRENCY": cfg.max_concurrency, "KGRAG_EMBEDDED_PORT": cfg.embedded_port, "KGRAG_EMBEDDER": cfg.embedder,
+              "KGRAG_MAX_CONCURRENCY": cfg.max_concurrency, "KGRAG_EMBEDDED_PORT": cfg.embedded_port, "KGRAG_EMBEDDER": cfg.embedder, "KGRAG_EMBED_DEVICE": cfg.embed_device,
               "KGRAG_PROGRESS_STREAM": "terminal"}  # LLM progress bars inside notebooks show in the runner's terminal
     if llm_url: values["KGRAG_LLM_URL"] = llm_url
     if model: values["KGRAG_MODEL"] = model
@@ -642,10 +674,46 @@ def _read_record(run_dir: Path, folder: str, sid: str) -> dict:
         if f.exists(): return json.loads(f.read_text())
     return {}
 
+def _kernel_children() -> list[int]:
+    "Pids of the Jupyter kernels this process started (Linux /proc; empty elsewhere)."
+    me, out = str(os.getpid()), []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if stat.read_text().rsplit(")", 1)[1].split()[1] != me: continue
+            if b"ipykernel" in (stat.parent / "cmdline").read_bytes(): out.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError): continue
+    return out
+
+def _stop_kernels(grace_s: float = 5.0) -> list[int]:
+    "SIGTERM the kernels this process started (SIGKILL after `grace_s`): their papermill runs end at once with a"
+    " dead-kernel error, so worker threads return instead of finishing their notebooks. Returns the pids."
+    pids = _kernel_children()
+    for pid in pids:
+        try: os.kill(pid, signal.SIGTERM)
+        except OSError: pass
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() and Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+                                              for p in pids if Path(f"/proc/{p}/stat").exists()):
+        time.sleep(0.1)
+    for pid in pids:
+        try: os.kill(pid, signal.SIGKILL)
+        except OSError: pass
+    return pids
+
 def _parallel(fn, items: list, jobs: int) -> list:
-    "`[fn(x) for x in items]`, `jobs` at a time (each papermill run has its own kernel process)."
+    "`[fn(x) for x in items]`, `jobs` at a time (each papermill run has its own kernel process). On Ctrl-C or SIGTERM"
+    " the queued items are dropped and the running notebooks' kernels are stopped, so the interrupt takes seconds."
     if jobs <= 1 or len(items) <= 1: return [fn(x) for x in items]
-    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="kgrag-nb") as pool: return list(pool.map(fn, items))
+    pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="kgrag-nb")
+    futures = []
+    try:
+        futures = [pool.submit(fn, x) for x in items]
+        return [f.result() for f in futures]
+    except BaseException:
+        for f in futures: f.cancel()
+        _stop_kernels()
+        raise
+    finally: pool.shutdown(wait=True, cancel_futures=True)
 
 def reproduce(profile: str | None = None,  # `tiny`, `smoke` or `full` (default: config)
               only: str | None = None,  # comma-separated glob patterns of artefact ids
@@ -672,7 +740,8 @@ def reproduce(profile: str | None = None,  # `tiny`, `smoke` or `full` (default:
     manifest = dict(run_id=run_id, git_sha=git_sha(cfg.root), profile=profile, only=only, jobs=jobs,
                     started=datetime.now(timezone.utc).isoformat(), llm_url=redact_url(llm_url) or "embedded",
                     config=cfg.public_dict(), python=sys.version.split()[0], overrides=overrides or {},
-                    overrides_apply_to=applies, experiments=[], artifacts=[])
+                    overrides_apply_to=applies, experiments=[], artifacts=[], status="running")
+    (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1, default=str) + "\n")  # a killed run still names its profile
     t0 = time.time()
     plan = plan_experiments(exps, profile, cfg, overrides)
     needs_llm = any(a.needs_llm for a in arts) or any(e.needs_llm and not plan[e.id]["done"] for e in exps)
@@ -681,6 +750,7 @@ def reproduce(profile: str | None = None,  # `tiny`, `smoke` or `full` (default:
     with endpoint as url:
         if needs_llm: model = LLMClient.from_config(cfg, base_url=url, model=model, progress=False).resolve_model()
         manifest["model"] = model if needs_llm else None
+        if needs_llm and model and model.startswith(STUB_MODEL): manifest["test_instrument"] = STUB_NOTE
         has_secret = bool(url) and redact_url(url) != url
         nb_url = None if has_secret else url  # credentials reach kernels only through KGRAG_LLM_URL
         bar = tqdm(total=len(exps) + len(arts), desc="notebooks", unit="nb", disable=not progress)
@@ -737,7 +807,7 @@ def reproduce(profile: str | None = None,  # `tiny`, `smoke` or `full` (default:
                                run_dir / "notebooks" / f"{a.id}.ipynb", dict(artifact=a.id, experiments={u: plan[u]["key"] for u in a.uses}))
             manifest["artifacts"] = _parallel(run_art, arts, jobs)
         bar.close()
-    manifest.update(wall_s=round(time.time() - t0, 2), llm_usage=_sum_usage(manifest["experiments"] + manifest["artifacts"]),
+    manifest.update(status="finished", wall_s=round(time.time() - t0, 2), llm_usage=_sum_usage(manifest["experiments"] + manifest["artifacts"]),
                     failed=[e.get("artifact") or e.get("experiment") for e in manifest["experiments"] + manifest["artifacts"]
                             if e["status"] == "failed"],
                     skipped=[e.get("artifact") or e.get("experiment") for e in manifest["experiments"] + manifest["artifacts"]

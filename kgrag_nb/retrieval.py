@@ -46,10 +46,11 @@ def _hf_offline():
 # %% ../nbs/05_retrieval.ipynb #c007
 def load_embedder(name: str | None = None,  # model name or path; None = `cfg.embedder` (offline MiniLM by default)
                   cfg: Config | None = None,  # config; None = `get_config()`
-                  device: str = "cpu",  # torch device, e.g. "cpu" or "cuda"
+                  device: str | None = None,  # torch device, e.g. "cpu" or "cuda"; None = `cfg.embed_device` (KGRAG_EMBED_DEVICE)
                  ):
     "A sentence-transformers model, loaded once per (name, device) in this process."
-    name = str(name) if name else (cfg or get_config()).embedder
+    if not name or not device: cfg = cfg or get_config()
+    name, device = str(name) if name else cfg.embedder, device or cfg.embed_device
     key = (name, device)
     if key in _EMBEDDERS: return _EMBEDDERS[key]
     from sentence_transformers import SentenceTransformer  # heavy (7 s to import, pulls torch): only when a model loads

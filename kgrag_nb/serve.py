@@ -4,7 +4,7 @@
 
 # %% ../nbs/04_serve.ipynb #c002
 from __future__ import annotations
-import atexit, ctypes, json, os, shutil, signal, socket, subprocess, sys, time
+import atexit, ctypes, hashlib, json, os, random, re, shutil, signal, socket, subprocess, sys, time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -13,8 +13,9 @@ import httpx
 from .config import EMBEDDED_MODEL_ALIAS, Config, get_config
 
 # %% auto #0
-__all__ = ['LOOPBACK', 'embedded_model_path', 'free_port', 'port_in_use', 'served_models', 'EmbeddedServer', 'server_state',
-           'run_llama_server', 'llm_endpoint', 'vllm_command', 'serve_vllm']
+__all__ = ['LOOPBACK', 'STUB_MODEL', 'STUB_NOTE', 'embedded_model_path', 'free_port', 'port_in_use', 'served_models',
+           'EmbeddedServer', 'server_state', 'run_llama_server', 'llm_endpoint', 'vllm_command', 'serve_vllm',
+           'stub_tokens', 'stub_reply', 'stub_models', 'run_stub_server', 'StubServer']
 
 # %% ../nbs/04_serve.ipynb #c005
 _ASSEMBLED: dict[Path, Path] = {}
@@ -249,3 +250,147 @@ def serve_vllm(model: str,  # Hugging Face id or local path of the model
         raise RuntimeError("vllm is not installed here: on a GPU node run `pip install -e \".[gpu]\"`; "
                            "on a CPU machine use the embedded server (`kgrag serve embedded`)")
     os.execvp(argv[0], argv)
+
+# %% ../nbs/04_serve.ipynb #s101
+STUB_MODEL = "stub"  # the model id the stand-in server reports: a test instrument, never a language model
+STUB_NOTE = ("TEST INSTRUMENT: answers from `kgrag serve stub` (words drawn from the prompt, not a language model); "
+             "numbers show that the pipeline runs at this size, never how well a model does")
+
+def stub_tokens(text: str) -> int:
+    "Token count the stub reports for `text`: one per 4 characters, at least one (rule of thumb for English BPE)."
+    return max(1, -(-len(text) // 4))
+
+def stub_reply(prompt: str,  # the prompt (chat: the messages' contents joined by newlines)
+               max_tokens: int | None = 16,  # answer budget in stub tokens (None = 16)
+               seed: int | None = None,  # request seed (part of the generator's seed)
+               temperature: float | None = None,  # request temperature (part of the generator's seed)
+               stop: str | list | None = None) -> tuple[str, str]:  # stop sequences
+    "The stub's `(answer, finish_reason)`: 1-6 words of the prompt chosen by a generator seeded with the request, a"
+    " leading space, at most `max_tokens` stub tokens, cut before the first stop sequence. A prompt that offers"
+    " True/False (or Yes/No) is answered ` True` (` Yes`): gates such as knowledge probing open, so a rehearsal sends"
+    " every later request (an upper bound on what a model's answers would trigger)."
+    budget = 16 if max_tokens is None else int(max_tokens)
+    if budget < 1: raise ValueError(f"max_tokens={max_tokens}: ask for at least 1 token")
+    words = re.findall(r"\w+", prompt) or ["none"]
+    rng = random.Random(hashlib.sha256(f"{seed}|{temperature}|{prompt}".encode()).digest())
+    text = " " + " ".join(rng.choice(words) for _ in range(rng.randint(1, 6)))
+    for yes, no in (("True", "False"), ("Yes", "No")):
+        if re.search(rf"\b{yes}\b", prompt) and re.search(rf"\b{no}\b", prompt): text = f" {yes}"; break
+    finish = "stop"
+    if stub_tokens(text) > budget: text, finish = text[:4 * budget], "length"
+    for s in ([stop] if isinstance(stop, str) else stop or []):
+        if s and s in text: text, finish = text[:text.index(s)], "stop"
+    return text, finish
+
+# %% ../nbs/04_serve.ipynb #s103
+def stub_models(models: str | list = STUB_MODEL) -> list[str]:
+    "The model ids a stand-in server reports (a comma-separated string or a list); each must start with `stub` so"
+    " that every table made with it names a stub (several ids stand in for studies that compare models)."
+    ids = [m.strip() for m in (models.split(",") if isinstance(models, str) else models) if m and m.strip()]
+    bad = [m for m in ids if not m.startswith(STUB_MODEL)]
+    if not ids or bad: raise ValueError(f"stub model ids {bad or ids!r}: each must start with {STUB_MODEL!r} (e.g. stub, stub-2) "
+                                        "so that results made with the test instrument are never mistaken for a model's")
+    return ids
+
+def _stub_app(model: str | list = STUB_MODEL):
+    "The Starlette app of the stand-in server (imported here: starlette comes with the `cpu` extra)."
+    served = stub_models(model)
+    from starlette.applications import Starlette  # optional: llama-cpp-python[server] brings it
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+    created = int(time.time())
+
+    async def models(request):
+        return JSONResponse({"object": "list", "data": [{"id": m, "object": "model", "created": created,
+                                                         "owned_by": "kgrag-stub (test instrument)"} for m in served]})
+
+    def error(status: int, message: str):
+        return JSONResponse({"error": {"message": message, "type": "invalid_request_error"}}, status_code=status)
+
+    async def generate(request, chat: bool):
+        try: body = await request.json()
+        except ValueError: return error(400, "the body is not JSON")
+        name = body.get("model") or served[0]
+        if name not in served: return error(404, f"model {name!r} is not served; this stub serves {served}")
+        if chat:
+            msgs = body.get("messages")
+            if not isinstance(msgs, list) or not msgs: return error(400, "'messages' must be a non-empty list")
+            prompt = "\n".join(str(m.get("content") or "") for m in msgs if isinstance(m, dict))
+        else:
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and len(prompt) == 1: prompt = prompt[0]
+            if not isinstance(prompt, str): return error(400, "'prompt' must be a string")
+        try: n = int(body.get("n") or 1)
+        except (TypeError, ValueError): return error(400, "'n' must be a whole number")
+        try: answers = [stub_reply(prompt, body.get("max_tokens"), None if body.get("seed") is None else body["seed"] + i,
+                                   body.get("temperature"), body.get("stop")) for i in range(n)]
+        except (TypeError, ValueError) as e: return error(400, str(e))
+        choices = [({"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": f} if chat else
+                    {"index": i, "text": t, "finish_reason": f, "logprobs": None}) for i, (t, f) in enumerate(answers)]
+        p_tok, c_tok = stub_tokens(prompt), sum(stub_tokens(t) if t else 0 for t, _ in answers)
+        return JSONResponse({"id": f"stub-{hashlib.sha256(prompt.encode()).hexdigest()[:12]}",
+                             "object": "chat.completion" if chat else "text_completion", "created": created, "model": name,
+                             "choices": choices, "system_fingerprint": "kgrag-stub",
+                             "usage": {"prompt_tokens": p_tok, "completion_tokens": c_tok, "total_tokens": p_tok + c_tok}})
+
+    async def completions(request): return await generate(request, chat=False)
+    async def chat_completions(request): return await generate(request, chat=True)
+    return Starlette(routes=[Route("/v1/models", models), Route("/v1/completions", completions, methods=["POST"]),
+                             Route("/v1/chat/completions", chat_completions, methods=["POST"])])
+
+def run_stub_server(host: str = "127.0.0.1",  # loopback only
+                    port: int = 8766,  # listen port
+                    model: str | list = STUB_MODEL):  # model id(s) it reports, each starting with `stub`
+    "Serve the stand-in server in this process until interrupted (uvicorn, one event loop, no access log)."
+    stub_models(model)
+    if host not in LOOPBACK: raise ValueError(f"host={host!r}: the stub server binds loopback only (127.0.0.1)")
+    import uvicorn  # optional: llama-cpp-python[server] brings it
+    uvicorn.run(_stub_app(model), host=host, port=int(port), log_level="warning", access_log=False,
+                timeout_keep_alive=30, backlog=4096)
+
+# %% ../nbs/04_serve.ipynb #s104
+class StubServer:
+    "The stand-in server in a child process on a free loopback port; context manager, or `start()`/`stop()`."
+    def __init__(self,
+                 port: int | None = None,  # None = a free port
+                 host: str = "127.0.0.1",  # loopback only
+                 model: str | list = STUB_MODEL,  # model id(s) it reports, each starting with `stub`
+                 startup_timeout: float = 60.0):  # seconds to wait for `/v1/models`
+        if host not in LOOPBACK: raise ValueError(f"host={host!r}: the stub server binds loopback only (127.0.0.1)")
+        self.models = stub_models(model)
+        self.host, self.port, self.model, self.startup_timeout, self.proc = host, port, self.models[0], startup_timeout, None
+
+    @property
+    def url(self) -> str: return f"http://{self.host}:{self.port}/v1"
+    def __repr__(self): return f"StubServer(url={self.url!r}, model={self.model!r}, {'running' if self.proc else 'stopped'})"
+
+    def start(self) -> "StubServer":
+        "Start the child process and wait until it reports its model."
+        if self.proc is not None: return self
+        self.port = int(self.port or free_port(self.host))
+        if port_in_use(self.host, self.port): raise RuntimeError(f"port {self.port} is taken; pass another port (or none)")
+        code = f"from kgrag_nb.serve import run_stub_server; run_stub_server({self.host!r}, {self.port}, {self.models!r})"
+        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=_parent_death_signal)
+        atexit.register(self.stop)
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                rc, self.proc = self.proc.returncode, None
+                raise RuntimeError(f"the stub server exited with code {rc} before serving {self.url} (its stderr is above)")
+            if served_models(self.url, timeout=2.0) == self.models: return self
+            time.sleep(0.1)
+        self.stop(); raise TimeoutError(f"the stub server did not answer at {self.url} within {self.startup_timeout}s")
+
+    def stop(self):
+        "Stop the child (SIGTERM, SIGKILL after 10 s). Idempotent."
+        proc, self.proc = self.proc, None
+        if proc is None: return
+        atexit.unregister(self.stop)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try: proc.wait(10)
+            except subprocess.TimeoutExpired: proc.kill(); proc.wait()
+
+    def __enter__(self): return self.start()
+    def __exit__(self, *exc): self.stop()
