@@ -25,8 +25,8 @@ __all__ = ['RUNNER_PARAMETERS', 'STUDY_PARAMETERS', 'FIXED_PDF_METADATA', 'RUN_I
            'load_experiments', 'experiments_for', 'select_artifacts', 'parameters_of', 'check_study_notebooks',
            'save_figure', 'markdown_table', 'save_table', 'code_version', 'experiment_key', 'experiment_dir',
            'ExperimentResults', 'save_result', 'peak_rss_mb', 'StudyRun', 'ExperimentRun', 'effective_parameters',
-           'plan_experiments', 'run_notebook', 'ensure_experiment', 'check_overrides', 'git_sha', 'new_run_id',
-           'check_run_id', 'redact_url', 'scrub_secrets', 'config_environment', 'reproduce']
+           'llm_identity', 'plan_experiments', 'run_notebook', 'ensure_experiment', 'check_overrides', 'git_sha',
+           'new_run_id', 'check_run_id', 'redact_url', 'scrub_secrets', 'config_environment', 'reproduce']
 
 # %% ../nbs/07_reproduce.ipynb #c005
 @dataclass
@@ -477,7 +477,8 @@ class ExperimentRun(StudyRun):
             exp = load_experiments(cfg=self.cfg).get(artifact)
             if exp is None: raise KeyError(f"{artifact!r} is not an experiment of studies.yaml")
             values = {k: v for k, v in self.params.items() if k != "profile"}
-            plan = plan_experiments([exp], self.profile, self.cfg, values={artifact: values})[artifact]
+            llm = llm_identity(self.params.get("llm_url") or self.cfg.llm_url, self.params.get("model") or self.cfg.model)
+            plan = plan_experiments([exp], self.profile, self.cfg, values={artifact: values}, llm=llm)[artifact]
             self.key, self.path, self.plan_params = plan["key"], plan["path"], values
             self.experiment_dirs.update({d: str(p) for d, p in plan["dep_paths"].items()})
             self.experiment_dirs[artifact] = str(self.path)
@@ -511,15 +512,23 @@ def effective_parameters(study: Artifact, profile: str, cfg: Config, overrides: 
     values.update({k: v for k, v in (overrides or {}).items() if k in values})
     return values
 
+def llm_identity(llm_url: str | None,  # the endpoint (None = the embedded server)
+                 model: str | None) -> str:  # the model asked for or served (None = the server's default)
+    "What the results of an LLM experiment depend on besides its parameters: endpoint (credentials removed) and model."
+    return f"{redact_url(llm_url) or 'embedded'} | {model or '(served default)'}"
+
 def plan_experiments(exps: list, profile: str, cfg: Config, overrides: dict | None = None,
-                     values: dict | None = None) -> dict:  # experiment id -> parameter values to use as they are
+                     values: dict | None = None,  # experiment id -> parameter values to use as they are
+                     llm: str | None = None) -> dict:  # `llm_identity(...)`: part of the key of experiments that need the LLM
     "`{id: {key, params, path, uses, dep_paths, done}}` for `exps` and everything they use, dependencies first."
+    " An experiment that needs the LLM is keyed by the endpoint and model too, so another model never reuses its results."
     registry = load_experiments(cfg=cfg)
     plan = {}
     for e in _topological(exps, registry):
         params = (values or {}).get(e.id) or effective_parameters(e, profile, cfg, overrides)
         deps = {u: plan[u]["key"] for u in e.uses}
-        key = experiment_key(e.id, params, code_version(cfg, e.notebook), deps)
+        key_params = {**params, "__llm__": llm} if (e.needs_llm and llm) else params
+        key = experiment_key(e.id, key_params, code_version(cfg, e.notebook), deps)
         path = experiment_dir(cfg, e.id, key)
         plan[e.id] = dict(key=key, params=params, path=path, uses=list(e.uses), dep_paths={u: plan[u]["path"] for u in e.uses},
                           done=(path / "_SUCCESS.json").exists(), study=e)
@@ -743,7 +752,9 @@ def reproduce(profile: str | None = None,  # `tiny`, `smoke` or `full` (default:
                     overrides_apply_to=applies, experiments=[], artifacts=[], status="running")
     (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1, default=str) + "\n")  # a killed run still names its profile
     t0 = time.time()
-    plan = plan_experiments(exps, profile, cfg, overrides)
+    if llm_url and not model and any(e.needs_llm for e in exps):  # the key needs the model the endpoint serves
+        model = LLMClient.from_config(cfg, base_url=llm_url, progress=False).resolve_model()
+    plan = plan_experiments(exps, profile, cfg, overrides, llm=llm_identity(llm_url, model))
     needs_llm = any(a.needs_llm for a in arts) or any(e.needs_llm and not plan[e.id]["done"] for e in exps)
     endpoint = nullcontext(llm_url)
     if needs_llm and not llm_url: endpoint = llm_endpoint(cfg)
