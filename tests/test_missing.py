@@ -1,6 +1,7 @@
 """Tests of kgrag_nb.missing (missing_knowledge_rag.txt): verbatim prompt lines, the JSON parser (hand cases and
 hypothesis fuzzing), multi-KB rules, no leakage, hand-computed metrics, and one `llm` pipeline run on the embedded server."""
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -187,3 +188,31 @@ def test_pipeline_two_questions_embedded(embedded_server, tmp_path):
     assert (misk.loc[misk["judge"] != True, "fallback"]).all()  # noqa: E712
     t1 = M.table1(M.add_recall(preds, [["Thomas Jefferson Declaration of Independence"], ["Paris capital of France"]]))
     assert (t1["F1"] >= t1["EM"] - 1e-9).all() and len(t1) == len(M.ROWS)
+
+
+# ---------------------------------------------------------------- settings: n_ctx, judge endpoint at full
+def test_embedded_n_ctx_is_a_setting():
+    from kgrag_nb.config import get_config
+    from kgrag_nb.serve import EmbeddedServer
+    cfg = get_config(embedded_n_ctx=4096)
+    srv = EmbeddedServer(cfg)
+    argv = srv._command(Path("m.gguf"))
+    assert srv.n_ctx == 4096 and argv[argv.index("--n_ctx") + 1] == "4096"
+    assert EmbeddedServer(cfg, n_ctx=1024).n_ctx == 1024 and get_config().embedded_n_ctx == 2048
+
+
+def test_full_profile_never_reuses_the_generator_as_judge():
+    with pytest.raises(ValueError, match="judge_url"):
+        M.judge_client(None, object(), None, None, "full")
+    gen = type("C", (), {"model": "g"})()
+    assert M.judge_client(None, gen, None, None, "smoke")[0] is gen
+
+
+def test_miss_rate_and_rates_per_row():
+    rows = [dict(qid=i, question="q", answers=["a"], row="Misk Wiki+Wiki", topk=2, prediction="a", clipped=0,
+                 contexts=[], parse_status=s, judge=j, missing_truncated=t, fallback=f)
+            for i, (s, j, t, f) in enumerate([("ok", True, False, False), ("failed", None, True, True),
+                                              ("repaired", False, False, True), ("failed", None, False, True)])]
+    t1 = M.table1(pd.DataFrame(rows))
+    r = t1.iloc[0]
+    assert (r["Miss_rate"], r["parse failed %"], r["parse repaired %"], r["truncated %"], r["fallback %"]) == (25, 50, 25, 25, 75)
