@@ -958,7 +958,7 @@ def fig3_figure(data: pd.DataFrame, title: str = "") -> Figure:
                                     ("Wiki", "(b) Retrieve from wikipedia knowledge base."))):
         for method, g in data[data["kb"] == kb].groupby("method", sort=False):
             ax.plot(g["TopK"], g["context_recall"], marker="o", label=method)
-        ax.set_xlabel("TopK"); ax.set_title(cap, fontsize=8); ax.set_xticks(sorted(data["TopK"].unique()))
+        ax.set_xlabel("TopK"); ax.set_title(cap, fontsize=8); ax.set_xticks(sorted(data["TopK"].unique())); ax.set_ylim(-2, 102)
     axes[0].set_ylabel("context recall (%)"); axes[1].legend(fontsize=7, frameon=False)
     if title: fig.suptitle(title, fontsize=9)
     fig.tight_layout()
