@@ -34,9 +34,9 @@ __all__ = ['DEVIATIONS', 'NQ_MISSING_PROMPT', 'MED_MISSING_PROMPT', 'NQ_ANSWER_P
            'second_retrieval', 'clean_answer', 'run_pipeline', 'parse_pseudo_qa', 'pseudo_qa_pairs', 'attributed_det',
            'recall_eq3', 'parse_facts', 'parse_attribution', 'add_recall', 'llm_judge', 'containment_em',
            'JiebaTokenizer', 'nq_scores', 'med_scores', 'corpus_bleu', 'table1', 'table3', 'table4', 'fig3_data',
-           'generator', 'judge_client', 'run_experiment', 'setting_label', 'vs_paper', 'table2_vs_paper',
-           'table4_vs_paper', 'fig3_figure', 'settings_lines', 'open_artefact', 'caption', 'load_predictions',
-           'save_predictions']
+           'generator', 'judge_client', 'run_settings', 'run_nq', 'run_med', 'setting_label', 'vs_paper',
+           'table2_vs_paper', 'table4_vs_paper', 'fig3_figure', 'settings_lines', 'open_artefact', 'caption',
+           'load_predictions', 'save_predictions']
 
 # %% ../nbs/18_missing.ipynb #m005
 DEVIATIONS = [
@@ -874,22 +874,21 @@ def judge_client(run, gen_client, judge_url: str | None, judge_model: str | None
     return gen_client, f"{gen_client.model} (the generator; {profile} profile)"
 
 # %% ../nbs/18_missing.ipynb #m044
-def run_experiment(client,  # generator LLMClient
-                   judge,  # judge LLMClient (may be the generator below full)
-                   cfg: Config | None = None,
-                   n_nq: int = 24, n_pool_nq: int = 200, n_distractors: int = 300, n_pseudo: int | None = None,
-                   n_med: int = 16, n_qa_med: int = 600, n_wiki_subjects: int = 60,
-                   topks: Sequence[int] = (2, 4), n_ctx: int = 4096,
-                   max_tokens_nq: int = 24, max_tokens_med: int = 96, max_tokens_missing: int = 192,
-                   llm_judge_questions: int = 4, tau: float = 0.5, embedder_en: str | None = None,
-                   zh_backend: str = "bm25", embedder_zh: str | None = None,
-                   chars_per_token_en: float = 3.0, chars_per_token_zh: float = 0.8, seed: int = 0) -> dict:
-    "Both datasets end to end: {'nq', 'med'} prediction frames with recall columns, 'kb_stats', 'settings'."
+def run_settings(n_ctx, topks, tau, chars_per_token_en=3.0, chars_per_token_zh=0.8) -> dict:
+    "The policies and settings every table prints: budget rule, K/2 split, fallback, n_ctx, TopK, tau."
+    return dict(budget_rule=BUDGET_RULE, split_policy=SPLIT_POLICY, fallback_policy=FALLBACK_POLICY, n_ctx=n_ctx,
+                topks=list(topks), tau=tau, chars_per_token_en=chars_per_token_en, chars_per_token_zh=chars_per_token_zh)
+
+def run_nq(client,  # generator LLMClient
+           judge,  # judge LLMClient (may be the generator below full)
+           cfg: Config | None = None,
+           n_nq: int = 24, n_pool_nq: int = 200, n_distractors: int = 300, n_pseudo: int | None = None,
+           topks: Sequence[int] = (2, 4), n_ctx: int = 4096, max_tokens_nq: int = 24, max_tokens_missing: int = 192,
+           llm_judge_questions: int = 4, tau: float = 0.5, embedder_en: str | None = None,
+           chars_per_token_en: float = 3.0, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    "NQ end to end (§3.1, §3.3): (predictions with recall columns, KB statistics, settings)."
     cfg = cfg or get_config()
-    out, stats, settings = {}, [], dict(budget_rule=BUDGET_RULE, split_policy=SPLIT_POLICY, fallback_policy=FALLBACK_POLICY,
-                                        n_ctx=n_ctx, topks=list(topks), tau=tau, chars_per_token_en=chars_per_token_en,
-                                        chars_per_token_zh=chars_per_token_zh)
-    # NQ (§3.1): Wiki = pool gold passages + distractors; QA = other pool QA pairs + pseudo QA pairs
+    # Wiki = pool gold passages + distractors; QA = other pool QA pairs + pseudo QA pairs of the evaluated passages
     s = nq_setup(load_nq_oracle(cfg), n_nq, n_pool_nq, load_distractors(cfg), n_distractors, seed)
     gold = [q["passage"] for q in s["questions"]][: n_nq if n_pseudo is None else n_pseudo]
     pseudo, pseudo_failed = pseudo_qa_pairs(client, gold)
@@ -900,30 +899,34 @@ def run_experiment(client,  # generator LLMClient
     wiki = KnowledgeBase("Wikipedia", s["wiki"], "wiki", "dense", emb, "en")
     qakb = KnowledgeBase("History QA Pairs", qa, "qa", "dense", emb, "en")
     kbs = dict(wiki=wiki, qa=qakb, merged=KnowledgeBase.merged("Merged KB", [wiki, qakb]))
-    stats.append(kb_statistics(kbs.values(), "NQ"))
     preds = run_pipeline(client, "nq", s["questions"], kbs, topks, n_ctx, chars_per_token_en, max_tokens_nq, max_tokens_missing)
-    preds = add_recall(preds, [[q["passage"]] for q in s["questions"]], "en", tau)
-    out["nq"] = llm_judge(judge, preds, llm_judge_questions)
-    settings["nq"] = dict(questions=n_nq, pool=n_pool_nq, distractors=n_distractors, qa_real=len(s["qa"]),
-                          qa_real_dropped=s["qa_dropped"], pseudo_written=len(pseudo), pseudo_failed=pseudo_failed,
-                          pseudo_dropped_leak=len(leaked), embedder=embedder_name(emb), llm_judge=out["nq"].attrs["llm_judge"])
-    # medical: history QA (test questions and answers removed) + CMeKG encyclopedia chunks
+    preds = llm_judge(judge, add_recall(preds, [[q["passage"]] for q in s["questions"]], "en", tau), llm_judge_questions)
+    settings = dict(questions=n_nq, pool=n_pool_nq, distractors=n_distractors, qa_real=len(s["qa"]),
+                    qa_real_dropped=s["qa_dropped"], pseudo_written=len(pseudo), pseudo_failed=pseudo_failed,
+                    pseudo_dropped_leak=len(leaked), embedder=embedder_name(emb), llm_judge=preds.attrs["llm_judge"])
+    return preds, kb_statistics(kbs.values(), "NQ"), settings
+
+def run_med(client, judge, cfg: Config | None = None,
+            n_med: int = 16, n_qa_med: int = 600, n_wiki_subjects: int = 60, topks: Sequence[int] = (2, 4),
+            n_ctx: int = 4096, max_tokens_med: int = 96, max_tokens_missing: int = 192, llm_judge_questions: int = 4,
+            tau: float = 0.5, zh_backend: str = "bm25", embedder_zh: str | None = None,
+            chars_per_token_zh: float = 0.8, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    "The medical set end to end (§3.4): (predictions with recall columns, KB statistics, settings)."
+    cfg = cfg or get_config()
+    # history QA (test questions and answers removed) + CMeKG encyclopedia chunks
     m = medical_setup(load_medical(cfg), n_med, n_qa_med, n_wiki_subjects, cmekg_subjects(), seed)
     assert not leaks(m["qa"], m["forbidden"]), "a test consultation reached the history-QA KB"
     kw = dict(backend=zh_backend, embedder=load_embedder(embedder_zh) if zh_backend == "dense" else None, lang="zh")
     wiki = KnowledgeBase("Wikipedia", m["wiki"], "wiki", **kw)
     qakb = KnowledgeBase("History QA Pairs", m["qa"], "qa", **kw)
     kbs = dict(wiki=wiki, qa=qakb, merged=KnowledgeBase.merged("Merged KB", [wiki, qakb]))
-    stats.append(kb_statistics(kbs.values(), "Huatuo-26M"))
     preds = run_pipeline(client, "med", m["questions"], kbs, topks, n_ctx, chars_per_token_zh, max_tokens_med, max_tokens_missing)
-    preds = add_recall(preds, [[q["answers"][0]] for q in m["questions"]], "zh", tau)
-    out["med"] = llm_judge(judge, preds, llm_judge_questions)
-    settings["med"] = dict(questions=n_med, qa_pool=n_qa_med, qa_kept=len(m["qa"]), qa_dropped_leak=m["qa_dropped"],
-                           cmekg_subjects=len(m["subjects"]), cmekg_subjects_named_in_queries=m["subjects_named"],
-                           backend=zh_backend, embedder=embedder_name(kw["embedder"]) if kw["embedder"] else "BM25 (jieba)",
-                           llm_judge=out["med"].attrs["llm_judge"])
-    out["kb_stats"], out["settings"] = pd.concat(stats, ignore_index=True), settings
-    return out
+    preds = llm_judge(judge, add_recall(preds, [[q["answers"][0]] for q in m["questions"]], "zh", tau), llm_judge_questions)
+    settings = dict(questions=n_med, qa_pool=n_qa_med, qa_kept=len(m["qa"]), qa_dropped_leak=m["qa_dropped"],
+                    cmekg_subjects=len(m["subjects"]), cmekg_subjects_named_in_queries=m["subjects_named"],
+                    backend=zh_backend, embedder=embedder_name(kw["embedder"]) if kw["embedder"] else "BM25 (jieba)",
+                    llm_judge=preds.attrs["llm_judge"])
+    return preds, kb_statistics(kbs.values(), "Huatuo-26M"), settings
 
 # %% ../nbs/18_missing.ipynb #m046
 PAPER = "missing_knowledge_rag.txt"
