@@ -53,6 +53,7 @@ class Config:
     max_concurrency: int = 8  # LLM requests in flight
     embedded_host: str = "127.0.0.1"  # loopback only
     embedded_port: int = 8765
+    embedded_n_ctx: int = 2048  # context window (tokens) of the embedded llama.cpp server
     embedder: str = DEFAULT_EMBEDDER  # sentence-transformers model name or path
     embed_device: str = "cpu"  # torch device of the sentence embedders: cpu, or cuda on a GPU node (millions of texts at full size)
 
@@ -100,6 +101,7 @@ def get_config(**overrides) -> Config:
         llm_url=env("KGRAG_LLM_URL") or None, model=env("KGRAG_MODEL") or None,
         llm_cache_mode=env("KGRAG_LLM_CACHE_MODE", "live"),
         max_concurrency=env_int("KGRAG_MAX_CONCURRENCY", 8), embedded_port=env_int("KGRAG_EMBEDDED_PORT", 8765),
+        embedded_n_ctx=env_int("KGRAG_EMBEDDED_N_CTX", 2048),
         embedder=env("KGRAG_EMBEDDER", DEFAULT_EMBEDDER), embed_device=env("KGRAG_EMBED_DEVICE", "cpu"),
     )
     unknown = set(overrides) - set(values) - {"api_key_env", "embedded_host"}

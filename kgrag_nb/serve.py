@@ -65,7 +65,7 @@ class EmbeddedServer:
     def __init__(self,
                  cfg: Config | None = None,  # None = get_config(); host, port and cache folder come from here
                  port: int | None = None,  # None = cfg.embedded_port
-                 n_ctx: int = 2048,  # context window in tokens
+                 n_ctx: int | None = None,  # context window in tokens; None = cfg.embedded_n_ctx
                  n_threads: int | None = None,  # CPU threads; None = all cores
                  log_path: str | Path | None = None,  # server log; None = cfg.cache_dir/logs/llama_server_<port>.log
                  model_path: str | Path | None = None,  # GGUF file; None = embedded_model_path(cfg)
@@ -77,7 +77,7 @@ class EmbeddedServer:
         if self.host not in LOOPBACK:
             raise ValueError(f"embedded_host={self.host!r}: the embedded server binds loopback only (127.0.0.1); "
                              "serve other hosts with vLLM (`vllm_command`)")
-        self.n_ctx, self.n_threads, self.model_path, self.startup_timeout = n_ctx, n_threads, model_path, startup_timeout
+        self.n_ctx, self.n_threads, self.model_path, self.startup_timeout = int(n_ctx or self.cfg.embedded_n_ctx), n_threads, model_path, startup_timeout
         self.log_path = Path(log_path) if log_path else self.cfg.cache_dir / "logs" / f"llama_server_{self.port}.log"
         self.model, self.proc, self.reused = EMBEDDED_MODEL_ALIAS, None, False
         self.shared, self.deterministic, self.replaced_orphan = shared, deterministic, None

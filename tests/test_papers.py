@@ -20,6 +20,7 @@ from kgrag_nb.papers import (CLAIM_COLUMNS, COLUMNS, KEY, available_papers, comp
 AW, BR = "awakening_unseen_entity_kgqa", "brink_incomplete_kg_benchmark"
 JC = "jcql_joint_kbc_kbqa"
 CE = "chain_of_evidence"
+MK = "missing_knowledge_rag"
 needs_text = pytest.mark.skipif(not papers_text_dir().is_dir(), reason="shared/papers/ (the papers' text) not present")
 
 
@@ -70,7 +71,7 @@ def v(paper, table, model, dataset, setting, metric) -> float:
 
 # ---------------------------------------------------------------- the files themselves
 def test_files_schema_keys_and_values():
-    assert set(available_papers()) >= {AW, BR, JC, CE}
+    assert set(available_papers()) >= {AW, BR, JC, CE, MK}
     for stem in available_papers():
         raw = pd.read_csv(papers_dir() / f"{stem}.csv", dtype=str, keep_default_na=False)
         assert tuple(raw.columns) == COLUMNS
@@ -636,3 +637,94 @@ def test_coe_prose_disagrees_with_tables():
     # Table 4's p = 0 rows repeat Table 2's (the same contexts: no misinformation added)
     t2 = _ce_frame("Table 2")
     assert t2[t2.p == 0].set_index(["model", "dataset", "setting"]).value.equals(t4[t4.p == 0].set_index(["model", "dataset", "setting"]).value)
+
+
+# ---------------------------------------------------------------- missing-knowledge RAG paper (missing_knowledge_rag.txt)
+def _mk(table, metric, setting, dataset=None) -> float:
+    t = paper_numbers(MK, table=table, metric=metric, setting=setting)
+    return float((t if dataset is None else t[t["dataset"] == dataset])["value"].iloc[0])
+
+
+@needs_text
+@pytest.mark.parametrize("table,first,last", [("Table 1", "EM\tF1", "Table 1: A comparison"),
+                                              ("Table 3", "ROUGE_1\tROUGE_2", "Table 3: A comparison"),
+                                              ("Table 4", "QA Pairs Recall", "Table 4: Results")])
+def test_missing_tables_match_text(table, first, last):
+    "Every row of the CSV is a row of the text's table: its label, then exactly its numbers in column order."
+    text = paper_text(MK)
+    block = text[text.index(first):text.index(last)]
+    t = paper_numbers(MK, table=table)
+    for (ds, setting), g in t.groupby(["dataset", "setting"], sort=False):
+        label = setting.split(", ")[-1]
+        squash = lambda x: re.sub(r"\s+", "", x)  # the text writes "QA Pairs + QA Pairs" once
+        found = [[float(x) for x in re.findall(r"\d+\.\d+|\d+", "\t".join(cells[i + 1:]))]
+                 for cells in (l.split("\t") for l in block.splitlines()) for i, c in enumerate(cells) if squash(c) == squash(label)]
+        assert g["value"].tolist() in found, (table, ds, setting, found)
+
+
+@needs_text
+def test_missing_table2_matches_text_and_sums():
+    text = paper_text(MK)
+    for v in paper_numbers(MK, table="Table 2")["value"]: assert f"{int(v):,}" in text
+    for ds in ("NQ", "Huatuo-26M"):  # the merged KB is exactly the sum: the union's md5 de-duplication removed nothing
+        assert _mk("Table 2", "#Text Chunks", "Wikipedia", ds) + _mk("Table 2", "#Text Chunks", "History QA Pairs", ds) \
+            == _mk("Table 2", "#Text Chunks", "Merged KB", ds)
+    # §3.1 rounds the NQ Wikipedia and merged counts (4.8 and 7.3 million) but says the QA pairs number 128,000,
+    # which Table 2 contradicts (2,500,931): recorded, not reconciled
+    assert "4.8 million" in text and "7.3 million" in text and "128,000 QA pairs" in text
+
+
+def test_missing_table1_em_exceeds_f1_in_every_row():
+    "The oddity the study reports strict and containment EM for: the paper's EM > F1 in all 12 rows."
+    t = paper_numbers(MK, table="Table 1").pivot(index="setting", columns="metric", values="value")
+    assert len(t) == 12 and (t["EM"] > t["F1"]).all()
+
+
+# (§, delta quoted in the text, table, metric, (setting, dataset) minuend, (setting, dataset) subtrahend)
+MK_DELTAS = [
+    ("3.3", 3.91, "Table 1", "EM", "TopK=2, QA Pairs", "TopK=2, Wiki"),
+    ("3.3", 4.24, "Table 1", "F1", "TopK=2, QA Pairs", "TopK=2, Wiki"),
+    ("3.3", 1.56, "Table 1", "EM", "TopK=4, QA Pairs", "TopK=4, Wiki"),
+    ("3.3", 2.85, "Table 1", "F1", "TopK=4, QA Pairs", "TopK=4, Wiki"),
+    ("3.3", 1.56, "Table 1", "EM", "TopK=4, Misk QA Pairs+QA Pairs", "TopK=4, QA Pairs"),
+    ("3.3", 1.09, "Table 1", "F1", "TopK=4, Misk QA Pairs+QA Pairs", "TopK=4, QA Pairs"),
+    ("3.3", 2.34, "Table 1", "EM", "TopK=4, Misk QA Pairs+QA Pairs", "TopK=4, Misk Wiki+Wiki"),
+    ("3.3", 3.36, "Table 1", "F1", "TopK=4, Misk QA Pairs+QA Pairs", "TopK=4, Misk Wiki+Wiki"),
+    ("3.3", 3.52, "Table 1", "EM", "TopK=4, Misk QA Pairs+Wiki", "TopK=4, 2-way retrieval"),
+    ("3.3", 3.33, "Table 1", "F1", "TopK=4, Misk QA Pairs+Wiki", "TopK=4, 2-way retrieval"),
+    ("3.4", 0.14, "Table 3", "ROUGE_1", "TopK=2, QA Pairs", "TopK=2, Wiki"),
+    ("3.4", 0.8, "Table 3", "BLEU_1", "TopK=2, QA Pairs", "TopK=2, Wiki"),
+    ("3.4", 1.37, "Table 3", "ROUGE_1", "TopK=4, Misk QA Pairs+QA Pairs", "TopK=4, QA Pairs"),
+    ("3.4", 1.35, "Table 3", "ROUGE_1", "TopK=4, Misk Wiki+Wiki", "TopK=4, Wiki"),
+    ("3.4", 3.4, "Table 3", "BLEU_1", "TopK=4, Misk QA Pairs+QA Pairs", "TopK=4, QA Pairs"),
+    ("3.4", 3.52, "Table 3", "BLEU_1", "TopK=4, Misk Wiki+Wiki", "TopK=4, Wiki"),
+    ("3.5", 8.09, "Table 4", "QA Pairs Recall", ("Mis Wiki+QA pairs", "NQ"), ("2-way-retrieval", "NQ")),
+    ("3.5", 2.41, "Table 4", "QA Pairs Recall", ("Mis Wiki+QA pairs", "Huatuo-26M"), ("2-way-retrieval", "Huatuo-26M")),
+    ("3.5", 1.93, "Table 4", "Wiki Recall", ("Mis QA Pairs+Wiki", "NQ"), ("2-way-retrieval", "NQ")),
+    ("3.5", 1.7, "Table 4", "Wiki Recall", ("Mis QA Pairs+Wiki", "Huatuo-26M"), ("2-way-retrieval", "Huatuo-26M")),
+]
+# recall deltas between the OrigQ and MisQ columns of one row (§3.3, §3.4)
+MK_RECALL_DELTAS = [("3.3", 2.69, "Table 1", "TopK=4, Misk Wiki+Wiki"), ("3.3", 25.84, "Table 1", "TopK=4, Misk QA Pairs+Wiki"),
+                    ("3.3", 3.96, "Table 1", "TopK=4, Misk Wiki+QA Pairs"), ("3.4", 2.17, "Table 3", "TopK=4, Misk QA Pairs+QA Pairs"),
+                    ("3.4", 0.45, "Table 3", "TopK=4, Misk Wiki+Wiki"), ("3.4", 1.88, "Table 3", "TopK=4, Misk Merged KB")]
+
+
+@pytest.mark.parametrize("sec,delta,table,metric,a,b", MK_DELTAS)
+def test_missing_deltas_quoted_in_text(sec, delta, table, metric, a, b):
+    va = _mk(table, metric, *a) if isinstance(a, tuple) else _mk(table, metric, a)
+    vb = _mk(table, metric, *b) if isinstance(b, tuple) else _mk(table, metric, b)
+    assert round(va - vb, 2) == delta, (sec, va, vb)
+
+
+@pytest.mark.parametrize("sec,delta,table,setting", MK_RECALL_DELTAS)
+def test_missing_recall_deltas_quoted_in_text(sec, delta, table, setting):
+    assert round(_mk(table, "Context_Recall_MisQ", setting) - _mk(table, "Context_Recall_OrigQ", setting), 2) == delta
+
+
+@needs_text
+def test_missing_deltas_and_headlines_are_in_text():
+    text = paper_text(MK)
+    for sec, delta, *_ in MK_DELTAS + MK_RECALL_DELTAS: assert f"{delta}%" in text, (sec, delta)
+    assert _mk("Table 1", "EM", "TopK=4, Misk Merged KB") == 37.11 and "37.11%" in text and "25.74%" in text
+    assert _mk("Table 3", "ROUGE_1", "TopK=4, Misk Merged KB") == 18.63 and "18.63%" in text and "19.13%" in text
+

@@ -1,0 +1,218 @@
+"""Tests of kgrag_nb.missing (missing_knowledge_rag.txt): verbatim prompt lines, the JSON parser (hand cases and
+hypothesis fuzzing), multi-KB rules, no leakage, hand-computed metrics, and one `llm` pipeline run on the embedded server."""
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from kgrag_nb import missing as M
+from kgrag_nb.metrics import exact_match
+
+PROPS = settings(max_examples=150, deadline=None)
+
+
+# ---------------------------------------------------------------- prompts (App. A, Figs. 4-6, key literal lines)
+@pytest.mark.parametrize("prompt,line", [
+    (M.NQ_MISSING_PROMPT, "You are an knowledge expert and proficient in JSON formats."),
+    (M.NQ_MISSING_PROMPT, "- The answer contain wrong information, and is inconsistant with contexts or facts."),
+    (M.NQ_MISSING_PROMPT, '{"thought": str, "judge": bool, "missing_knowledge": list, "query": list}'),
+    (M.NQ_MISSING_PROMPT, "- Query should be short, precise and closely related to query;"),
+    (M.NQ_MISSING_PROMPT, "## First Round Answer\n{first round prediction}\n## Output\n"),
+    (M.MED_MISSING_PROMPT, "You are a medical knowledge expert proficient in Chinese and JSON format."),
+    (M.MED_MISSING_PROMPT, '{"thought": "No missing knowledge", "judge": false, "missing_knowledge": [], "query": []}'),
+    (M.MED_MISSING_PROMPT, "- judge: whether knowledge is missing (True if missing, False otherwise);"),
+    (M.NQ_ANSWER_PROMPT, "Q: Who is the original CEO of Google? A: Larry Page and Sergey Brin."),
+    (M.NQ_ANSWER_PROMPT, "- If it is not mentioned in the context, briefly answer with your own knowledge."),
+    (M.NQ_ANSWER_PROMPT, "## Missing Knowledge Context\n{thought}\n{context retrieved with missing knowledge query}\n"),
+    (M.MED_ANSWER_PROMPT, "## Question: Why do I feel hungry after taking a nap at noon?"),
+])
+def test_prompt_lines_verbatim(prompt, line):
+    assert line in prompt
+
+
+def test_prompt_placeholders_fill():
+    p = M.fill(M.NQ_MISSING_PROMPT, query="Q?", contexts="C", first_round_prediction="A")
+    assert "{query}" not in p and "Q?\n## Context\nC\n## First Round Answer\nA" in p
+    assert '{"thought": str' in p  # JSON braces stay literal
+
+
+# ---------------------------------------------------------------- parser
+def test_parser_hand_cases():
+    ok = M.parse_json_verdict('x\n```json\n{"thought": "t", "judge": false, "missing_knowledge": [], "query": []}\n```')
+    assert (ok["status"], ok["value"]["judge"]) == ("ok", False)
+    last = M.parse_json_verdict('{"judge": true, "query": ["a"]} then {"judge": false, "query": []}')
+    assert last["value"]["judge"] is False  # the last object wins
+    echo = M.parse_json_verdict('{"thought": str, "judge": bool, "missing_knowledge": list, "query": list}')
+    assert (echo["status"], echo["reason"], echo["value"]) == ("failed", "echoed schema", None)
+    cut = M.parse_json_verdict('{"thought": "a", "judge": true, "query": ["x"]', finish_reason="length")
+    assert cut["status"] == "failed" and cut["truncated"] and "truncated" in cut["reason"]
+    # a complete object before a truncated one is still a failure: the output ends inside an object
+    assert M.parse_json_verdict('{"judge": false} {"judge": tr')["status"] == "failed"
+    rep = M.parse_json_verdict("{'thought': 'x', 'judge': 'True', 'query': 'q',}")
+    assert (rep["status"], rep["value"]["judge"], rep["value"]["query"]) == ("repaired", True, ["q"])
+
+
+_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=30)
+_obj = st.fixed_dictionaries({"thought": _text, "judge": st.booleans(),
+                              "missing_knowledge": st.lists(_text, max_size=3), "query": st.lists(_text, max_size=3)})
+_prefix = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="{}\"'"), max_size=40)
+
+
+@PROPS
+@given(_obj, _prefix, st.booleans())
+def test_parser_roundtrip_json(obj, prefix, fenced):
+    s = json.dumps(obj, ensure_ascii=False)
+    r = M.parse_json_verdict(prefix + ("\n```json\n" + s + "\n```" if fenced else s))
+    assert r["status"] == "ok" and {k: r["value"][k] for k in obj} == obj
+
+
+@PROPS
+@given(_obj, _prefix)
+def test_parser_python_literal_is_repaired(obj, prefix):
+    r = M.parse_json_verdict(prefix + repr(obj))
+    assert r["status"] in ("ok", "repaired") and r["value"]["judge"] is obj["judge"] and r["value"]["query"] == obj["query"]
+
+
+@PROPS
+@given(_obj, st.data())
+def test_parser_truncation_never_parses(obj, data):
+    s = json.dumps(obj, ensure_ascii=False)
+    cut = data.draw(st.integers(1, len(s) - 1))
+    r = M.parse_json_verdict(s[:cut], finish_reason="length")
+    assert r["status"] == "failed" and r["value"] is None
+
+
+@PROPS
+@given(st.text(max_size=200))
+def test_parser_total_on_any_text(text):
+    r = M.parse_json_verdict(text)
+    assert r["status"] in M.PARSE_STATUSES
+    assert (r["value"] is None) == (r["status"] == "failed")
+    if r["value"] is not None: assert isinstance(r["value"]["judge"], bool)
+
+
+# ---------------------------------------------------------------- multi-KB
+def _kbs():
+    wiki = M.KnowledgeBase("Wiki", ["高血压 饮食 注意", "党参 功效", "高血压 饮食 注意", "感冒 发烧"], "wiki", backend="bm25", lang="zh")
+    qa = M.KnowledgeBase("QA Pairs", ["Q: 高血压能吃党参吗 A: 可以", "党参 功效", "Q: 感冒怎么办 A: 多喝水"], "qa", backend="bm25", lang="zh")
+    return wiki, qa, M.KnowledgeBase.merged("Merged KB", [wiki, qa])
+
+
+def test_multi_kb_separate_indexes_and_merged_union():
+    wiki, qa, mk = _kbs()
+    assert (wiki.n_raw, wiki.n_dedup, qa.n_dedup) == (4, 3, 3)
+    assert mk.n_raw == 6 and mk.n_dedup == 5  # "党参 功效" is in both: the union has 3 + 3 - 1 texts
+    assert len({id(wiki.index), id(qa.index), id(mk.index)}) == 3
+    assert dict(zip(mk.texts, mk.tags)) == {**dict(zip(qa.texts, qa.tags)), **dict(zip(wiki.texts, wiki.tags))}
+    assert len(set(mk.md5s)) == mk.n_dedup
+    stats = M.kb_statistics([wiki, qa, mk], "toy")
+    assert list(stats["chunks_dedup"]) == [3, 3, 5] and list(stats["chunks_raw"]) == [4, 3, 6]
+
+
+def test_second_retrieval_budget_round_robin_and_dedup():
+    wiki, qa, mk = _kbs()
+    first = mk.search(["党参"], 1)[0]
+    got = M.second_retrieval(mk, ["党参 功效", "感冒"], 2, [c.md5 for c in first])
+    assert len(got) == 2 and not {c.md5 for c in got} & {c.md5 for c in first}
+    assert all(c.kb in ("wiki", "qa") for c in got)
+    assert M.second_retrieval(mk, [], 2) == []
+
+
+# ---------------------------------------------------------------- no leakage
+def test_no_leakage_nq_and_medical():
+    recs = [dict(question=f"question number {i}", answers=[f"a{i}"], passage=f"passage {i}") for i in range(30)]
+    s = M.nq_setup(recs, 5, 20, ["d"], 1, seed=3)
+    assert not M.leaks(s["qa"], s["forbidden"]) and len(s["qa"]) == 15
+    # every record twice (the copy with other whitespace): 40 rows, 4 tested, their 4 copies must not reach the KB
+    df = pd.DataFrame(dict(query=[f"问题{i}" for i in range(20)] + [f" 问题{i} " for i in range(20)],
+                           answer=[f"回答{i}" for i in range(20)] * 2))
+    m = M.medical_setup(df, 4, 100, 2, ["高血压", "感冒"], seed=1)
+    tested = {q["question"].strip() for q in m["questions"]}
+    assert not M.leaks(m["qa"], m["forbidden"])
+    assert set(m["qa"]) == {f"Q: 问题{i} A: 回答{i}" for i in range(20) if f"问题{i}" not in tested}  # every other record kept
+    assert M.leaks(["Q: 问题1 A: x"], ["问题1"])
+
+
+# ---------------------------------------------------------------- metrics (hand-computed)
+def test_strict_vs_containment_em_and_f1():
+    preds = pd.DataFrame(dict(prediction=["Larry Page", "It was Larry Page.", "Sergey"], answers=[["larry page"]] * 3))
+    s = M.nq_scores(preds)
+    assert list(s["em"]) == [1.0, 0.0, 0.0] and list(s["em_contain"]) == [1.0, 1.0, 0.0]
+    # "it was larry page" vs "larry page": P = 2/4, R = 2/2, F1 = 2*0.5*1/1.5 = 2/3
+    assert s["f1"].round(4).tolist() == [1.0, 0.6667, 0.0]
+    assert (s["f1"] >= s["em"]).all()
+
+
+def test_chinese_rouge_bleu_word_and_char():
+    from kgrag_nb.metrics import rouge_scores, CharTokenizer
+    # words: 高血压|可以|吃|党参 vs 高血压|不能|吃|党参 -> 3 of 4 unigrams, bigrams 吃党参 only 1 of 3
+    r = rouge_scores("高血压可以吃党参", "高血压不能吃党参", tokenizer=M.JiebaTokenizer())
+    assert round(r["rouge1"], 4) == 0.75 and round(r["rouge2"], 4) == round(1 / 3, 4)
+    # characters: 8 each, 6 shared -> 0.75
+    assert round(rouge_scores("高血压可以吃党参", "高血压不能吃党参", tokenizer=CharTokenizer())["rouge1"], 4) == 0.75
+    b = M.corpus_bleu(["高血压可以吃党参"], ["高血压可以吃党参"], "word")
+    assert all(round(v, 6) == 1.0 for v in b.values())
+    # word BLEU-1 = 3/4 unigram precision (no brevity penalty, equal lengths)
+    assert round(M.corpus_bleu(["高血压可以吃党参"], ["高血压不能吃党参"], "word")["bleu1"], 4) == 0.75
+    assert M.corpus_bleu(["高血压可以吃党参"], ["高血压不能吃党参"], "char")["bleu2"] > 0
+
+
+def test_deterministic_recall_eq3():
+    gt = ["The first Nobel Prize in Physics was awarded to Wilhelm Röntgen"]
+    assert M.attributed_det("Q: first nobel prize physics? A: Wilhelm Röntgen", gt)
+    assert M.recall_eq3([True, True], 1) == 1.0 and M.recall_eq3([False, True, False], 2) == 0.5
+
+
+# ---------------------------------------------------------------- the pipeline on the real embedded server
+@pytest.mark.llm
+def test_pipeline_two_questions_embedded(embedded_server, tmp_path):
+    from kgrag_nb.config import get_config
+    from kgrag_nb.llm import LLMClient
+    cfg = get_config()
+    client = LLMClient.from_config(cfg, base_url=embedded_server.url)
+    qs = [dict(question="who wrote the declaration of independence", answers=["Thomas Jefferson"]),
+          dict(question="what is the capital of france", answers=["Paris"])]
+    wiki = M.KnowledgeBase("Wiki", ["Thomas Jefferson wrote the Declaration of Independence in 1776.",
+                                    "Paris is the capital and largest city of France.", "The Nile is a river."], "wiki")
+    qa = M.KnowledgeBase("QA Pairs", ["Q: who was the third US president A: Thomas Jefferson",
+                                      "Q: largest city of france A: Paris"], "qa")
+    kbs = dict(wiki=wiki, qa=qa, merged=M.KnowledgeBase.merged("Merged KB", [wiki, qa]))
+    preds = M.run_pipeline(client, "nq", qs, kbs, topks=(2,), n_ctx=2048, max_tokens=16, max_tokens_missing=64)
+    assert len(preds) == 2 * len(M.ROWS) and set(preds["row"]) == set(M.ROWS)
+    misk = preds[preds["row"].str.startswith("Misk")]
+    assert misk["parse_status"].isin(M.PARSE_STATUSES).all()
+    # a failed parse or judge=false never gets a second retrieval
+    assert (misk.loc[misk["parse_status"] == "failed", "fallback"]).all()
+    assert (misk.loc[misk["judge"] != True, "fallback"]).all()  # noqa: E712
+    t1 = M.table1(M.add_recall(preds, [["Thomas Jefferson Declaration of Independence"], ["Paris capital of France"]]))
+    assert (t1["F1"] >= t1["EM"] - 1e-9).all() and len(t1) == len(M.ROWS)
+
+
+# ---------------------------------------------------------------- settings: n_ctx, judge endpoint at full
+def test_embedded_n_ctx_is_a_setting():
+    from kgrag_nb.config import get_config
+    from kgrag_nb.serve import EmbeddedServer
+    cfg = get_config(embedded_n_ctx=4096)
+    srv = EmbeddedServer(cfg)
+    argv = srv._command(Path("m.gguf"))
+    assert srv.n_ctx == 4096 and argv[argv.index("--n_ctx") + 1] == "4096"
+    assert EmbeddedServer(cfg, n_ctx=1024).n_ctx == 1024 and get_config().embedded_n_ctx == 2048
+
+
+def test_full_profile_never_reuses_the_generator_as_judge():
+    with pytest.raises(ValueError, match="judge_url"):
+        M.judge_client(None, object(), None, None, "full")
+    gen = type("C", (), {"model": "g"})()
+    assert M.judge_client(None, gen, None, None, "smoke")[0] is gen
+
+
+def test_miss_rate_and_rates_per_row():
+    rows = [dict(qid=i, question="q", answers=["a"], row="Misk Wiki+Wiki", topk=2, prediction="a", clipped=0,
+                 contexts=[], parse_status=s, judge=j, missing_truncated=t, fallback=f)
+            for i, (s, j, t, f) in enumerate([("ok", True, False, False), ("failed", None, True, True),
+                                              ("repaired", False, False, True), ("failed", None, False, True)])]
+    t1 = M.table1(pd.DataFrame(rows))
+    r = t1.iloc[0]
+    assert (r["Miss_rate"], r["parse failed %"], r["parse repaired %"], r["truncated %"], r["fallback %"]) == (25, 50, 25, 25, 75)
