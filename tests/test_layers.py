@@ -58,7 +58,7 @@ LAYERS = [
     ["reproduce"],
     {"brink": ["rules", "brink", "brink_methods"],
      "awakening": ["baselines", "awaken", "unseen"],
-     "jcql": ["jcql"], "missing": ["missing"], "coe": ["coe"]},
+     "jcql": ["jcql_kbc", "jcql"], "missing": ["missing"], "coe": ["coe"]},
     ["report"],
     ["bench"],
     ["cli"],
