@@ -23,12 +23,12 @@ from .kgqa import (BaseMethod, Question, Prediction, TraceWriter, register_metho
 __all__ = ['ACTIONS', 'INSTRUCTION_HEAD', 'ACTION_SENTENCES', 'EXAMPLE_TRAIN', 'EXAMPLE_TEST', 'PROMPT_ENTITY',
            'PROMPT_RELATIONS', 'PROMPT_GENERATE', 'EXAMPLE_HINT', 'PROMPT_MODIFY', 'PROMPT_SCHEMA', 'PROMPT_PATHS',
            'IO_PROMPT', 'COT_PROMPT', 'TOG_PRUNE', 'TOG_ANSWER', 'PAPER', 'DEVIATIONS', 'agent_instruction',
-           'format_step', 'agent_example', 'ParsedStep', 'parse_step', 'entity_names', 'AgentKB', 'triple_line',
-           'TailFrequencyKBC', 'GoldLeakError', 'gold_leaks', 'AgentConfig', 'parse_triples', 'step_prompt',
-           'JCQLAgent', 'io_prompt', 'cot_prompt', 'parse_short', 'parse_cot', 'majority', 'BaselineConfig',
-           'IOBaseline', 'CoTBaseline', 'SCBaseline', 'ToGStyle', 'bfs_path', 'expand_paths', 'parse_trajectory',
-           'replay_batch', 'slm_triples', 'jcql_train', 'kbqa_questions', 'prediction_frame', 'hits_table',
-           'failure_table', 'efficiency_table']
+           'format_step', 'agent_example', 'ParsedStep', 'parse_step', 'entity_names', 'name_kg', 'AgentKB',
+           'triple_line', 'TailFrequencyKBC', 'GoldLeakError', 'gold_leaks', 'AgentConfig', 'parse_triples',
+           'step_prompt', 'JCQLAgent', 'io_prompt', 'cot_prompt', 'parse_short', 'parse_cot', 'majority',
+           'BaselineConfig', 'IOBaseline', 'CoTBaseline', 'SCBaseline', 'ToGStyle', 'bfs_path', 'expand_paths',
+           'parse_trajectory', 'replay_batch', 'slm_triples', 'jcql_train', 'kbqa_questions', 'prediction_frame',
+           'hits_table', 'failure_table', 'efficiency_table']
 
 # %% ../nbs/17b_jcql.ipynb #c005
 ACTIONS = ("search", "complete", "generate", "finish")  # §3.2-3.3: the agent's action space
@@ -324,13 +324,19 @@ def parse_step(text: str,  # the completion after 'Thought i:'
 def _norm(s: str) -> str: return " ".join(str(s).lower().replace("’", "'").split()).strip(" .,;:'\"`")
 
 def entity_names(kg: KG) -> np.ndarray:
-    "Name of every entity: its label, or `label (mid)` when several entities share the label (unique names)."
+    "Name of every entity: its label (the id when it has none), `label (id)` when several entities share the label."
     if "jcql_names" not in kg._cache:
-        lab = kg._display_array("text")
-        c = Counter(_norm(x) for x in lab.tolist())
-        kg._cache["jcql_names"] = np.array([f"{l} ({e})" if c[_norm(l)] > 1 else l for l, e in zip(lab.tolist(), kg.entities.tolist())],
-                                           dtype=object)
+        ids = [str(e) for e in kg.entities.tolist()]
+        lab = [str((kg.entity_labels or {}).get(e) or e).strip() or e for e in ids]
+        c = Counter(lab)
+        kg._cache["jcql_names"] = np.array([f"{l} ({e})" if c[l] > 1 else l for l, e in zip(lab, ids)], dtype=object)
     return kg._cache["jcql_names"]
+
+def name_kg(triples: Sequence[Sequence[str]],  # (head name, relation name, tail name), e.g. a KBCModel's KB
+            name: str = "kb", drop_relations=("noop",)) -> KG:  # App. A self-loops are for the SLM, not for Search
+    "A KG whose entity and relation ids are the names the SLM uses (names are unique: `label (mid)` where shared)."
+    df = pd.DataFrame([tuple(map(str, t[:3])) for t in triples], columns=["head", "relation", "tail"])
+    return KG.from_triples(df[~df["relation"].isin(list(drop_relations))], name=name)
 
 class AgentKB:
     "The incomplete KB as the agent sees it: names, name index, relation BM25, one-hop subgraphs."
@@ -977,41 +983,44 @@ def jcql_train(questions: Sequence[Question],  # KBQA training questions (with g
     return pd.DataFrame(rows), preds
 
 # %% ../nbs/17b_jcql.ipynb #c037
-def _with_topic(records, kg: KG) -> list:
+def _with_topic(records, kg: KG, ids: str) -> list:
     names, out = entity_names(kg), []
     for r in records:
-        ids = []
+        mids = []
         for t in r.topic_entities:
             try: e = mid_to_fb15k(t.get("id") or "")
             except ValueError: continue
-            if e in kg._vocab.eidx and e not in ids: ids.append(e)
-        if ids and r.answers: out.append((r, ids, [str(names[kg.entity_index(e)]) for e in ids]))
+            if e in kg._vocab.eidx and e not in mids: mids.append(e)
+        shown = [str(names[kg.entity_index(e)]) for e in mids]
+        if mids and r.answers: out.append((r, shown if ids == "name" else mids, shown, mids))
     return out
 
 def kbqa_questions(dataset: str,  # 'cwq' or 'webqsp'
                    split: str,  # 'train' or 'test'
-                   kg: KG,  # the KB whose entities the topic entities must be (e.g. FB15k-237 all splits)
+                   kg: KG,  # FB15k-237 (`load_kg('fb15k237', 'all')`): the topic entities must be its entities
                    n: int | None = None,  # seeded random subset of this size (None = all)
-                   seed: int = 0) -> list[Question]:
-    "KBQA questions whose topic entity is in `kg` (the topic shown by its KB name), a seeded random subset."
-    if dataset not in ("cwq", "webqsp") or split not in ("train", "test"):
-        raise ValueError(f"kbqa_questions: dataset must be 'cwq' or 'webqsp' and split 'train' or 'test', got {dataset!r}, {split!r}")
+                   seed: int = 0,  # seed of the subset (and of the WebQSP halves)
+                   ids: str = "name") -> list[Question]:  # topic_entities as unique names (a name KB, `name_kg`) or as mids
+    "KBQA questions whose topic entity is in `kg`, the topic shown by its unique name; a seeded random subset."
+    if dataset not in ("cwq", "webqsp") or split not in ("train", "test") or ids not in ("name", "mid"):
+        raise ValueError(f"kbqa_questions: dataset 'cwq'|'webqsp', split 'train'|'test', ids 'name'|'mid'; got {dataset!r}, {split!r}, {ids!r}")
     if dataset == "cwq":
         test = load_qa("cwq")
         if split == "test": recs = test
         else:
-            ids = {r.id for r in test}
-            recs = [r for r in load_qa("cwq_tog") if r.id not in ids]
-        rows = _with_topic(recs, kg)
+            seen = {r.id for r in test}
+            recs = [r for r in load_qa("cwq_tog") if r.id not in seen]
+        rows = _with_topic(recs, kg, ids)
     else:
-        rows = _with_topic(load_qa("webqsp"), kg)
+        rows = _with_topic(load_qa("webqsp"), kg, ids)
         perm = np.random.default_rng(seed).permutation(len(rows))
         half = perm[: len(rows) // 2] if split == "train" else perm[len(rows) // 2:]
         rows = [rows[i] for i in sorted(half.tolist())]
+    eligible = len(rows)
     if n is not None and n < len(rows):
         rows = [rows[i] for i in sorted(np.random.default_rng(seed + 1).choice(len(rows), n, replace=False).tolist())]
-    return [Question(r.id, r.question, ids, r.answers, dataset, names, meta=dict(evidence_ids=[list(t) for t in r.evidence_ids]))
-            for r, ids, names in rows]
+    return [Question(r.id, r.question, tops, r.answers, dataset, shown, meta=dict(mids=mids, n_eligible=eligible))
+            for r, tops, shown, mids in rows]
 
 # %% ../nbs/17b_jcql.ipynb #c039
 def prediction_frame(preds: Sequence[Prediction], questions: Sequence[Question], **cols) -> pd.DataFrame:
