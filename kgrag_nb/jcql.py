@@ -16,19 +16,20 @@ from .datasets import load_qa, mid_to_fb15k
 from .llm import run_sync
 from .retrieval import BM25Index
 from .metrics import kbqa_hits_at_1, brink_normalize, bootstrap_ci
-from .kgqa import (BaseMethod, Question, Prediction, TraceWriter, register_method, relation_names, candidate_steps,
+from .kgqa import (BaseMethod, Question, Prediction, TraceWriter, register_method, get_method, METHODS, relation_names, candidate_steps,
                            parse_steps, step_label, expand_beam, beam_ends, beam_context, path_text)
 
 # %% auto #0
 __all__ = ['ACTIONS', 'INSTRUCTION_HEAD', 'ACTION_SENTENCES', 'EXAMPLE_TRAIN', 'EXAMPLE_TEST', 'PROMPT_ENTITY',
            'PROMPT_RELATIONS', 'PROMPT_GENERATE', 'EXAMPLE_HINT', 'PROMPT_MODIFY', 'PROMPT_SCHEMA', 'PROMPT_PATHS',
            'IO_PROMPT', 'COT_PROMPT', 'TOG_PRUNE', 'TOG_ANSWER', 'PAPER', 'DEVIATIONS', 'agent_instruction',
-           'format_step', 'agent_example', 'ParsedStep', 'parse_step', 'entity_names', 'name_kg', 'AgentKB',
-           'triple_line', 'TailFrequencyKBC', 'GoldLeakError', 'gold_leaks', 'AgentConfig', 'parse_triples',
+           'format_step', 'agent_example', 'ParsedStep', 'parse_step', 'entity_names', 'relation_names_of', 'name_kg',
+           'AgentKB', 'triple_line', 'TailFrequencyKBC', 'GoldLeakError', 'gold_leaks', 'AgentConfig', 'parse_triples',
            'step_prompt', 'JCQLAgent', 'io_prompt', 'cot_prompt', 'parse_short', 'parse_cot', 'majority',
            'BaselineConfig', 'IOBaseline', 'CoTBaseline', 'SCBaseline', 'ToGStyle', 'bfs_path', 'expand_paths',
            'parse_trajectory', 'replay_batch', 'slm_triples', 'jcql_train', 'kbqa_questions', 'prediction_frame',
-           'hits_table', 'failure_table', 'efficiency_table']
+           'hits_table', 'failure_table', 'efficiency_table', 'select_questions', 'run_methods', 'special_test_set',
+           'replay_study', 'training_curve']
 
 # %% ../nbs/17b_jcql.ipynb #c005
 ACTIONS = ("search", "complete", "generate", "finish")  # §3.2-3.3: the agent's action space
@@ -332,11 +333,25 @@ def entity_names(kg: KG) -> np.ndarray:
         kg._cache["jcql_names"] = np.array([f"{l} ({e})" if c[l] > 1 else l for l, e in zip(lab, ids)], dtype=object)
     return kg._cache["jcql_names"]
 
+def relation_names_of(kg: KG) -> dict:
+    "Relation id -> unique relation name as the SLM uses it (its label, `label (id)` when several relations share it)."
+    ids = [str(r) for r in kg.relations.tolist()]
+    lab = [str((kg.relation_labels or {}).get(r) or r).strip() or r for r in ids]
+    c = Counter(lab)
+    return {r: (f"{l} ({r})" if c[l] > 1 else l) for l, r in zip(lab, ids)}
+
 def name_kg(triples: Sequence[Sequence[str]],  # (head name, relation name, tail name), e.g. a KBCModel's KB
-            name: str = "kb", drop_relations=("noop",)) -> KG:  # App. A self-loops are for the SLM, not for Search
-    "A KG whose entity and relation ids are the names the SLM uses (names are unique: `label (mid)` where shared)."
+            name: str = "kb",
+            relation_ids: dict | None = None,  # relation name -> KB relation id (e.g. '/film/film/genre'): short names shown
+            drop_relations=("noop",)) -> KG:  # App. A self-loops are for the SLM, not for Search
+    "A KG whose entity ids are the names the SLM uses; relations keyed by their KB id (labelled with the SLM's name) when given."
     df = pd.DataFrame([tuple(map(str, t[:3])) for t in triples], columns=["head", "relation", "tail"])
-    return KG.from_triples(df[~df["relation"].isin(list(drop_relations))], name=name)
+    df = df[~df["relation"].isin(list(drop_relations))]
+    if not relation_ids: return KG.from_triples(df, name=name)
+    missing = sorted(set(df["relation"]) - set(relation_ids))
+    if missing: raise KeyError(f"name_kg: relations {missing[:3]} have no id in relation_ids; pass relation_names_of(full KG) inverted")
+    return KG.from_triples(df.assign(relation=df["relation"].map(relation_ids)), name=name,
+                           relation_labels={i: n for n, i in relation_ids.items() if n in set(df["relation"])})
 
 class AgentKB:
     "The incomplete KB as the agent sees it: names, name index, relation BM25, one-hop subgraphs."
@@ -400,7 +415,10 @@ class AgentKB:
         except (KeyError, ValueError): return False
         return bool(len(self.kg.incident(i)))
 
-    def relation_id(self, r: int) -> str: return str(self.kg.relations[int(r)])
+    def relation_id(self, r: int) -> str:
+        "The relation as the SLM names it (its label in a `name_kg` with relation ids, else its id)."
+        rid = str(self.kg.relations[int(r)])
+        return str((self.kg.relation_labels or {}).get(rid, rid))
 
 def triple_line(t: Sequence[str]) -> str:
     "A triple as the App. E prompts write it: `head, relation, tail`."
@@ -1082,3 +1100,82 @@ DEVIATIONS = [  # of the agent side of JCQL (jcql_joint_kbc_kbqa.txt §3.2-3.4, 
     "IncFineTune fine-tunes on path triples whose head and tail are KB entities (others, e.g. generated names outside the KB, are dropped and counted); replay triples are drawn without replacement within one update.",
     "Table 4 times: seconds of LLM calls that missed the response cache, summed per question (questions run concurrently, so a call's latency includes waiting for the server); cache hits are reported apart.",
 ]
+
+# %% ../nbs/17b_jcql.ipynb #c043
+def select_questions(kb: AgentKB,  # the agent's KB
+                     dataset: str, split: str, full: KG,  # see `kbqa_questions`
+                     n: int, seed: int = 0,
+                     prefer: Sequence[str] = ()) -> tuple[list[Question], int]:  # question ids to take first (e.g. the KB slice's seeds)
+    "(questions whose topic entity is in `kb`, how many were eligible): `prefer` ids first, then a seeded random sample."
+    qs = [q for q in kbqa_questions(dataset, split, full, None, seed) if any(kb.has_entity(e) for e in q.topic_entities)]
+    first = [q for q in qs if q.id in set(prefer)]
+    rest = [q for q in qs if q.id not in set(prefer)]
+    rest = [rest[i] for i in np.random.default_rng(seed).permutation(len(rest)).tolist()]
+    return (first + rest)[:n], len(qs)
+
+def run_methods(methods: Sequence[str],  # registered names (`jcql`, `jcql w/o complete`, `jcql io`, ...)
+                questions: Sequence[Question], kb: AgentKB, client, slm=None,
+                agent_config: AgentConfig | None = None, baseline_config: BaselineConfig | None = None,
+                trace: TraceWriter | None = None, **cols) -> tuple[pd.DataFrame, list[Prediction]]:
+    "Every method on `questions`: (prediction rows with `cols`, the predictions)."
+    frames, preds = [], []
+    for m in methods:
+        if m not in METHODS: raise KeyError(f"unknown method {m!r}; this study's: {sorted(k for k in METHODS if k.startswith('jcql'))}")
+        meth = get_method(m, slm=slm) if issubclass(METHODS[m].cls, JCQLAgent) else get_method(m)
+        cfg = agent_config if isinstance(meth, JCQLAgent) else baseline_config
+        p = meth.answer_all(list(questions), kb, client, cfg, trace)
+        frames.append(prediction_frame(p, questions, **cols)); preds += p
+    return pd.concat(frames, ignore_index=True), preds
+
+def special_test_set(questions: Sequence[Question],  # training questions (topic entities as names)
+                     complete: KG,  # the complete KB as a name KG (`name_kg` of every true triple)
+                     kb_triples: Sequence,  # the KBC training set (names)
+                     candidates: Sequence[str] | None = None,  # entities the SLM ranks (None = all)
+                     max_hops: int = 3) -> pd.DataFrame:
+    "Fig. 2's test set: triples of one BFS shortest path topic → answer on the complete KB, minus the KBC training set."
+    ck, train = AgentKB(complete), {tuple(t[:3]) for t in kb_triples}
+    cand = None if candidates is None else set(candidates)
+    rows = []
+    for q in questions:
+        src = q.topic_entities[0]
+        if not ck.has_entity(src): continue
+        for a in q.answers:
+            ends, how = ck.link_entity(a)
+            if how != "exact": continue
+            p = complete.shortest_path(src, ends[0], max_hops=max_hops)
+            for h, r, t in (p or []):
+                if (h, r, t) in train or (cand is not None and (h not in cand or t not in cand)): continue
+                rows.append(dict(question=q.id, answer=a, head=h, relation=r, tail=t))
+    return pd.DataFrame(rows, columns=["question", "answer", "head", "relation", "tail"]).drop_duplicates(["head", "relation", "tail"])
+
+def replay_study(load_model,  # () -> a fresh KBCModel from the shared checkpoint
+                 path_batches: Sequence[Sequence],  # one list of path triples (names) per update, in order
+                 memory: Sequence,  # replay memory (KBC training triples)
+                 held_out: Sequence,  # KBC test triples (forgetting)
+                 filter_triples: Sequence,  # every known true triple
+                 sizes: Sequence[int] = (0, 5, 10, 15, 20),  # App. D.3
+                 lr: float = 1e-3, steps: int = 1, R=None, seed: int = 0) -> pd.DataFrame:
+    "Fig. 5: per replay size, MRR / Hits on the path triples and on held-out triples after fine-tuning (and before: size 'none')."
+    paths = list(dict.fromkeys(tuple(t) for b in path_batches for t in b))
+    def ev(m, tri, what, size, log):
+        r = m.evaluate(list(tri), list(filter_triples), R=R, seed=seed)
+        return dict(replay=size, on=what, n=r["n"], MRR=r["mrr"], **{"Hits@1": r["hits@1"], "Hits@10": r["hits@10"]}, **log)
+    base = load_model()
+    rows = [ev(base, paths, "path triples", "none", {}), ev(base, held_out, "held-out triples", "none", {})]
+    for k in sizes:
+        m, losses, change = load_model(), [], 0.0
+        for i, b in enumerate(path_batches):
+            if not b: continue
+            p, rep = replay_batch(b, memory, k, seed=seed + i)
+            u = m.fine_tune(p, rep, lr=lr, steps=steps, seed=seed + i)
+            losses.append(u["loss"]); change += u["param_change"]
+        log = dict(updates=len(losses), mean_loss=float(np.mean(losses)) if losses else None, param_change=change)
+        rows += [ev(m, paths, "path triples", k, log), ev(m, held_out, "held-out triples", k, log)]
+    return pd.DataFrame(rows)
+
+def training_curve(log: pd.DataFrame) -> pd.DataFrame:
+    "Fig. 4: cumulative running time of Algorithm 1 after each training question (agent, parse + filter, fine-tuning)."
+    out = log[["n", "id", "agent_s", "finetune_s", "total_s", "llm_calls", "llm_misses"]].copy()
+    out["questions"] = out["n"] + 1
+    out["cumulative_s"] = out["total_s"].cumsum()
+    return out
