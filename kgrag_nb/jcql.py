@@ -16,20 +16,23 @@ from .datasets import load_qa, mid_to_fb15k
 from .llm import run_sync
 from .retrieval import BM25Index
 from .metrics import kbqa_hits_at_1, brink_normalize, bootstrap_ci
+from .papers import paper_numbers, compare
 from .kgqa import (BaseMethod, Question, Prediction, TraceWriter, register_method, get_method, METHODS, relation_names, candidate_steps,
                            parse_steps, step_label, expand_beam, beam_ends, beam_context, path_text)
 
 # %% auto #0
 __all__ = ['ACTIONS', 'INSTRUCTION_HEAD', 'ACTION_SENTENCES', 'EXAMPLE_TRAIN', 'EXAMPLE_TEST', 'PROMPT_ENTITY',
            'PROMPT_RELATIONS', 'PROMPT_GENERATE', 'EXAMPLE_HINT', 'PROMPT_MODIFY', 'PROMPT_SCHEMA', 'PROMPT_PATHS',
-           'IO_PROMPT', 'COT_PROMPT', 'TOG_PRUNE', 'TOG_ANSWER', 'PAPER', 'DEVIATIONS', 'agent_instruction',
-           'format_step', 'agent_example', 'ParsedStep', 'parse_step', 'entity_names', 'relation_names_of', 'name_kg',
-           'AgentKB', 'triple_line', 'TailFrequencyKBC', 'GoldLeakError', 'gold_leaks', 'AgentConfig', 'parse_triples',
-           'step_prompt', 'JCQLAgent', 'io_prompt', 'cot_prompt', 'parse_short', 'parse_cot', 'majority',
-           'BaselineConfig', 'IOBaseline', 'CoTBaseline', 'SCBaseline', 'ToGStyle', 'bfs_path', 'expand_paths',
-           'parse_trajectory', 'replay_batch', 'slm_triples', 'jcql_train', 'kbqa_questions', 'prediction_frame',
-           'hits_table', 'failure_table', 'efficiency_table', 'select_questions', 'run_methods', 'special_test_set',
-           'replay_study', 'training_curve']
+           'IO_PROMPT', 'COT_PROMPT', 'TOG_PRUNE', 'TOG_ANSWER', 'PAPER', 'DEVIATIONS', 'PAPER_ROW', 'TABLE3_ROW',
+           'TABLE4_ROW', 'NO_KB', 'DATASET_LABEL', 'agent_instruction', 'format_step', 'agent_example', 'ParsedStep',
+           'parse_step', 'entity_names', 'relation_names_of', 'name_kg', 'AgentKB', 'triple_line', 'TailFrequencyKBC',
+           'GoldLeakError', 'gold_leaks', 'AgentConfig', 'parse_triples', 'step_prompt', 'JCQLAgent', 'io_prompt',
+           'cot_prompt', 'parse_short', 'parse_cot', 'majority', 'BaselineConfig', 'IOBaseline', 'CoTBaseline',
+           'SCBaseline', 'ToGStyle', 'bfs_path', 'expand_paths', 'parse_trajectory', 'replay_batch', 'slm_triples',
+           'jcql_train', 'kbqa_questions', 'prediction_frame', 'hits_table', 'failure_table', 'efficiency_table',
+           'select_questions', 'run_methods', 'special_test_set', 'special_first', 'replay_study', 'training_curve',
+           'named_triples', 'paper_rows', 'ours_for_table', 'experiment_frames', 'versus_paper', 'disabled_attempts',
+           'plot_lines']
 
 # %% ../nbs/17b_jcql.ipynb #c005
 ACTIONS = ("search", "complete", "generate", "finish")  # §3.2-3.3: the agent's action space
@@ -373,10 +376,17 @@ class AgentKB:
 
     def __repr__(self): return f"AgentKB({self.kg.name!r}, {self.kg.num_triples} triples)"
 
-    def link_entity(self, name: str) -> tuple[list[int], str]:
+    @classmethod
+    def of(cls, kg: KG) -> "AgentKB":
+        "The `AgentKB` of `kg` with default settings, built once per KG (kept in the KG's cache)."
+        if "jcql_agentkb" not in kg._cache: kg._cache["jcql_agentkb"] = cls(kg)
+        return kg._cache["jcql_agentkb"]
+
+    def link_entity(self, name: str, fuzzy: bool = True) -> tuple[list[int], str]:
         "(candidate entity indices, how): exact name match ('exact'), else the best BM25 name match ('fuzzy'), else ([], 'none')."
         hit = list(dict.fromkeys(self.by_name.get(_norm(name), [])))
         if hit: return hit, "exact"
+        if not fuzzy: return [], "none"
         if self._ent_bm25 is None: self._ent_bm25 = BM25Index([str(n) for n in self.names.tolist()])
         s, i = self._ent_bm25.search(str(name) or "?", k=1)
         return ([int(i[0, 0])], "fuzzy") if s.size and s[0, 0] > 0 else ([], "none")
@@ -1127,26 +1137,38 @@ def run_methods(methods: Sequence[str],  # registered names (`jcql`, `jcql w/o c
         frames.append(prediction_frame(p, questions, **cols)); preds += p
     return pd.concat(frames, ignore_index=True), preds
 
-def special_test_set(questions: Sequence[Question],  # training questions (topic entities as names)
-                     complete: KG,  # the complete KB as a name KG (`name_kg` of every true triple)
+def special_test_set(questions: Sequence[Question],  # training questions (topic names in `topic_names`)
+                     complete: KG,  # the complete KB (e.g. FB15k-237 `all`); names by `entity_names` / `relation_names_of`
                      kb_triples: Sequence,  # the KBC training set (names)
                      candidates: Sequence[str] | None = None,  # entities the SLM ranks (None = all)
                      max_hops: int = 3) -> pd.DataFrame:
     "Fig. 2's test set: triples of one BFS shortest path topic → answer on the complete KB, minus the KBC training set."
-    ck, train = AgentKB(complete), {tuple(t[:3]) for t in kb_triples}
+    ck, train = AgentKB.of(complete), {tuple(t[:3]) for t in kb_triples}
+    rn = relation_names_of(complete)
     cand = None if candidates is None else set(candidates)
     rows = []
     for q in questions:
-        src = q.topic_entities[0]
-        if not ck.has_entity(src): continue
+        srcs = ck.by_name.get(_norm(q.topic_name), [])
+        if len(srcs) != 1: continue
         for a in q.answers:
-            ends, how = ck.link_entity(a)
-            if how != "exact": continue
-            p = complete.shortest_path(src, ends[0], max_hops=max_hops)
-            for h, r, t in (p or []):
-                if (h, r, t) in train or (cand is not None and (h not in cand or t not in cand)): continue
-                rows.append(dict(question=q.id, answer=a, head=h, relation=r, tail=t))
+            ends, how = ck.link_entity(a, fuzzy=False)
+            if how != "exact" or len(ends) != 1: continue
+            p = complete.shortest_path(srcs[0], ends[0], max_hops=max_hops, as_indices=True)
+            for ti in ([] if p is None else p.tolist()):
+                h, r, t = (int(x) for x in complete.triples[ti])
+                tri = (str(ck.names[h]), rn[str(complete.relations[r])], str(ck.names[t]))
+                if tri in train or (cand is not None and (tri[0] not in cand or tri[2] not in cand)): continue
+                rows.append(dict(question=q.id, answer=a, head=tri[0], relation=tri[1], tail=tri[2]))
     return pd.DataFrame(rows, columns=["question", "answer", "head", "relation", "tail"]).drop_duplicates(["head", "relation", "tail"])
+
+def special_first(questions: Sequence[Question],  # candidate training questions, in their seeded order
+                  n: int,  # how many to keep
+                  complete: KG, kb_triples: Sequence, candidates: Sequence[str] | None = None,
+                  max_hops: int = 3) -> tuple[list[Question], int]:
+    "(n questions, how many have special triples): questions with a non-empty `special_test_set` first, order kept."
+    has = [len(special_test_set([q], complete, kb_triples, candidates, max_hops)) > 0 for q in questions]
+    order = [q for q, h in zip(questions, has) if h] + [q for q, h in zip(questions, has) if not h]
+    return order[:n], sum(has[: len(questions)])
 
 def replay_study(load_model,  # () -> a fresh KBCModel from the shared checkpoint
                  path_batches: Sequence[Sequence],  # one list of path triples (names) per update, in order
@@ -1174,8 +1196,72 @@ def replay_study(load_model,  # () -> a fresh KBCModel from the shared checkpoin
     return pd.DataFrame(rows)
 
 def training_curve(log: pd.DataFrame) -> pd.DataFrame:
-    "Fig. 4: cumulative running time of Algorithm 1 after each training question (agent, parse + filter, fine-tuning)."
-    out = log[["n", "id", "agent_s", "finetune_s", "total_s", "llm_calls", "llm_misses"]].copy()
+    "Fig. 4: cumulative running time of Algorithm 1 after each training question, per dataset and KB setting when given."
+    keys = [c for c in ("dataset", "setting") if c in log.columns]
+    out = log[keys + ["n", "id", "agent_s", "finetune_s", "total_s", "llm_calls", "llm_misses"]].copy()
     out["questions"] = out["n"] + 1
-    out["cumulative_s"] = out["total_s"].cumsum()
+    out["cumulative_s"] = out.groupby(keys, sort=False)["total_s"].cumsum() if keys else out["total_s"].cumsum()
     return out
+
+# %% ../nbs/17b_jcql.ipynb #c046
+PAPER_ROW = {"jcql io": "GPT-4o-mini", "jcql cot": "CoT", "jcql sc": "SC", "jcql tog": "ToG", "jcql": "JCQL_GPT-4o-mini",
+             "jcql w/o generate": "JCQL w/o generate", "jcql w/o complete": "JCQL w/o complete"}  # Table 2 / 3 labels
+TABLE3_ROW = {"jcql": "JCQL", "jcql w/o generate": "JCQL w/o generate", "jcql w/o complete": "JCQL w/o complete"}
+TABLE4_ROW = {"jcql tog": "ToG", "jcql w/o complete": "JCQL-SLM", "jcql": "JCQL"}
+NO_KB = ("jcql io", "jcql cot", "jcql sc")
+DATASET_LABEL = {"cwq": "CWQ", "webqsp": "WebQSP"}
+
+def named_triples(kg: KG) -> list[tuple[str, str, str]]:
+    "Every triple of `kg` by the SLM's names (`entity_names`, `relation_names_of`)."
+    ents, rn = entity_names(kg), relation_names_of(kg)
+    rels = np.array([rn[str(r)] for r in kg.relations.tolist()], dtype=object)
+    h, r, t = kg.triples.T
+    return list(zip(ents[h].tolist(), rels[r].tolist(), ents[t].tolist()))
+
+def paper_rows(table: str, **filters) -> pd.DataFrame:
+    "Rows of the paper's `table` (kgrag_nb/papers/jcql_joint_kbc_kbqa.csv)."
+    return paper_numbers(PAPER, table=table, **filters)
+
+def ours_for_table(hits: pd.DataFrame,  # `hits_table` / `efficiency_table` rows (dataset, setting, method, metrics)
+                   rows: dict,  # our method -> the paper's row label (PAPER_ROW, TABLE3_ROW, TABLE4_ROW)
+                   llm: str) -> pd.DataFrame:  # our LLM (shown in `llm`)
+    "Our rows keyed like the paper's: model = the paper's row label, dataset = CWQ / WebQSP, setting = 'w/o KB' or the KB."
+    out = hits[hits["method"].isin(list(rows))].copy()
+    out["setting"] = [("w/o KB" if m in NO_KB else s) for m, s in zip(out["method"], out["setting"])]
+    out["model"] = out["method"].map(rows)
+    out["dataset"] = out["dataset"].map(lambda d: DATASET_LABEL.get(d, d))
+    out["llm"] = llm
+    return out
+
+# %% ../nbs/17b_jcql.ipynb #c048
+def experiment_frames(xp) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    "(predictions, Algorithm 1 log, setup) of a finished `jcql_kbqa` experiment (`ExperimentResults`)."
+    return pd.DataFrame(xp.load("predictions")), pd.DataFrame(xp.load("train_log")), xp.load("setup")
+
+def versus_paper(ours: pd.DataFrame,  # `ours_for_table` rows
+                 table: str,  # 'Table 2' / 'Table 3' / 'Table 4'
+                 label: str) -> pd.DataFrame:  # what ours are (profile, LLM, n)
+    "Ours beside the paper's rows of `table`; a `note` column marks the paper's rows we do not run."
+    paper = paper_rows(table)
+    both = compare(ours, paper, on=("model", "dataset", "setting"), ours_label=label)
+    notes = dict(zip(paper["model"], paper["note"]))
+    both["note"] = [notes.get(m, "") if s.startswith("paper") else "" for m, s in zip(both["model"], both["source"])]
+    return both
+
+def disabled_attempts(preds: pd.DataFrame) -> pd.DataFrame:
+    "Per agent variant: steps, how often the LLM wrote an action that is disabled in it (refused by the dispatcher), Complete calls."
+    rows = []
+    for m, g in preds[preds["method"].isin(list(TABLE3_ROW))].groupby("method", sort=False):
+        rows.append(dict(method=m, questions=len(g), steps=int(g["n_steps"].sum()),
+                         disabled_action_attempts=int(sum(f.get("parse: disabled", 0) for f in g["failures"])),
+                         complete_calls=int(g["complete_calls"].sum())))
+    return pd.DataFrame(rows)
+
+def plot_lines(df: pd.DataFrame, x: str, y: str, hue: str, title: str = "", xlabel: str | None = None, ylabel: str | None = None):
+    "A line plot of `y` against `x`, one line per `hue` value (matplotlib Figure)."
+    import matplotlib.pyplot as plt  # plotting only
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    for k, g in df.groupby(hue, sort=False): ax.plot(g[x].astype(str) if g[x].dtype == object else g[x], g[y], marker="o", label=str(k))
+    ax.set_xlabel(xlabel or x); ax.set_ylabel(ylabel or y); ax.set_title(title, fontsize=9); ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
