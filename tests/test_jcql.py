@@ -194,34 +194,35 @@ def test_parse_triples():
 
 @pytest.mark.llm
 def test_agent_embedded(embedded_server, tmp_path):
-    from kgrag_nb.datasets import load_kg
+    "The agent with a real tiny SLM trained here (kgrag_nb.jcql_kbc) on the real embedded server; failures counted."
+    from kgrag_nb import jcql_kbc as K
     from kgrag_nb.kgqa import TraceWriter
     from kgrag_nb.llm import LLMClient
-    from kgrag_nb.jcql import kbqa_questions, prediction_frame, failure_table
-    full = load_kg("fb15k237", "train")
-    qs = kbqa_questions("cwq", "test", full, n=2, seed=0)
-    topics = [full.entity_index(q.topic) for q in qs]
-    kb = AgentKB(full.subgraph(full.khop_triples(topics, 1, 3000, 0), name="slice"))  # a KB slice around the questions
-    slm = _Completer(kb, epochs=2)
+    from kgrag_nb.jcql import (kbqa_questions, name_kg, prediction_frame, failure_table, relation_names_of, select_questions)
+    splits = K.fb15k237_splits(); full = splits["all"]
+    seeds = kbqa_questions("cwq", "test", full, n=2, seed=0)
+    data = K.build_kbc_data(splits, keep=0.5, seed=0, topics=[m for q in seeds for m in q.meta["mids"]], hops=1, max_triples=300)
+    slm = K.train_kbc(data, K.SLMConfig(d_model=32, d_ff=64, num_layers=1, num_decoder_layers=1, num_heads=2, d_kv=16,
+                                        vocab_size=800, epochs=1.0, lr=0.01, R=10, time_budget_s=10))
+    kb = AgentKB(name_kg(data.train, "slice", {n: r for r, n in relation_names_of(full).items()}))
+    qs, _ = select_questions(kb, "cwq", "test", full, 2, 0, prefer=[q.id for q in seeds])
     client = LLMClient(embedded_server.url, cache=tmp_path / "llm.sqlite", progress=False)
     trace = TraceWriter(tmp_path / "trace.jsonl")
     cfg = AgentConfig(max_steps=3)
     preds = get_method("jcql", slm=slm).answer_all(qs, kb, client, cfg, trace)
     df = prediction_frame(preds, qs)
     assert len(preds) == 2 and df["n_steps"].between(1, 3).all()
-    # every step was an LLM call; failures are counted, never hidden
-    for p in preds:
+    for p in preds:  # every step was an LLM call; failures are counted, never hidden
         assert sum(c["stage"].startswith("step") for c in p.meta["calls"]) == p.meta["n_steps"]
         n_fail = sum(s["failure"] is not None for s in p.meta["steps"])
         assert n_fail == sum(v for k, v in p.meta["failures"].items() if k.startswith("parse:"))
-    ft = failure_table(df)
-    print(ft.T)
-    # no test-time prompt holds a gold answer outside the text the run produced
-    for q in qs:
+        for s in p.meta["steps"]:  # a Complete observation is exactly the SLM's output
+            if s.get("complete"): assert [t[2] for t in s["triples"]] == [t for t, _ in s["complete"]["tails"]]
+    print(failure_table(df).T)
+    for q in qs:  # no test-time prompt carries an Answer field
         for rec in trace.records:
             if rec["question_id"] == q.id and rec["stage"].startswith("step"):
-                assert f"Answer: " not in rec["prompt"].split(f"Question: {q.text}")[-1].split("\nThought 1:")[0]
-    # a second run is answered by the cache
-    n = client.usage.requests
+                assert "\nAnswer: " not in rec["prompt"].split(f"Question: {q.text}")[-1]
+    n = client.usage.requests  # a second run is answered by the cache
     again = get_method("jcql", slm=slm).answer_all(qs, kb, client, cfg)
     assert client.usage.requests == n and [p.answer for p in again] == [p.answer for p in preds]
