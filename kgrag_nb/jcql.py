@@ -24,8 +24,8 @@ from .kgqa import (BaseMethod, Question, Prediction, TraceWriter, register_metho
 __all__ = ['ACTIONS', 'INSTRUCTION_HEAD', 'ACTION_SENTENCES', 'EXAMPLE_TRAIN', 'EXAMPLE_TEST', 'PROMPT_ENTITY',
            'PROMPT_RELATIONS', 'PROMPT_GENERATE', 'EXAMPLE_HINT', 'PROMPT_MODIFY', 'PROMPT_SCHEMA', 'PROMPT_PATHS',
            'IO_PROMPT', 'COT_PROMPT', 'TOG_PRUNE', 'TOG_ANSWER', 'PAPER', 'DEVIATIONS', 'PAPER_ROW', 'TABLE3_ROW',
-           'TABLE4_ROW', 'NO_KB', 'DATASET_LABEL', 'agent_instruction', 'format_step', 'agent_example', 'ParsedStep',
-           'parse_step', 'entity_names', 'relation_names_of', 'name_kg', 'AgentKB', 'triple_line', 'TailFrequencyKBC',
+           'TABLE4_ROW', 'NO_KB', 'DATASET_LABEL', 'agent_instruction', 'agent_example', 'ParsedStep', 'parse_step',
+           'entity_names', 'relation_names_of', 'name_kg', 'AgentKB', 'triple_line', 'TailFrequencyKBC',
            'GoldLeakError', 'gold_leaks', 'AgentConfig', 'parse_triples', 'step_prompt', 'JCQLAgent', 'io_prompt',
            'cot_prompt', 'parse_short', 'parse_cot', 'majority', 'BaselineConfig', 'IOBaseline', 'CoTBaseline',
            'SCBaseline', 'ToGStyle', 'bfs_path', 'expand_paths', 'parse_trajectory', 'replay_batch', 'slm_triples',
@@ -121,11 +121,6 @@ def agent_instruction(actions: Sequence[str] = ACTIONS,  # enabled actions (Tabl
     acts = _check_actions(actions)
     items = [ACTION_SENTENCES[f"finish_{'train' if train else 'test'}" if a == "finish" else a] for a in acts]
     return INSTRUCTION_HEAD.format(n=_NUMBER[len(acts)]) + " " + " ".join(f"({i}) {s}" for i, s in enumerate(items, 1))
-
-def format_step(i: int, thought: str, action: str, observation: Sequence[str] | str | None) -> str:
-    "One ReAct step as lines `Thought i:`, `Action i:` and (when given) `Observation i:` (one triple per line)."
-    obs = observation if isinstance(observation, str) or observation is None else "\n".join(observation)
-    return f"Thought {i}: {thought}\nAction {i}: {action}" + ("" if obs is None or obs == "" and i < 0 else f"\nObservation {i}: {obs}")
 
 def agent_example(actions: Sequence[str] = ACTIONS, train: bool = False) -> str:
     "Prompt 1's (train) or Prompt 2's (test) example, without the steps that use a disabled action (renumbered)."
@@ -1107,7 +1102,10 @@ DEVIATIONS = [  # of the agent side of JCQL (jcql_joint_kbc_kbqa.txt §3.2-3.4, 
     "A step without a valid action gets ReAct's 'Invalid action' observation and counts as a parse failure; a trajectory without Finish within L steps has no answer (Hits@1 = 0).",
     "IO, CoT, SC and ToG prompts are ours (the paper prints none); SC votes over 5 CoT samples; the ToG row is a ToG-style beam explorer of the KG-QA layer (depth 2, width 3), not ToG's code.",
     "Parse: 'filter the incorrect predicted answers with the corresponding observations' is read as dropping every observed triple that mentions a wrong predicted answer; BFS is undirected with neighbours in triple order; P_q falls back to the BFS path triples when Prompt 7 selects no known triple (counted).",
+    "Algorithm 1 runs on a few training questions whose topic entity is in the KB slice (those with Fig. 2 special triples first, from a seeded pool); the KBQA test then uses the fine-tuned SLM (§3.4).",
+    "Fig. 2 adds an 'oracle paths' row (the SLM fine-tuned on the special triples themselves) and Fig. 5 uses those oracle paths when the agent's P_q are empty (recorded in `paths_from`).",
     "IncFineTune fine-tunes on path triples whose head and tail are KB entities (others, e.g. generated names outside the KB, are dropped and counted); replay triples are drawn without replacement within one update.",
+    "The agent's L is the paper's 10 only in the full profile; tiny and smoke cap it (the experiment's `max_steps` parameter, shown with every table).",
     "Table 4 times: seconds of LLM calls that missed the response cache, summed per question (questions run concurrently, so a call's latency includes waiting for the server); cache hits are reported apart.",
 ]
 
