@@ -594,6 +594,7 @@ class JCQLAgent(BaseMethod):
             r.elided = max(r.elided, elided)
             out = await self._llm(r, client, cfg, trace, f"step {i}", prompt, cfg.step_tokens, ["\nObservation", "\nQuestion:"])
             ps = parse_step(out, self.actions)
+            r.allowed += [ps.raw_action, ps.thought]  # the model's own action as re-written by the parser (it may name an answer)
             for rep in ps.repairs: r.failures[f"repair: {rep}"] += 1
             step = dict(i=i, completion=out, thought=ps.thought, action=ps.action, args=ps.args, raw_action=ps.raw_action,
                         failure=ps.failure, repairs=ps.repairs, observation=[], triples=[])
