@@ -1060,7 +1060,7 @@ def prediction_frame(preds: Sequence[Prediction], questions: Sequence[Question],
                          miss_time_s=float(sum(c["latency_s"] for c in calls if not c["cached"])),
                          hit_time_s=float(sum(c["latency_s"] for c in calls if c["cached"])),
                          complete_calls=p.meta.get("complete_calls", 0), n_steps=p.meta.get("n_steps", 0),
-                         failures=dict(p.meta.get("failures", {})) | ({"answer": p.failure} if p.failure and "failures" not in p.meta else {})))
+                         failures=dict(p.meta.get("failures", {})) | ({f"answer: {p.failure}": 1} if p.failure and "failures" not in p.meta else {})))
     return pd.DataFrame(rows)
 
 def hits_table(df: pd.DataFrame, by=("dataset", "setting", "method"), seed: int = 0) -> pd.DataFrame:
