@@ -728,3 +728,78 @@ def test_missing_deltas_and_headlines_are_in_text():
     assert _mk("Table 1", "EM", "TopK=4, Misk Merged KB") == 37.11 and "37.11%" in text and "25.74%" in text
     assert _mk("Table 3", "ROUGE_1", "TopK=4, Misk Merged KB") == 18.63 and "18.63%" in text and "19.13%" in text
 
+
+# ---------------------------------------------------------------- JCQL paper (KBQA side: Tables 2, 3, 4; Figs. 2, 4, 5 claims)
+JQ_COLS = [("WebQSP", "30% KB"), ("WebQSP", "50% KB"), ("CWQ", "30% KB"), ("CWQ", "50% KB")]
+JQ_T2 = {"GPT-4o-mini": "GPT-4o-mini 0", "CoT": "CoT (NeurIPS", "SC": "SC (ICLR", "DecAF_Ans": "DECAFAns", "KGT5": "KGT5 (ACL",
+         "BiNet": "BiNet (SIGKDD", "KG-CoT": "KG-CoT (IJCAI", "ToG": "ToG (ICLR", "GoG": "GoG (EMNLP", "PoG": "PoG (NeurIPS",
+         "LMP": "LMP (ACL", "PDRR": "PDRR (AAAI", "JCQL_Qwen3-30B-A3B": "JCQLQwen3-30B-A3B ", "JCQL_LLaMA3.1-70B": "JCQLLLaMA3.1-70B ",
+         "JCQL_GPT-4o-mini": "JCQLGPT-4o-mini "}
+
+
+def jq_line(start: str, after: str) -> list[float]:
+    "The three-decimal numbers of the first line starting with `start` after the first line starting with `after`."
+    lines = paper_text(JC).splitlines()
+    i = next(k for k, l in enumerate(lines) if l.startswith(after))
+    line = next(l for l in lines[i:] if l.startswith(start))
+    return [float(x) for x in re.findall(r"(?<![\w.])\d\.\d{3}(?![\w.])", line)]
+
+
+@needs_text
+def test_jcql_kbqa_tables_2_3_4_match_text():
+    for model, start in JQ_T2.items():
+        nums = jq_line(start, "Method WebQSP CWQ")
+        cols = [("WebQSP", "w/o KB"), ("CWQ", "w/o KB")] if len(nums) == 2 else JQ_COLS
+        assert len(nums) == len(cols) and (model in ("GPT-4o-mini", "CoT", "SC")) == (len(nums) == 2)
+        for (d, s), x in zip(cols, nums): assert v(JC, "Table 2", model, d, s, "Hits@1") == x, (model, d, s)
+    for model, start in [("JCQL", "JCQL 0"), ("JCQL w/o generate", "JCQL w/o generate"), ("JCQL w/o complete", "JCQL w/o complete")]:
+        for (d, s), x in zip(JQ_COLS, jq_line(start, "Table 2:")): assert v(JC, "Table 3", model, d, s, "Hits@1") == x
+    lines = block(JC, "Data set Method 30% KB 50% KB", "Table 4:")[2:]
+    assert len(lines) == 14
+    d = None
+    for line in lines:
+        parts = line.split()
+        if parts[0] in ("CWQ", "WebQSP"): d, parts = parts[0], parts[1:]
+        for (s, m), x in zip([("30% KB", "LLM call"), ("30% KB", "Time (s)"), ("50% KB", "LLM call"), ("50% KB", "Time (s)")], parts[1:]):
+            assert v(JC, "Table 4", parts[0], d, s, m) == float(x), (parts[0], d, s, m)
+    assert len(paper_numbers(JC, table="Table 2")) == 3 * 2 + 12 * 4 and len(paper_numbers(JC, table="Table 4")) == 14 * 4
+    run = set(paper_numbers(JC, table=["Table 2", "Table 3", "Table 4"]).query("note == ''")["model"])
+    assert run == {"GPT-4o-mini", "CoT", "SC", "ToG", "JCQL_Qwen3-30B-A3B", "JCQL_LLaMA3.1-70B", "JCQL_GPT-4o-mini", "JCQL",
+                   "JCQL w/o generate", "JCQL w/o complete", "JCQL-SLM"}
+
+
+@needs_text
+def test_jcql_kbqa_prose_aggregates():
+    text = " ".join(paper_text(JC).split())
+    t2, t3, t4 = lookup(JC, "Table 2"), lookup(JC, "Table 3"), lookup(JC, "Table 4")
+    # §4.3: JCQL with GPT-4o-mini is best in every KB column, above every baseline that also uses GPT-4o-mini
+    assert "achieves the best performance, outperforming all baselines that also employ GPT-4o-mini" in text
+    for d, s in JQ_COLS:
+        col = {m: x for (m, dd, ss, _), x in t2.items() if (dd, ss) == (d, s)}
+        assert max(col, key=col.get) == "JCQL_GPT-4o-mini", (d, s)
+        # Table 3's JCQL row is Table 2's JCQL_GPT-4o-mini row
+        assert t3[("JCQL", d, s, "Hits@1")] == t2[("JCQL_GPT-4o-mini", d, s, "Hits@1")]
+        # §4.4: removing complete costs more than removing generate, and both cost something
+        full, wo_g, wo_c = (t3[(m, d, s, "Hits@1")] for m in ("JCQL", "JCQL w/o generate", "JCQL w/o complete"))
+        assert full > wo_g > wo_c, (d, s)
+    assert "the absence of complete causes a more substantial performance decline in JCQL than the absence of generate" in text
+    # §4.5: JCQL has the fewest LLM calls and the shortest time in every column, and beats JCQL-SLM
+    assert "JCQL achieves the best performance in terms of" in text and "JCQL outperforms JCQL-SLM" in text
+    for d in ("CWQ", "WebQSP"):
+        for s in ("30% KB", "50% KB"):
+            for m in ("LLM call", "Time (s)"):
+                col = {k[0]: x for k, x in t4.items() if k[1:] == (d, s, m)}
+                assert len(col) == 7 and min(col, key=col.get) == "JCQL" and col["JCQL"] < col["JCQL-SLM"], (d, s, m)
+    # §3.4: N = 2 LLM calls per step besides the thought (the text extraction doubles inline math: "NN is 22")
+    assert "Thus the value of NN is 22" in text and "LL is set to 1010" in text
+
+
+@needs_text
+def test_jcql_kbqa_claims_are_in_the_text():
+    text = " ".join(paper_text(JC).split())
+    key = {"jcql_fig2": "without reasoning paths, the performance of JCQL declines by at least",
+           "jcql_fig4": "the total running time is approximately linear to the number of questions in the training data set",
+           "jcql_fig5": "performance growth diminishes when the sample size exceeds 10"}
+    got = paper_claims(JC).set_index("artefact")
+    for art, phrase in key.items():
+        assert phrase in text and got.loc[art, "section"].lstrip("§").split(".")[0].replace("App ", "") in text, art

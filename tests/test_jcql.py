@@ -1,0 +1,228 @@
+"""JCQL agent side (jcql_joint_kbc_kbqa.txt §3.2-3.4, App. E): the action parser on Prompt 2's example and under
+fuzzing, Parse's BFS on a hand-made G_q, replay batch composition, the no-gold-in-test-prompts rule, the Table 3
+ablations (action gone from prompt and dispatcher), Complete with a real trained completer (PyKEEN TransE), and the
+agent on the real embedded server (marked `llm`)."""
+import asyncio
+from collections import Counter
+from dataclasses import replace
+
+import numpy as np, pandas as pd
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from kgrag_nb.kg import KG
+from kgrag_nb.kgqa import Question, get_method
+from kgrag_nb.jcql import (ACTIONS, EXAMPLE_TEST, AgentConfig, AgentKB, GoldLeakError, JCQLAgent, ParsedStep, _Run,
+                           agent_example, agent_instruction, bfs_path, expand_paths, gold_leaks, parse_step, parse_triples,
+                           parse_trajectory, replay_batch, slm_triples, step_prompt)
+
+# ---------------------------------------------------------------- the action parser
+
+def test_parser_on_prompt2_example():
+    got = [parse_step(f" {th}\nAction {i}: {act}") for i, (_, th, act, _) in enumerate(EXAMPLE_TEST["steps"], 1)]
+    assert [(s.action, s.args, s.failure) for s in got] == [
+        ("search", ["William Shakespeare"], None), ("generate", ["who are William Shakespeare’s father?"], None),
+        ("generate", ["who are William Shakespeare’s mother?"], None), ("search", ["John Shakespeare", "Mary Shakespeare"], None),
+        ("complete", ["John Shakespeare", "occupation"], None), ("finish", ["John Shakespeare"], None)]
+    assert got[3].raw_action == "Search[John Shakespeare | Mary Shakespeare]" and not any(s.repairs for s in got)
+    # the model often runs on: only the first action counts
+    s = parse_step(" I search.\nAction 1: Search[Paris]\nObservation 1: Paris, country, France\nThought 2: done\nAction 2: Finish[France]")
+    assert (s.action, s.args) == ("search", ["Paris"])
+
+
+@pytest.mark.parametrize("text,failure", [("", "no action"), ("I think.", "no action"), ("x\nAction 1: Search[]", "search without arguments"),
+                                          ("x\nAction 1: Complete[a | b | c]", "complete needs [head | relation], got 3 argument(s)"),
+                                          ("x\nAction 1: Lookup[Paris]", "unknown action 'Lookup'"), ("x\nAction 1: go home", "no Name[...] in the action")])
+def test_parser_failures(text, failure):
+    assert parse_step(text).failure == failure and parse_step(text).action is None
+
+
+_arg = st.text(st.characters(blacklist_characters="|[]\n\r", blacklist_categories=("Cs", "Zl", "Zp", "Cc")), min_size=1, max_size=20).filter(lambda s: s.strip())
+
+@settings(max_examples=200, deadline=None)
+@given(kind=st.sampled_from(["Search", "Finish", "Complete"]), args=st.lists(_arg, min_size=1, max_size=4),
+       thought=st.text(max_size=50).filter(lambda s: "action" not in s.lower() and "[" not in s))
+def test_parser_roundtrip(kind, args, thought):
+    args = args[:2] if kind == "Complete" else args
+    if kind == "Complete" and len(args) < 2: args = args + ["rel"]
+    s = parse_step(f"{thought}\nAction 3: {kind}[{' | '.join(args)}]")
+    assert s.failure is None and s.action == kind.lower() and s.args == [a.strip() for a in args]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=200), st.lists(st.sampled_from(ACTIONS[:3]), unique=True))
+def test_parser_never_raises_and_respects_enabled_actions(text, extra):
+    acts = tuple(extra) + ("finish",)
+    s = parse_step(text, acts)
+    assert isinstance(s, ParsedStep)
+    assert (s.action is None) == (s.failure is not None)
+    assert s.action is None or s.action in acts
+
+# ---------------------------------------------------------------- Parse: BFS on G_q
+
+G_Q = [("Obama", "spouse", "Michelle"), ("Michelle", "born in", "Chicago"), ("Obama", "born in", "Honolulu"),
+       ("Honolulu", "located in", "Hawaii"), ("Chicago", "located in", "Illinois"), ("Malia", "parent", "Michelle"),
+       ("Paris", "capital of", "France")]
+
+def test_bfs_hand_made_gq():
+    assert bfs_path(G_Q, "Obama", "Chicago") == [0, 1]
+    assert bfs_path(G_Q, "obama", "Illinois") == [0, 1, 4]
+    assert bfs_path(G_Q, "Obama", "Hawaii") == [2, 3]
+    assert bfs_path(G_Q, "Malia", "Obama") == [5, 0]  # edges are followed both ways
+    assert bfs_path(G_Q, "Obama", "France") is None and bfs_path(G_Q, "Obama", "Obama") == []
+    # expansion: every triple at Obama, Michelle or Chicago
+    assert expand_paths(G_Q, [0, 1]) == [0, 1, 2, 4, 5]
+
+
+def test_parse_trajectory_drops_wrong_answers_and_their_triples():
+    from kgrag_nb.kgqa import Prediction
+    steps = [dict(triples=[[*t, "search"] for t in G_Q[:3]]), dict(triples=[["Obama", "born in", "Kenya", "generate"]])]
+    pred = Prediction("q", "jcql train", "Kenya | Honolulu", ["Kenya", "Honolulu"], 3, meta=dict(steps=steps))
+    q = Question("q", "where was obama born?", ["/m/o"], ["Honolulu"], topic_names=["Obama"])
+    p = parse_trajectory(pred, q)
+    assert p["dropped_wrong"] == ["Kenya"] and p["n_dropped"] == 1
+    assert p["paths"] == {"Honolulu": [["Obama", "born in", "Honolulu"]]}
+    assert [t[:3] for t in p["expanded"]] == [list(G_Q[0]), list(G_Q[2])]  # the one-hop triples of Obama and Honolulu in G_q
+
+# ---------------------------------------------------------------- replay
+
+def test_replay_batch_composition():
+    mem = [(f"h{i}", "r", f"t{i}") for i in range(1000)]
+    path = [("a", "r", "b"), ("c", "r", "d"), ("e", "r", "f")]
+    p, rep = replay_batch(path, mem, 10, seed=7)
+    assert p == path and len(rep) == 30 and len(set(rep)) == 30 and set(rep) <= set(mem)
+    assert replay_batch(path, mem, 10, seed=7) == (p, rep) and replay_batch(path, mem, 10, seed=8)[1] != rep
+    for k in (0, 5, 15, 20): assert len(replay_batch(path, mem, k, seed=0)[1]) == 3 * k
+    with pytest.raises(ValueError, match="n_replay"): replay_batch(path, mem, -1)
+    with pytest.raises(ValueError, match="empty"): replay_batch(path, [], 10)
+
+
+def test_replay_is_uniform():
+    mem = [(i,) for i in range(10)]
+    c = Counter(t[0] for s in range(400) for t in replay_batch([("x",)], mem, 10, seed=s)[1])
+    # 4,000 draws over 10 cells: expected 400 each, sd ~19; each draw is without replacement inside a batch -> exactly 400
+    assert set(c) == set(range(10)) and all(abs(v - 400) < 100 for v in c.values())
+
+# ---------------------------------------------------------------- no gold answer in test-time prompts
+
+SENTINEL = "Zyxwvut Qrstuv"
+
+def _question():
+    return Question("q1", "what is the nationality of Bob?", ["/m/b"], [SENTINEL], topic_names=["Bob"])
+
+def test_test_prompts_never_see_gold():
+    q = _question()
+    agent = JCQLAgent(None, ("search", "generate", "finish"))
+    run = _Run(replace(q, answers=[]), list(q.answers), False)
+    prompt, _ = step_prompt(run.q, [("t", "Search[Bob]", "Bob, nationality, France")], agent.actions, False)
+    assert SENTINEL not in prompt and "Answer:" not in prompt.split("Question: what is")[1]
+    train_prompt, _ = step_prompt(q, [], agent.actions, True)
+    assert f"Answer: {SENTINEL}" in train_prompt  # Prompt 1 shows them on purpose
+    # the runtime check raises before any request is sent (client=None would fail otherwise)
+    with pytest.raises(GoldLeakError, match="q1"):
+        asyncio.run(agent._llm(run, None, AgentConfig(), None, "step 1", train_prompt, 8, ["\n"]))
+    # text the run itself produced may contain the answer
+    run.allowed.append(f"Bob, nationality, {SENTINEL}")
+    assert gold_leaks(f"Observation 1: Bob, nationality, {SENTINEL}", q.answers, run.allowed) == []
+
+# ---------------------------------------------------------------- Table 3 ablations
+
+@pytest.mark.parametrize("removed", ["complete", "generate"])
+def test_ablation_removes_action_from_prompt_and_dispatcher(removed):
+    acts = tuple(a for a in ACTIONS if a != removed)
+    m = get_method(f"jcql w/o {removed}", slm=None) if removed == "complete" else get_method("jcql w/o generate", slm=_Completer())
+    assert m.actions == acts
+    name = removed.capitalize() + "["
+    assert name not in agent_instruction(acts) and name not in agent_example(acts)
+    assert name not in step_prompt(_question(), [], acts)[0] and "three types" in step_prompt(_question(), [], acts)[0]
+    s = parse_step(f"x\nAction 1: {removed.capitalize()}[Bob | nationality]" if removed == "complete" else "x\nAction 1: Generate[who?]", m.actions)
+    assert s.action is None and s.failure == f"disabled action {removed!r}"
+    with pytest.raises(ValueError, match="Complete action needs slm"): get_method("jcql", slm=None)
+
+# ---------------------------------------------------------------- Complete with a real trained completer
+
+class _Completer:
+    "Protocol check helper: a PyKEEN TransE trained here for a few epochs, wrapped to topk(head name, relation id, k)."
+    def __init__(self, kb=None, epochs=0):
+        self.kb, self.model = kb, None
+        if kb is None or not epochs: return
+        import torch
+        from pykeen.models import TransE
+        from pykeen.training import SLCWATrainingLoop
+        from pykeen.triples import TriplesFactory
+        df = kb.kg.to_dataframe()
+        self.tf = TriplesFactory.from_labeled_triples(df[["head", "relation", "tail"]].to_numpy(str))
+        torch.manual_seed(0)
+        self.model = TransE(triples_factory=self.tf, embedding_dim=16, random_seed=0)
+        SLCWATrainingLoop(model=self.model, triples_factory=self.tf).train(self.tf, num_epochs=epochs, batch_size=256, use_tqdm=False)
+
+    def topk(self, head, relation, k=5):
+        import torch
+        if self.model is None: return []
+        e = self.kb.by_name[head.lower()][0] if head.lower() in self.kb.by_name else None
+        hid, rid = self.tf.entity_to_id[str(self.kb.kg.entities[e])], self.tf.relation_to_id[relation]
+        with torch.no_grad(): s = self.model.score_t(torch.tensor([[hid, rid]])).squeeze(0)
+        best = torch.topk(s, k).indices.tolist()
+        inv = {v: k_ for k_, v in self.tf.entity_to_id.items()}
+        return [(str(self.kb.names[self.kb.kg.entity_index(inv[i])]), float(s[i])) for i in best]
+
+
+def test_complete_uses_the_completer_output_exactly():
+    from kgrag_nb.datasets import load_kg
+    kg = load_kg("nations", "train")
+    kb = AgentKB(kg)
+    slm = _Completer(kb, epochs=3)
+    agent = JCQLAgent(slm)
+    q = Question("q", "?", [str(kg.entities[0])], ["x"], topic_names=[str(kb.names[0])])
+    run = _Run(q, ["x"], False)
+    ps = parse_step(f"x\nAction 1: Complete[{kb.names[0]} | {kb.rel_names[0]}]")
+    step = {}
+    got = asyncio.run(agent._complete(run, ps, kb, None, AgentConfig(), None, step))
+    want = slm.topk(str(kb.names[0]), str(kg.relations[0]), 5)
+    assert [(h, r, t) for h, r, t, _ in got] == [(str(kb.names[0]), str(kb.rel_names[0]), t) for t, _ in want]
+    assert run.complete_calls == 1 and step["complete"]["relation"] == str(kg.relations[0]) and len(want) == 5
+    # the path triples Parse would hand to the SLM map back to KB ids
+    ids, dropped = slm_triples(kb, [(h, r, t) for h, r, t, _ in got] + [("nobody", "x", "y")])
+    assert dropped == 1 and len(ids) == len(set(ids)) and all(h == str(kg.entities[0]) for h, _, _ in ids)
+
+
+def test_parse_triples():
+    assert parse_triples(' A, r, B\n2. C, long, rel, D\n"""\n4. E, r, F') == [("A", "r", "B"), ("C", "long, rel", "D")]
+    assert parse_triples("nothing useful") == []
+
+# ---------------------------------------------------------------- the agent on the real embedded server
+
+@pytest.mark.llm
+def test_agent_embedded(embedded_server, tmp_path):
+    "The agent with a real tiny SLM trained here (kgrag_nb.jcql_kbc) on the real embedded server; failures counted."
+    from kgrag_nb import jcql_kbc as K
+    from kgrag_nb.kgqa import TraceWriter
+    from kgrag_nb.llm import LLMClient
+    from kgrag_nb.jcql import (kbqa_questions, name_kg, prediction_frame, failure_table, relation_names_of, select_questions)
+    splits = K.fb15k237_splits(); full = splits["all"]
+    seeds = kbqa_questions("cwq", "test", full, n=2, seed=0)
+    data = K.build_kbc_data(splits, keep=0.5, seed=0, topics=[m for q in seeds for m in q.meta["mids"]], hops=1, max_triples=300)
+    slm = K.train_kbc(data, K.SLMConfig(d_model=32, d_ff=64, num_layers=1, num_decoder_layers=1, num_heads=2, d_kv=16,
+                                        vocab_size=800, epochs=1.0, lr=0.01, R=10, time_budget_s=10))
+    kb = AgentKB(name_kg(data.train, "slice", {n: r for r, n in relation_names_of(full).items()}))
+    qs, _ = select_questions(kb, "cwq", "test", full, 2, 0, prefer=[q.id for q in seeds])
+    client = LLMClient(embedded_server.url, cache=tmp_path / "llm.sqlite", progress=False)
+    trace = TraceWriter(tmp_path / "trace.jsonl")
+    cfg = AgentConfig(max_steps=3)
+    preds = get_method("jcql", slm=slm).answer_all(qs, kb, client, cfg, trace)
+    df = prediction_frame(preds, qs)
+    assert len(preds) == 2 and df["n_steps"].between(1, 3).all()
+    for p in preds:  # every step was an LLM call; failures are counted, never hidden
+        assert sum(c["stage"].startswith("step") for c in p.meta["calls"]) == p.meta["n_steps"]
+        n_fail = sum(s["failure"] is not None for s in p.meta["steps"])
+        assert n_fail == sum(v for k, v in p.meta["failures"].items() if k.startswith("parse:"))
+        for s in p.meta["steps"]:  # a Complete observation is exactly the SLM's output
+            if s.get("complete"): assert [t[2] for t in s["triples"]] == [t for t, _ in s["complete"]["tails"]]
+    print(failure_table(df).T)
+    for q in qs:  # no test-time prompt carries an Answer field
+        for rec in trace.records:
+            if rec["question_id"] == q.id and rec["stage"].startswith("step"):
+                assert "\nAnswer: " not in rec["prompt"].split(f"Question: {q.text}")[-1]
+    n = client.usage.requests  # a second run is answered by the cache
+    again = get_method("jcql", slm=slm).answer_all(qs, kb, client, cfg)
+    assert client.usage.requests == n and [p.answer for p in again] == [p.answer for p in preds]
