@@ -813,6 +813,12 @@ class _Baseline(BaseMethod):
             for q, p, t in zip(qs, prompts, texts): trace.write(q.id, self.name, stage, p, t if n > 1 else t[0])
         return [t if n > 1 else t[0] for t in texts], calls
 
+    def _one_call(self, qs, client, cfg, trace, prompt_fn, parse, stage, stop, failure) -> list[Prediction]:
+        "One completion per question, parsed; an empty parse is a counted failure named `failure`."
+        ps = [prompt_fn(q.text) for q in qs]
+        outs, calls = self._call(client, qs, ps, stage, cfg, trace, cfg.max_tokens, stop)
+        return [self._pred(q, parse(o), c, p, o, None if parse(o) else failure) for q, o, c, p in zip(qs, outs, calls, ps)]
+
     def answer_all(self, questions, kg, client, config: BaselineConfig | None = None, trace=None) -> list[Prediction]:
         qs, cfg = list(questions), config or BaselineConfig()
         kb = kg if isinstance(kg, AgentKB) or kg is None else AgentKB(kg)
@@ -826,17 +832,13 @@ class _Baseline(BaseMethod):
 class IOBaseline(_Baseline):
     "Standard prompting, no KB (Table 2 'GPT-4o-mini' row)."
     def run(self, qs, kb, client, cfg, trace):
-        ps = [io_prompt(q.text) for q in qs]
-        outs, calls = self._call(client, qs, ps, "io", cfg, trace, cfg.max_tokens, ["\n"])
-        return [self._pred(q, parse_short(o), c, p, o, None if parse_short(o) else "empty answer") for q, o, c, p in zip(qs, outs, calls, ps)]
+        return self._one_call(qs, client, cfg, trace, io_prompt, parse_short, "io", ["\n"], "empty answer")
 
 @register_method("jcql cot")
 class CoTBaseline(_Baseline):
     "Chain-of-thought, no KB (Table 2 'CoT')."
     def run(self, qs, kb, client, cfg, trace):
-        ps = [cot_prompt(q.text) for q in qs]
-        outs, calls = self._call(client, qs, ps, "cot", cfg, trace, cfg.max_tokens, ["\n\n", "\nQuestion:"])
-        return [self._pred(q, parse_cot(o), c, p, o, None if parse_cot(o) else "no 'So the answer is'") for q, o, c, p in zip(qs, outs, calls, ps)]
+        return self._one_call(qs, client, cfg, trace, cot_prompt, parse_cot, "cot", ["\n\n", "\nQuestion:"], "no 'So the answer is'")
 
 @register_method("jcql sc")
 class SCBaseline(_Baseline):
