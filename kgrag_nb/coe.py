@@ -816,7 +816,7 @@ DEVIATIONS = [
     "Rebuilt samples: from the mirror's 500-question HotpotQA distractor dev file, not the paper's random 1,000; SenP removes candidate sentences in text order; WordP uses our broader-term prompt (the paper prints none) and only keywords that occur literally in the CoE.",
     "Statistics: Mann–Whitney U on per-question means over runs (the paper does not state its test unit); stars = two-sided p < 0.05; with a handful of questions per cell the test has little power.",
     "Table 5: the Google-snippet corpus is not available; substitutes (a) released irrelevant snippets + CoE sentences + BM25 hard distractors and (b) HotpotQA distractor sentences (capped pool); the RAG reranker is MiniLM cosine similarity; pools are shuffled with the seed.",
-    "Sample sizes: tiny evaluates 1 record per dataset (reduced for CI), smoke about 20 de-duplicated records per dataset (the smoke run reported was reduced further to fit a shared 2-core machine), not 676 / 660.",
+    "Sample sizes: tiny evaluates 1 record per dataset (reduced for CI), smoke 4 de-duplicated records per dataset with every condition and three runs (the issue asked for ~20: measured here, 1.6 s per answer call and 0.5 s per judge call on 2 cores make 20 records ~8,600 calls, about 2.5 hours; `--set n_records=20 --set n_discriminate=20` runs that size), full every released record, not 676 / 660. With 4 questions per group a two-sided Mann–Whitney p can reach 0.029 at best (3 would never reach 0.05).",
     "The rebuild (§4.1–4.2) is run on HotpotQA only: the mirror has no 2WikiMultihopQA records with supporting facts beyond a two-record fixture.",
 ]
 
