@@ -119,15 +119,22 @@ def select_artifacts(registry: dict[str, Artifact], only: str | list[str] | None
 
 # %% ../nbs/07_reproduce.ipynb #c013
 def parameters_of(notebook: str | Path) -> dict:
-    "The literal parameters of a study notebook; errors when it has not exactly one `parameters` cell of literals."
+    "The literal parameters of a study notebook; errors when it has not exactly one `parameters` cell of literals,"
+    " one assignment per line (as papermill reads it)."
     nb = json.loads(Path(notebook).read_text())
     cells = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
     if len(cells) != 1: raise ValueError(f"{notebook}: {len(cells)} cells tagged `parameters`; papermill needs exactly one")
     src = "".join(cells[0]["source"]) if isinstance(cells[0]["source"], list) else cells[0]["source"]
-    params = {}
-    for node in ast.parse(src).body:
+    params, lines, body = {}, src.splitlines(), ast.parse(src).body
+    shared = [b.lineno for a, b in zip(body, body[1:]) if b.lineno <= a.end_lineno]
+    if shared: raise ValueError(f"{notebook}: the parameters cell has two statements on line {shared[0]} ({lines[shared[0] - 1].strip()!r});"
+                                " papermill reads one assignment per line: put each `name = literal` on its own line, without `;`")
+    for node in body:
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
             raise ValueError(f"{notebook}: the parameters cell may hold only `name = literal` lines, got: {ast.unparse(node)}")
+        if lines[node.lineno - 1].count("=") != 1 or any("=" in l for l in lines[node.lineno:node.end_lineno]):
+            raise ValueError(f"{notebook}: line {node.lineno} of the parameters cell has an `=` papermill cannot parse"
+                             " (in a value or a comment); write `name = literal` with no other `=` in it")
         try: params[node.targets[0].id] = ast.literal_eval(node.value)
         except ValueError: raise ValueError(f"{notebook}: parameter {node.targets[0].id} is not a literal: {ast.unparse(node.value)}")
     return params

@@ -44,6 +44,27 @@ def test_parameters_cell_must_be_unique_and_literal(tmp_path):
     with pytest.raises(ValueError, match="only `name = literal`"): parameters_of(code)
 
 
+
+def test_parameters_cell_one_assignment_per_line_as_papermill_reads_it(tmp_path):
+    semi, eq_comment, multi = tmp_path / "semi.ipynb", tmp_path / "eq.ipynb", tmp_path / "multi.ipynb"
+    _notebook(semi, [("code", 'artifact = "x"; profile = "smoke"\nrun_dir = None\nllm_url = None\nmodel = None', ["parameters"])])
+    _notebook(eq_comment, [("code", PARAMS + "  # n=1 is enough", ["parameters"])])
+    _notebook(multi, [("code", PARAMS + '\nd = {"a": 1,\n     "b": [2, 3]}  # help', ["parameters"])])
+    with pytest.raises(ValueError, match=r"semi\.ipynb: the parameters cell has two statements on line 1 .*one assignment per line"):
+        parameters_of(semi)
+    with pytest.raises(ValueError, match=r"eq\.ipynb: line 5 of the parameters cell has an `=` papermill cannot parse"):
+        parameters_of(eq_comment)
+    assert parameters_of(multi)["d"] == {"a": 1, "b": [2, 3]}  # a value over several lines is fine for papermill too
+
+
+def test_papermill_inspection_lists_every_study_parameter():
+    "papermill's own parser (the one that warns 'Unable to parse line' / 'Passed unknown parameter') sees each parameter."
+    from papermill.translators import PythonTranslator
+    from kgrag_nb.reproduce import _study_notebooks
+    for nb_path in _study_notebooks(get_config()):
+        cell = next(c for c in nbformat.read(str(nb_path), as_version=4).cells if "parameters" in c.metadata.get("tags", []))
+        assert [p.name for p in PythonTranslator.inspect(cell)] == list(parameters_of(nb_path)), nb_path
+
 def test_select_artifacts_patterns():
     reg = load_registry()
     assert [a.id for a in select_artifacts(reg, "closed*,kg_*")] == ["kg_statistics", "closed_book_baseline"]
