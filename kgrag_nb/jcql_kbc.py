@@ -422,9 +422,12 @@ def exact_scores(self: KBCModel, h: str, r: str, exclude=None, chunk: int = 512)
         for blk in self.model.get_decoder().block:
             a = blk.layer[1].EncDecAttention; shp = (1, enc.shape[1], -1, a.key_value_proj_dim)
             kv.append((a.k(enc).view(shp).transpose(1, 2), a.v(enc).view(shp).transpose(1, 2)))
+        crosses = {}  # chunk size -> the filled cross-attention cache (read only once filled: shared by same-size chunks)
         for idx, yy in self._label_chunks(chunk):
-            n = len(yy); cross = DynamicCache(config=self.model.config)
-            for li, (k, v) in enumerate(kv): cross.update(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1), li)
+            n = len(yy); cross = crosses.get(n)
+            if cross is None:
+                cross = crosses[n] = DynamicCache(config=self.model.config)
+                for li, (k, v) in enumerate(kv): cross.update(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1), li)
             din = torch.cat([torch.zeros_like(yy[:, :1]), yy[:, :-1]], 1)  # teacher forcing: decoder start id 0, no loss
             logits = self.model(encoder_outputs=(enc.expand(n, -1, -1),), attention_mask=m.expand(n, -1), decoder_input_ids=din,
                                 cache=EncoderDecoderCache(DynamicCache(config=self.model.config), cross), use_cache=True).logits
