@@ -35,7 +35,7 @@ def _reproduce(sub):
     p.add_argument("--model", default=None, help="model name at --llm-url (default: the model the server reports)")
     p.add_argument("--run-id", default=None, help="name of the run folder (new; letters, digits, . _ -)")
     p.add_argument("--jobs", type=int, default=1, help="notebooks run in parallel (independent experiments, then artefacts)")
-    p.add_argument("--cell-timeout", type=int, default=1800, help="seconds per notebook cell")
+    p.add_argument("--cell-timeout", type=int, default=None, help="seconds per notebook cell (default by profile: tiny 1800, smoke 14400, full 172800)")
     p.add_argument("--cache-mode", choices=["live", "record", "replay"], default=None, help="LLM response cache mode")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a notebook parameter for every selected artefact")
     def run(args):

@@ -21,12 +21,13 @@ from .llm import LLMClient
 from .serve import STUB_MODEL, STUB_NOTE, EmbeddedServer, llm_endpoint
 
 # %% auto #0
-__all__ = ['RUNNER_PARAMETERS', 'STUDY_PARAMETERS', 'FIXED_PDF_METADATA', 'RUN_ID', 'Artifact', 'Experiment', 'load_registry',
-           'load_experiments', 'experiments_for', 'select_artifacts', 'parameters_of', 'check_study_notebooks',
-           'save_figure', 'markdown_table', 'save_table', 'code_version', 'experiment_key', 'experiment_dir',
-           'ExperimentResults', 'save_result', 'peak_rss_mb', 'StudyRun', 'ExperimentRun', 'effective_parameters',
-           'llm_identity', 'plan_experiments', 'run_notebook', 'ensure_experiment', 'check_overrides', 'git_sha',
-           'new_run_id', 'check_run_id', 'redact_url', 'scrub_secrets', 'config_environment', 'reproduce']
+__all__ = ['RUNNER_PARAMETERS', 'STUDY_PARAMETERS', 'FIXED_PDF_METADATA', 'CELL_TIMEOUT_S', 'RUN_ID', 'Artifact', 'Experiment',
+           'load_registry', 'load_experiments', 'experiments_for', 'select_artifacts', 'parameters_of',
+           'check_study_notebooks', 'save_figure', 'markdown_table', 'save_table', 'code_version', 'experiment_key',
+           'experiment_dir', 'ExperimentResults', 'save_result', 'peak_rss_mb', 'StudyRun', 'ExperimentRun',
+           'effective_parameters', 'llm_identity', 'plan_experiments', 'run_notebook', 'ensure_experiment',
+           'check_overrides', 'git_sha', 'new_run_id', 'check_run_id', 'redact_url', 'scrub_secrets',
+           'config_environment', 'reproduce']
 
 # %% ../nbs/07_reproduce.ipynb #c005
 @dataclass
@@ -547,10 +548,14 @@ def _failed_cell(exc) -> str:
     num = getattr(exc, "exec_count", None)
     return f"cell {num}: {getattr(exc, 'ename', type(exc).__name__)}: {str(getattr(exc, 'evalue', exc))[:500]}"
 
+# A cell timeout guards against a hung kernel, not slow work: one experiment cell (an agent loop over every question)
+# ran past 30 min at smoke on a loaded 2-core machine, so smoke and full allow hours; tiny (CI) keeps 30 minutes.
+CELL_TIMEOUT_S = {"tiny": 1800, "smoke": 4 * 3600, "full": 48 * 3600}  # seconds per notebook cell, by profile
+
 def run_notebook(study: Artifact,  # the registry entry
                  params: dict,  # every parameter to inject (runner ones included)
                  out: Path,  # where the executed notebook goes
-                 cfg: Config, cell_timeout: int = 1800) -> dict:
+                 cfg: Config, cell_timeout: int = CELL_TIMEOUT_S["tiny"]) -> dict:
     "Execute one study or experiment notebook with papermill; returns `{status, error, wall_s}` (never raises on a failing cell)."
     import papermill as pm  # heavy (nbclient, jupyter_client): only when notebooks run
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -571,7 +576,7 @@ def _inject(study: Artifact, cfg: Config, values: dict, profile: str, run_dir, l
     return params
 
 def ensure_experiment(exp_id: str, profile: str, cfg: Config | None = None, llm_url: str | None = None,
-                      model: str | None = None, overrides: dict | None = None, cell_timeout: int = 1800) -> ExperimentResults:
+                      model: str | None = None, overrides: dict | None = None, cell_timeout: int | None = None) -> ExperimentResults:
     "The results of experiment `exp_id` at `profile`, executing it (and what it uses) first when not cached."
     cfg = cfg or get_config()
     exps = load_experiments(cfg=cfg)
@@ -581,7 +586,7 @@ def ensure_experiment(exp_id: str, profile: str, cfg: Config | None = None, llm_
         if p["done"]: continue
         _write_plan(p, eid)
         params = _inject(p["study"], cfg, p["params"], profile, None, llm_url, model, {**p["dep_paths"], eid: p["path"]})
-        res = run_notebook(p["study"], params, p["path"] / "executed.ipynb", cfg, cell_timeout)
+        res = run_notebook(p["study"], params, p["path"] / "executed.ipynb", cfg, cell_timeout or CELL_TIMEOUT_S[profile])
         if res["status"] != "ok" or not (p["path"] / "_SUCCESS.json").exists():
             raise RuntimeError(f"experiment {eid} ({p['study'].notebook}) failed at {res['error'] or 'the end: it did not call finish()'}; "
                                f"executed copy: {p['path'] / 'executed.ipynb'}")
@@ -736,7 +741,7 @@ def reproduce(profile: str | None = None,  # `tiny`, `smoke` or `full` (default:
               llm_url: str | None = None,  # OpenAI-compatible endpoint; None = configured, else the embedded server
               model: str | None = None,  # model name at that endpoint (default: KGRAG_MODEL, else the served one)
               run_id: str | None = None,  # default: a new time-based id; an existing id is refused
-              cell_timeout: int = 1800,  # seconds per notebook cell
+              cell_timeout: int | None = None,  # seconds per notebook cell; None = the profile's CELL_TIMEOUT_S
               overrides: dict | None = None,  # `--set` values, each applied to the notebooks that declare it
               cfg: Config | None = None, progress: bool = True,
               jobs: int = 1) -> dict:  # notebooks run in parallel (experiments first, then artefacts)
@@ -745,6 +750,7 @@ def reproduce(profile: str | None = None,  # `tiny`, `smoke` or `full` (default:
     cfg = cfg or get_config()
     profile = profile or cfg.profile
     if profile not in PROFILES: raise ValueError(f"--profile {profile!r}: use one of {', '.join(PROFILES)}")
+    cell_timeout = cell_timeout or CELL_TIMEOUT_S[profile]
     exps_all, registry = _read_registry(cfg=cfg)
     arts = select_artifacts(registry, only)
     exps = experiments_for(arts, exps_all)

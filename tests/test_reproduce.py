@@ -282,3 +282,11 @@ def test_credentials_in_the_llm_url_never_reach_a_notebook_or_the_manifest_and_k
     for f in run.rglob("*"):
         if f.is_file(): assert b"SECRET-pw-123" not in f.read_bytes(), f
     assert "SECRET" not in os.environ.get("KGRAG_LLM_URL", "")  # and only while the notebooks ran
+
+
+def test_cell_timeout_by_profile():
+    "Every profile has a cell timeout; CI's tiny keeps the short one, smoke and full allow long agent cells."
+    from kgrag_nb.config import PROFILES
+    from kgrag_nb.reproduce import CELL_TIMEOUT_S
+    assert set(CELL_TIMEOUT_S) == set(PROFILES)
+    assert CELL_TIMEOUT_S["tiny"] == 1800 < CELL_TIMEOUT_S["smoke"] < CELL_TIMEOUT_S["full"]
