@@ -202,7 +202,7 @@ class _Index:
             self.inv_functionality = n_obj / self.rel_size
         # AMIE KB.isFunctional: functionality >= inverse functionality -> count on the subject (0), else the object (1)
         self.func_var = np.where(self.functionality >= self.inv_functionality, 0, 1)
-        self._mat, self._rows = {}, {}
+        self._mat, self._rows, self._head = {}, {}, {}
 
     def facts(self, r: int):
         "Subjects and objects of relation r, sorted by subject."
@@ -479,28 +479,37 @@ def _row_blocks(flops: np.ndarray, budget: int):
         starts.append(max(int(np.searchsorted(c, base + budget, "right")), starts[-1] + 1))
     return list(zip(starts[:-1], starts[1:]))
 
+def _head_side(ix: _Index, h: int) -> dict:
+    """What every length-4 prefix of head h shares: head subjects S and objects Sb, head facts as sorted keys
+    row * |Sb| + column, and (filled on use) A1[S] per first code and the column slices [:, Sb] per closing code.
+    Kept for the last head asked only (a level's rules come sorted by head), so memory stays bounded."""
+    if ix._head.get("h") != h:
+        hs, ho = ix.facts(h)
+        S, Sb = _unique(hs), _unique(ho)
+        ix._head = dict(h=h, S=S, Sb=Sb, fact=_unique(np.searchsorted(S, hs) * len(Sb) + np.searchsorted(Sb, ho)), X={}, N={})
+    return ix._head
+
 def _refine_prefix(ix: _Index, h: int, body: tuple, kind, allowed, cfg) -> list:
-    "Closed children ?a-x-y-?b of the prefix ?a-x-y for the allowed closing atoms, supports by sparse products."
+    """Closed children ?a-x-y-?b of the prefix ?a-x-y for the allowed closing atoms, supports by sparse products:
+    one product A1[S] A2 [N_1 | N_2 | ...] for all closing codes at once (columns k * |Sb| + head object)."""
     _, c1, c2, y = kind
-    hs, ho = ix.facts(h)
-    thr, codes = cfg["thresholds"][h], sorted(allowed)
-    S, Sb = _unique(hs), _unique(ho)
-    qa, qb = np.searchsorted(S, hs), np.searchsorted(Sb, ho)
-    A1, A2 = ix.matrix(c1 // 2, transpose=c1 % 2 == 1), ix.matrix(c2 // 2, transpose=c2 % 2 == 1)
-    Ns = [ix.matrix(c // 2, transpose=c % 2 == 1)[:, Sb].tocsr() for c in codes]  # y -> ?b, columns: head objects
-    X, counts = A1[S], np.zeros(len(codes), np.int64)
-    order = np.argsort(qa, kind="stable"); qa, qb = qa[order], qb[order]  # head facts by row of X
+    hd = _head_side(ix, h)
+    thr, codes, nb, fact = cfg["thresholds"][h], sorted(allowed), len(hd["Sb"]), hd["fact"]
+    if c1 not in hd["X"]: hd["X"][c1] = ix.matrix(c1 // 2, transpose=c1 % 2 == 1)[hd["S"]]
+    for c in codes:  # y -> ?b, columns: head objects
+        if c not in hd["N"]: hd["N"][c] = ix.matrix(c // 2, transpose=c % 2 == 1)[:, hd["Sb"]].tocsr()
+    X, A2 = hd["X"][c1], ix.matrix(c2 // 2, transpose=c2 % 2 == 1)
+    N = sp.hstack([hd["N"][c] for c in codes], format="csr") if len(codes) > 1 else hd["N"][codes[0]]
+    counts = np.zeros(len(codes), np.int64)
     for lo, hi in _row_blocks(X @ np.diff(A2.indptr), cfg["budget"]):
         M = (X[lo:hi] @ A2).tocsr()
-        for k, N in enumerate(Ns):
-            for a, b in _row_blocks(M @ np.diff(N.indptr), cfg["budget"]):  # bounds the work of M @ N, too
-                Z = (M[a:b] @ N).tocsr(); Z.sort_indices()
-                keys = np.repeat(np.arange(Z.shape[0], dtype=np.int64), np.diff(Z.indptr)) * len(Sb) + Z.indices
-                i, j = np.searchsorted(qa, [lo + a, lo + b])
-                q = (qa[i:j] - lo - a) * len(Sb) + qb[i:j]
-                if len(keys) and len(q):
-                    pos = np.searchsorted(keys, q).clip(max=len(keys) - 1)
-                    counts[k] += int(np.count_nonzero(keys[pos] == q))
+        for a, b in _row_blocks(M @ np.diff(N.indptr), cfg["budget"]):  # bounds the work of M @ N, too
+            Z = (M[a:b] @ N).tocsr()  # boolean: every stored entry is a distinct (row, column) that holds
+            col = Z.indices.astype(np.int64)
+            key = np.repeat(np.arange(lo + a, lo + b, dtype=np.int64), np.diff(Z.indptr)) * nb + col % nb
+            if len(key) and len(fact):
+                hit = fact[np.searchsorted(fact, key).clip(max=len(fact) - 1)] == key  # (row, object) is a head fact
+                counts += np.bincount(col[hit] // nb, minlength=len(codes))
     rel_count, out = Counter(a[0] for a in ((h, 0, 1),) + tuple(body)), []
     for k in np.flatnonzero(counts >= thr):
         r3 = codes[k] // 2
