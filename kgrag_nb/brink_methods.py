@@ -26,7 +26,7 @@ from .kgqa import (BaseMethod, Question, Prediction, TraceWriter, complete_trace
                            path_text, triples_of, triple_text, clip_lines, candidate_steps, parse_steps,
                            parse_relation_paths, beam_ends, expand_beam, beam_context, short_relation_names)
 from .papers import compare, paper_claims, paper_numbers
-from .rules import APP_A2, mine_rules
+from .rules import APP_A2, mine_rules_cached
 from .brink import Benchmark, evaluate, failure_analysis, load_benchmark, build_benchmark, BRINK_TAU
 
 # %% auto #0
@@ -521,9 +521,9 @@ def study_benchmark(kg_name: str,  # dataset name (kgrag_nb.datasets.load_kg)
                     max_len: int = 3,  # rule length (BRINK App. A.2: 3 for Family, 4 for FB15k-237)
                     seed: int = 0,  # seed of rule sample and construction
                     client=None) -> tuple[Benchmark, list]:  # LLM for App. D questions; None = templated questions
-    "Mine rules on `kg_name` at App. A.2 thresholds, build the benchmark of a type-balanced sample into `out_dir`; (benchmark, mined rules)."
+    "Mine rules on `kg_name` at App. A.2 thresholds, build the benchmark of a type-balanced sample into `out_dir`; (benchmark, mined rules from the rules cache: `rules.cache_note`)."
     kg = load_kg(kg_name, split="all")
-    rules = mine_rules(kg, max_len=max_len, min_hc=0.1, progress=False, **APP_A2)
+    rules = mine_rules_cached(kg, max_len=max_len, min_hc=0.1, progress=False, **APP_A2)
     if not rules: raise ValueError(f"no rule mined on {kg_name!r} at App. A.2 thresholds with max_len={max_len}")
     bench = build_benchmark(kg, sample_rules(rules, max_rules, seed), client, out_dir, per_rule=per_rule, tau=tau, seed=seed, name=kg_name)
     return bench, rules

@@ -310,7 +310,7 @@ class StudyRun:
         self.experiment_dirs = dict(experiment_dirs or {})
         self.out_dir = self.cfg.figures_dir / artifact
         self.outputs, self.datasets, self.sample_sizes, self._clients, self._server = [], {}, {}, [], None
-        self.experiments_used, self.deviation_list = {}, []
+        self.experiments_used, self.deviation_list, self.run_notes = {}, [], []
         self.started, self._hooked, self.stages, self._cell = time.time(), False, [], None
         self._hook_usage()  # inside a reproduction run: usage, peak memory and per-cell stages after every cell
 
@@ -396,6 +396,10 @@ class StudyRun:
         "Record a sample size (e.g. questions evaluated) shown with every figure and table."
         self.sample_sizes[what] = int(n)
 
+    def record_note(self, text: str):
+        "Record a line of provenance (e.g. a cache a stage reused) in provenance.json, the run record and the manifest."
+        if text not in self.run_notes: self.run_notes.append(str(text))
+
     def experiment(self, exp_id: str) -> ExperimentResults:
         "The results of experiment `exp_id` for this run's profile: the folder the runner injected, else the cached"
         " folder for the current parameters, else the experiment is executed here once (papermill), like the runner does."
@@ -454,7 +458,7 @@ class StudyRun:
 
     def _record(self) -> dict:
         return dict(artifact=self.artifact, paper=self.paper, models=self.models, seed=self.seed,
-                    sample_sizes=self.sample_sizes, datasets=self.datasets, params=self.params,
+                    sample_sizes=self.sample_sizes, datasets=self.datasets, params=self.params, notes=self.run_notes,
                     experiments=self.experiments_used, deviations=self.deviation_list,
                     outputs=[str(p.relative_to(self.cfg.root)) if p.is_relative_to(self.cfg.root) else str(p) for p in self.outputs])
 

@@ -4,13 +4,14 @@
 
 # %% ../nbs/11_rules.ipynb #c002
 from __future__ import annotations
-import itertools, json, math, os, sys, time
+import hashlib, importlib.util, itertools, json, math, os, shutil, sys, tempfile, time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
+from .config import get_config
 from .kg import KG
 from .papers import paper_numbers
 from .hooks import subcommand, benchmark
@@ -21,10 +22,11 @@ from .datasets import REGISTRY, load_kg
 
 
 # %% auto #0
-__all__ = ['VAR_NAMES', 'RULE_TYPES', 'OTHER_PATTERNS', 'TSV_COLUMNS', 'MIN_PARALLEL_ITEMS', 'AMIE_COMPAT', 'DEVIATIONS',
-           'APP_A2', 'is_variable', 'Atom', 'Rule', 'classify_rule', 'parse_amie', 'rule_measures', 'amie_2019_dropped',
-           'amie_filters', 'mine_rules', 'Grounding', 'groundings', 'rules_to_frame', 'write_rules_tsv',
-           'read_rules_tsv', 'load_kg_or_tsv', 'brink_table1', 'bench_rules', 'table1_counts']
+__all__ = ['VAR_NAMES', 'RULE_TYPES', 'OTHER_PATTERNS', 'TSV_COLUMNS', 'MIN_PARALLEL_ITEMS', 'AMIE_COMPAT', 'RULES_CACHE_OPTIONS',
+           'DEVIATIONS', 'APP_A2', 'is_variable', 'Atom', 'Rule', 'classify_rule', 'parse_amie', 'rule_measures',
+           'amie_2019_dropped', 'amie_filters', 'mine_rules', 'Grounding', 'groundings', 'rules_to_frame',
+           'write_rules_tsv', 'read_rules_tsv', 'MinedRules', 'kg_checksum', 'rules_cache_key', 'mine_rules_cached',
+           'load_kg_or_tsv', 'brink_table1', 'bench_rules', 'table1_counts']
 
 # %% ../nbs/11_rules.ipynb #c005
 VAR_NAMES = tuple(f"?{c}" for c in "abcdefghijklmnopqrstuvwxyz")  # variable names; ?a, ?b are the head's
@@ -200,7 +202,7 @@ class _Index:
             self.inv_functionality = n_obj / self.rel_size
         # AMIE KB.isFunctional: functionality >= inverse functionality -> count on the subject (0), else the object (1)
         self.func_var = np.where(self.functionality >= self.inv_functionality, 0, 1)
-        self._mat, self._rows = {}, {}
+        self._mat, self._rows, self._head = {}, {}, {}
 
     def facts(self, r: int):
         "Subjects and objects of relation r, sorted by subject."
@@ -477,28 +479,37 @@ def _row_blocks(flops: np.ndarray, budget: int):
         starts.append(max(int(np.searchsorted(c, base + budget, "right")), starts[-1] + 1))
     return list(zip(starts[:-1], starts[1:]))
 
+def _head_side(ix: _Index, h: int) -> dict:
+    """What every length-4 prefix of head h shares: head subjects S and objects Sb, head facts as sorted keys
+    row * |Sb| + column, and (filled on use) A1[S] per first code and the column slices [:, Sb] per closing code.
+    Kept for the last head asked only (a level's rules come sorted by head), so memory stays bounded."""
+    if ix._head.get("h") != h:
+        hs, ho = ix.facts(h)
+        S, Sb = _unique(hs), _unique(ho)
+        ix._head = dict(h=h, S=S, Sb=Sb, fact=_unique(np.searchsorted(S, hs) * len(Sb) + np.searchsorted(Sb, ho)), X={}, N={})
+    return ix._head
+
 def _refine_prefix(ix: _Index, h: int, body: tuple, kind, allowed, cfg) -> list:
-    "Closed children ?a-x-y-?b of the prefix ?a-x-y for the allowed closing atoms, supports by sparse products."
+    """Closed children ?a-x-y-?b of the prefix ?a-x-y for the allowed closing atoms, supports by sparse products:
+    one product A1[S] A2 [N_1 | N_2 | ...] for all closing codes at once (columns k * |Sb| + head object)."""
     _, c1, c2, y = kind
-    hs, ho = ix.facts(h)
-    thr, codes = cfg["thresholds"][h], sorted(allowed)
-    S, Sb = _unique(hs), _unique(ho)
-    qa, qb = np.searchsorted(S, hs), np.searchsorted(Sb, ho)
-    A1, A2 = ix.matrix(c1 // 2, transpose=c1 % 2 == 1), ix.matrix(c2 // 2, transpose=c2 % 2 == 1)
-    Ns = [ix.matrix(c // 2, transpose=c % 2 == 1)[:, Sb].tocsr() for c in codes]  # y -> ?b, columns: head objects
-    X, counts = A1[S], np.zeros(len(codes), np.int64)
-    order = np.argsort(qa, kind="stable"); qa, qb = qa[order], qb[order]  # head facts by row of X
+    hd = _head_side(ix, h)
+    thr, codes, nb, fact = cfg["thresholds"][h], sorted(allowed), len(hd["Sb"]), hd["fact"]
+    if c1 not in hd["X"]: hd["X"][c1] = ix.matrix(c1 // 2, transpose=c1 % 2 == 1)[hd["S"]]
+    for c in codes:  # y -> ?b, columns: head objects
+        if c not in hd["N"]: hd["N"][c] = ix.matrix(c // 2, transpose=c % 2 == 1)[:, hd["Sb"]].tocsr()
+    X, A2 = hd["X"][c1], ix.matrix(c2 // 2, transpose=c2 % 2 == 1)
+    N = sp.hstack([hd["N"][c] for c in codes], format="csr") if len(codes) > 1 else hd["N"][codes[0]]
+    counts = np.zeros(len(codes), np.int64)
     for lo, hi in _row_blocks(X @ np.diff(A2.indptr), cfg["budget"]):
         M = (X[lo:hi] @ A2).tocsr()
-        for k, N in enumerate(Ns):
-            for a, b in _row_blocks(M @ np.diff(N.indptr), cfg["budget"]):  # bounds the work of M @ N, too
-                Z = (M[a:b] @ N).tocsr(); Z.sort_indices()
-                keys = np.repeat(np.arange(Z.shape[0], dtype=np.int64), np.diff(Z.indptr)) * len(Sb) + Z.indices
-                i, j = np.searchsorted(qa, [lo + a, lo + b])
-                q = (qa[i:j] - lo - a) * len(Sb) + qb[i:j]
-                if len(keys) and len(q):
-                    pos = np.searchsorted(keys, q).clip(max=len(keys) - 1)
-                    counts[k] += int(np.count_nonzero(keys[pos] == q))
+        for a, b in _row_blocks(M @ np.diff(N.indptr), cfg["budget"]):  # bounds the work of M @ N, too
+            Z = (M[a:b] @ N).tocsr()  # boolean: every stored entry is a distinct (row, column) that holds
+            col = Z.indices.astype(np.int64)
+            key = np.repeat(np.arange(lo + a, lo + b, dtype=np.int64), np.diff(Z.indptr)) * nb + col % nb
+            if len(key) and len(fact):
+                hit = fact[np.searchsorted(fact, key).clip(max=len(fact) - 1)] == key  # (row, object) is a head fact
+                counts += np.bincount(col[hit] // nb, minlength=len(codes))
     rel_count, out = Counter(a[0] for a in ((h, 0, 1),) + tuple(body)), []
     for k in np.flatnonzero(counts >= thr):
         r3 = codes[k] // 2
@@ -883,6 +894,90 @@ def read_rules_tsv(path,  # a file written by write_rules_tsv (or AMIE-like with
                            body_size=num(row.body_size, True), pca_body_size=num(row.pca_body_size, True),
                            type=row.type if isinstance(row.type, str) else rule.type))
     return out
+
+# %% ../nbs/11_rules.ipynb #c039b
+RULES_CACHE_OPTIONS = ("max_len", "min_hc", "min_pca", "min_std", "min_support", "instantiated", "recursivity_limit")  # in the key
+
+class MinedRules(list):
+    "A list of Rules from `mine_rules_cached`, with `cache`: {key, path, reused, mining_s, ...}."
+    cache: dict = {}
+    @property
+    def cache_note(self) -> str:
+        "One line for a run's records: whether the rules were mined or reused, and the cache key."
+        c = self.cache
+        if c.get("reused"): return f"mined rules reused from cache {c['key'][:16]} ({c['rules_stored']} rules, mined in {c['mining_s']} s)"
+        return f"rules mined ({c['mining_s']} s) and stored in cache {c['key'][:16]} ({c['rules_stored']} rules)"
+
+def kg_checksum(kg: KG) -> str:
+    "sha256 of a KG's content: its int triples in order and its entity and relation ids (names and labels excluded)."
+    h = hashlib.sha256()
+    h.update(np.ascontiguousarray(kg.triples, dtype=np.int64).tobytes())
+    for ids in (kg.entities, kg.relations):
+        h.update(b"\x00".join(str(x).encode() for x in ids)); h.update(b"\x01")
+    return h.hexdigest()
+
+def _rules_code_version() -> str:
+    "sha256 of this module's source file (the exported kgrag_nb/rules.py)."
+    spec = importlib.util.find_spec("kgrag_nb.rules")
+    return hashlib.sha256(Path(spec.origin).read_bytes()).hexdigest()
+
+def rules_cache_key(kg: KG,  # the KG to mine
+                    **options) -> str:  # every name of RULES_CACHE_OPTIONS
+    "The content hash naming a cached rule set: KG content, mining options and the mining code's version."
+    missing = [k for k in RULES_CACHE_OPTIONS if k not in options]
+    extra = [k for k in options if k not in RULES_CACHE_OPTIONS]
+    if missing or extra: raise ValueError(f"rules_cache_key needs exactly {list(RULES_CACHE_OPTIONS)}; missing {missing}, unknown {extra}")
+    opts = {k: (float(v) if k.startswith("min_") and k != "min_support" else int(v) if k != "instantiated" else bool(v))
+            for k, v in options.items()}
+    body = json.dumps({"kg": kg_checksum(kg), "options": opts, "code": _rules_code_version()}, sort_keys=True)
+    return hashlib.sha256(body.encode()).hexdigest()
+
+def _write_cached(folder: Path, rules: list, kg: KG, meta: dict) -> None:
+    "Write rules.tsv and meta.json into a temporary folder beside `folder`, then rename it (atomic; first writer wins)."
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+    try:
+        write_rules_tsv(rules, kg, tmp / "rules.tsv")
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+        try: os.rename(tmp, folder)
+        except OSError:
+            if not (folder / "meta.json").exists(): raise
+    finally:
+        if tmp.exists(): shutil.rmtree(tmp, ignore_errors=True)
+
+def mine_rules_cached(kg: KG,  # knowledge graph to mine
+                      max_len: int = 4, min_hc: float = 0.1, min_pca: float = 0.3, min_support: int = 2,  # mine_rules
+                      instantiated: bool = False, min_std: float = 0.0, recursivity_limit: int = 3,  # mine_rules
+                      min_initial_support: int = 100,  # AMIE's -minis, applied to the cached run (amie_filters)
+                      amie_compat: str | None = None,  # "2019": AMIE's output filter, applied to the cached run
+                      cache_dir=None,  # folder of the cache (default: <config cache_dir>/rules)
+                      n_jobs: int = 1, progress: bool = True, time_limit: float | None = None,  # mine_rules (not in the key)
+                      max_rows: int = 4_000_000) -> MinedRules:  # mine_rules (not in the key)
+    "`mine_rules` through a content-addressed disk cache: a KG is mined once per option set; `.cache` says which."
+    _check_options(min_initial_support, amie_compat)
+    options = dict(max_len=max_len, min_hc=min_hc, min_pca=min_pca, min_std=min_std, min_support=min_support,
+                   instantiated=instantiated, recursivity_limit=recursivity_limit)
+    key = rules_cache_key(kg, **options)
+    folder = Path(cache_dir) if cache_dir is not None else get_config().cache_dir / "rules"
+    folder = folder / key[:16]
+    meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").exists() else None
+    if meta is not None and meta.get("key") == key:
+        every = read_rules_tsv(folder / "rules.tsv", kg)
+        if len(every) != meta["rules"]:
+            raise ValueError(f"rules cache {folder}: rules.tsv holds {len(every)} rules, meta.json says {meta['rules']}; delete the folder to mine again")
+        reused = True
+    else:
+        t0 = time.perf_counter()
+        every = mine_rules(kg, progress=progress, n_jobs=n_jobs, time_limit=time_limit, max_rows=max_rows,
+                           min_initial_support=1, **options)
+        meta = dict(key=key, kg=kg.name, kg_sha256=kg_checksum(kg), triples=int(kg.num_triples), options=options,
+                    min_initial_support=1, rules=len(every), mining_s=round(time.perf_counter() - t0, 1))
+        _write_cached(folder, every, kg, meta)
+        reused = False
+    out = MinedRules(amie_filters(every, kg, min_initial_support, amie_compat))
+    out.cache = dict(key=key, path=str(folder), reused=reused, mining_s=meta["mining_s"], rules_stored=meta["rules"])
+    return out
+
 
 # %% ../nbs/11_rules.ipynb #c048
 def _read_triples_tsv(path: Path) -> pd.DataFrame:

@@ -575,3 +575,70 @@ def test_family_length_4_amie_2019():
     assert len(compat) == 2734 and compat == amie_filters(every, kg, 1, "2019")
     dropped = [r for r in every if amie_2019_dropped(r)]
     assert len(dropped) == 511 and all(r.length == 4 for r in dropped)
+
+
+# ---------------------------------------------------------------- the rules cache (mine once per KG and options)
+CACHE_OPTS = dict(max_len=3, min_hc=0.1, min_pca=0.3, min_std=0.0, min_support=2, instantiated=False, recursivity_limit=3)
+
+
+def test_rules_cache_reuses_without_mining(tmp_path, monkeypatch):
+    """Same KG and options: the second call reads the stored rules (mine_rules is not called), measures and order
+    identical; min_initial_support and amie_compat are filters of the one stored run, so they share the entry."""
+    import kgrag_nb.rules as R
+    kg = likes()
+    calls = []
+    real = R.mine_rules
+    monkeypatch.setattr(R, "mine_rules", lambda *a, **k: calls.append(k) or real(*a, **k))
+    first = R.mine_rules_cached(kg, progress=False, min_initial_support=1, cache_dir=tmp_path, **CACHE_OPTS)
+    assert len(calls) == 1 and calls[0]["min_initial_support"] == 1 and first.cache["reused"] is False
+    assert "stored in cache " + first.cache["key"][:16] in first.cache_note
+    monkeypatch.setattr(R, "mine_rules", lambda *a, **k: pytest.fail("mined again although the key is cached"))
+    again = R.mine_rules_cached(kg, progress=False, min_initial_support=1, cache_dir=tmp_path, **CACHE_OPTS)
+    assert again.cache["reused"] is True and again.cache["key"] == first.cache["key"]
+    assert again.cache_note.startswith(f"mined rules reused from cache {first.cache['key'][:16]}")
+    assert [(r.to_amie(kg), r.support, r.head_coverage, r.std_confidence, r.pca_confidence, r.body_size, r.pca_body_size, r.type)
+            for r in again] == [(r.to_amie(kg), r.support, r.head_coverage, r.std_confidence, r.pca_confidence, r.body_size,
+                                 r.pca_body_size, r.type) for r in first]
+    assert again == real(kg, progress=False, min_initial_support=1, **CACHE_OPTS)
+    five = R.mine_rules_cached(kg, progress=False, min_initial_support=5, cache_dir=tmp_path, **CACHE_OPTS)
+    assert five.cache["reused"] and five == real(kg, progress=False, min_initial_support=5, **CACHE_OPTS) \
+        and [kg.relations[r.head.relation] for r in five] == ["likes"] * len(five) and len(five) < len(first)
+    # one folder, complete, no temporary left behind
+    assert [p.name for p in tmp_path.iterdir()] == [first.cache["key"][:16]]
+    assert sorted(p.name for p in (tmp_path / first.cache["key"][:16]).iterdir()) == ["meta.json", "rules.tsv"]
+
+
+@pytest.mark.parametrize("option,value", [("max_len", 2), ("min_hc", 0.2), ("min_pca", 0.4), ("min_std", 0.3),
+                                          ("min_support", 3), ("instantiated", True), ("recursivity_limit", 2)])
+def test_rules_cache_key_changes_with_every_option(option, value):
+    from kgrag_nb.rules import rules_cache_key
+    kg = likes()
+    assert rules_cache_key(kg, **CACHE_OPTS) == rules_cache_key(kg, **CACHE_OPTS)  # deterministic
+    assert rules_cache_key(kg, **{**CACHE_OPTS, option: value}) != rules_cache_key(kg, **CACHE_OPTS)
+
+
+def test_rules_cache_key_changes_with_the_kg_and_the_code(monkeypatch):
+    import kgrag_nb.rules as R
+    kg = likes()
+    key = R.rules_cache_key(kg, **CACHE_OPTS)
+    fewer = KG.from_arrays(kg.triples[1:], kg.entities, kg.relations)  # one triple less
+    renamed = KG.from_arrays(kg.triples, [e + "_" for e in kg.entities], kg.relations)  # same numbers, other ids
+    assert len({key, R.rules_cache_key(fewer, **CACHE_OPTS), R.rules_cache_key(renamed, **CACHE_OPTS)}) == 3
+    assert R.rules_cache_key(KG.from_arrays(kg.triples, kg.entities, kg.relations, name="other"), **CACHE_OPTS) == key  # name: no
+    monkeypatch.setattr(R, "_rules_code_version", lambda: "0" * 64)
+    assert R.rules_cache_key(kg, **CACHE_OPTS) != key
+    with pytest.raises(ValueError, match="missing"): R.rules_cache_key(kg, max_len=3)
+
+
+def test_rules_cache_second_writer_keeps_the_first_folder(tmp_path, monkeypatch):
+    """A process that finishes mining after another one stored the same key leaves the stored folder as it is."""
+    import kgrag_nb.rules as R
+    kg = likes()
+    first = R.mine_rules_cached(kg, progress=False, min_initial_support=1, cache_dir=tmp_path, **CACHE_OPTS)
+    folder = tmp_path / first.cache["key"][:16]
+    before = (folder / "meta.json").read_text()
+    R._write_cached(folder, list(first)[:1], kg, {"key": first.cache["key"], "rules": 1, "mining_s": 0})
+    assert (folder / "meta.json").read_text() == before and [p.name for p in tmp_path.iterdir()] == [folder.name]
+    (folder / "rules.tsv").write_text((folder / "rules.tsv").read_text().splitlines()[0] + "\n")  # truncated by hand
+    with pytest.raises(ValueError, match="delete the folder"):
+        R.mine_rules_cached(kg, progress=False, min_initial_support=1, cache_dir=tmp_path, **CACHE_OPTS)
