@@ -1,7 +1,8 @@
 """CoE at `full` from reduced stub rehearsals (issue 14): fit each stage's growth over the records per dataset and
 extrapolate to the full released set (HotpotQA 656 + 2Wiki 661 de-duplicated records).
 
-    python docs/rehearsal/coe_growth.py reh-coe-n10 reh-coe-n30 reh-coe-n90   # writes docs/rehearsal/coe_growth.{csv,md}
+    python docs/rehearsal/coe_growth.py reh-coe-n10 reh-coe-n30 reh-coe-n60 --stage5=reh-coe-n30,reh-coe-n60
+    # writes docs/rehearsal/coe_growth.{csv,md}, coe_full_extrapolated.csv
 """
 import json, sys
 from pathlib import Path
@@ -24,25 +25,30 @@ def size(stage: int, n: int) -> float:
     if stage == 5: return sum(min(n, v, SCOPE_N) for v in FULL.values()) + N_HOTPOT_SCOPE
     return 1.0 if stage == 4 else recs
 
-def main(runs):
+def main(runs, stage5_runs=None):
+    "`stage5_runs`: the runs whose usability stage is fitted (runs before the batched ScopeCoE change are left out)."
     cfg, rows = get_config(), []
     for rid in runs:
         u = json.loads((cfg.runs_dir / rid / "experiments" / "coe_runs.json").read_text()) if (cfg.runs_dir / rid / "experiments" / "coe_runs.json").exists() \
             else json.loads((cfg.runs_dir / rid / "experiments" / "coe_runs.usage.json").read_text())
         n = json.loads((cfg.runs_dir / rid / "manifest.json").read_text())["overrides"]["n_records"]
         for s in u["stages"]:
+            # the runs share one cache folder: a smaller run's answers are hits in a larger one, so requests = sent + hits
+            # and tokens are scaled by the same factor (the stub's token counts per request are alike within a stage)
+            need = s["requests"] + s.get("cache_hits", 0); f = need / s["requests"] if s["requests"] else 0.0
             rows.append(dict(run=rid, n_records=n, stage=s["stage"], what=STAGES.get(s["stage"], s["code"][:40]), size=size(s["stage"], n),
-                             wall_s=s["wall_s"], peak_rss_mb=s["peak_rss_mb"], requests=s["requests"], prompt_tokens=s["prompt_tokens"],
-                             completion_tokens=s["completion_tokens"]))
+                             wall_s=s["wall_s"], peak_rss_mb=s["peak_rss_mb"], requests=need, sent=s["requests"],
+                             prompt_tokens=round(s["prompt_tokens"] * f), completion_tokens=round(s["completion_tokens"] * f)))
     df = pd.DataFrame(rows); df.to_csv(HERE / "coe_growth.csv", index=False)
     out = []
     for st, g in df.groupby("stage"):
+        if st == 5 and stage5_runs: g = g[g["run"].isin(stage5_runs)]
         g = g.sort_values("n_records"); full_size = size(st, 10**6)
         row = dict(stage=st, what=STAGES.get(st, ""), sizes=list(g["size"]), full_size=full_size)
         for col in ("wall_s", "requests", "prompt_tokens", "completion_tokens", "peak_rss_mb"):
             x, y = list(g["size"]), list(g[col])
-            if st == 4 or len(set(x)) < 2 or min(y) <= 0:  # fixed size (or nothing to fit): the largest run's value
-                row[col] = float(y[-1]); row[col + "_growth"] = "fixed" if st == 4 else "-"; continue
+            if st == 4 or len(set(x)) < 2 or min(y) <= 0:  # fixed size (or nothing to fit): the largest value measured
+                row[col] = float(max(y)); row[col + "_growth"] = "fixed" if st == 4 else "-"; continue
             a = (y[-1] - y[-2]) / (x[-1] - x[-2]); b = y[-1] - a * x[-1]  # linear through the two largest sizes
             if len(set(x)) >= 3: f = fit_growth(x, y); row[col + "_growth"] = f"{f['growth']} (slope {f['loglog_slope']})"
             else: row[col + "_growth"] = "linear (2 sizes)"
@@ -61,4 +67,6 @@ def main(runs):
     print(ex[cols].to_string())
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    args = [a for a in sys.argv[1:] if not a.startswith("--stage5=")]
+    s5 = next((a.split("=", 1)[1].split(",") for a in sys.argv[1:] if a.startswith("--stage5=")), None)
+    main(args, s5)
