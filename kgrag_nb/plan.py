@@ -117,7 +117,7 @@ def plan(profile: str = "full",  # profile the run will use
             kind = "exact" if s.id in EXACT_PROMPTS else "estimate"
             sets = {k: v for k, v in rec.get("overrides", {}).items() if k not in STAND_IN_KEYS}
             kind += "".join(f" ({x})" for x in ["rehearsal incomplete"] * (not rec["complete"]) + [
-                "reduced: " + ", ".join(f"{k}={v}" for k, v in sets.items())] * bool(sets))
+                "--set " + ", ".join(f"{k}={v}" for k, v in sets.items())] * bool(sets))  # reduced or substituted: not the profile as is
             row.update(basis=kind, rehearsal=rec["run_id"],
                        requests=p["requests"], other_models=p["other_models"], prompt_tokens=p["prompt_tokens"],
                        completion_tokens_max=p["completion_tokens_max"], in_cache=p["in_cache"],
