@@ -189,7 +189,8 @@ def rehearsal_table(run_ids: list[str], cfg: Config | None = None) -> tuple[pd.D
                 rec = next((json.loads(f.read_text()) for f in (d / f"{sid}.json", d / f"{sid}.usage.json") if f.exists()), {})
                 e, st, u = entries.get(sid, {}), rec.get("stages") or [], rec.get("usage") or {}
                 executed = run_dir / "notebooks" / ("experiments/" if folder == "experiments" else "") / f"{sid}.ipynb"
-                status = e.get("status") or ("stopped (wall limit)" if man.get("status") != "finished" else "unknown")
+                status = e.get("status") or ("done before the run was stopped" if (d / f"{sid}.json").exists() else
+                                             "stopped (wall limit)" if man.get("status") != "finished" else "unknown")
                 slow = max(st, key=lambda s: s["wall_s"]) if st else None
                 wall = e.get("wall_s")
                 if wall is None: wall = _executed_wall(executed) or round(sum(s["wall_s"] for s in st), 1)
