@@ -16,8 +16,8 @@ from .reproduce import _read_registry, experiments_for, markdown_table, select_a
 from .serve import STUB_MODEL
 
 # %% auto #0
-__all__ = ['DEFAULT_PLAN_MODEL', 'DEFAULT_THROUGHPUT', 'EXACT_PROMPTS', 'GROWTH_FORMS', 'gpu_hours', 'rehearsal_records',
-           'price_keys', 'plan', 'rehearsal_table', 'fit_growth']
+__all__ = ['DEFAULT_PLAN_MODEL', 'DEFAULT_THROUGHPUT', 'EXACT_PROMPTS', 'STAND_IN_KEYS', 'GROWTH_FORMS', 'gpu_hours',
+           'rehearsal_records', 'price_keys', 'plan', 'rehearsal_table', 'fit_growth']
 
 # %% ../nbs/20_plan.ipynb #p004
 DEFAULT_PLAN_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -36,7 +36,8 @@ def gpu_hours(completion_tokens: float,  # output tokens to generate
 
 # %% ../nbs/20_plan.ipynb #p007
 def rehearsal_records(profile: str, cfg: Config | None = None) -> dict:
-    "`{notebook id: record}` from the newest run of `profile` that holds the notebook's key log or run record."
+    "`{notebook id: record}` from the newest run of `profile` that holds the notebook's key log or run record (with the"
+    " run's `--set` overrides that applied to the notebook: a reduced rehearsal is not the profile's size)."
     cfg = cfg or get_config()
     found = {}
     runs = [p for p in cfg.runs_dir.glob("*/manifest.json")] if cfg.runs_dir.exists() else []
@@ -53,8 +54,9 @@ def rehearsal_records(profile: str, cfg: Config | None = None) -> dict:
                 done = d / f"{sid}.json"
                 rec = json.loads(done.read_text()) if done.exists() else (
                     json.loads((d / f"{sid}.usage.json").read_text()) if (d / f"{sid}.usage.json").exists() else {})
+                sets = {k: v for k, v in (m.get("overrides") or {}).items() if sid in (m.get("overrides_apply_to") or {}).get(k, [sid])}
                 found[sid] = dict(run_id=m.get("run_id", man.parent.name), complete=done.exists(), model=m.get("model"),
-                                  keys=d / f"{sid}.keys", cache=cache, record=rec)
+                                  keys=d / f"{sid}.keys", cache=cache, record=rec, overrides=sets)
     return found
 
 # %% ../nbs/20_plan.ipynb #p008
@@ -89,6 +91,8 @@ def price_keys(keys_path: Path,  # a key log (one request key a line; repeats al
     return out
 
 # %% ../nbs/20_plan.ipynb #p010
+STAND_IN_KEYS = ("models", "judge_model", "judge_url", "model")  # --set keys that name stand-ins, not sizes
+
 def plan(profile: str = "full",  # profile the run will use
          only: str | None = None,  # artefact glob patterns, as for `kgrag reproduce --only`
          model: str = DEFAULT_PLAN_MODEL,  # model the run will use (cache keys)
@@ -111,7 +115,10 @@ def plan(profile: str = "full",  # profile the run will use
         else:
             p = price_keys(rec["keys"], rec["cache"], cfg.llm_cache_path, model)
             kind = "exact" if s.id in EXACT_PROMPTS else "estimate"
-            row.update(basis=kind + ("" if rec["complete"] else " (rehearsal incomplete)"), rehearsal=rec["run_id"],
+            sets = {k: v for k, v in rec.get("overrides", {}).items() if k not in STAND_IN_KEYS}
+            kind += "".join(f" ({x})" for x in ["rehearsal incomplete"] * (not rec["complete"]) + [
+                "--set " + ", ".join(f"{k}={v}" for k, v in sets.items())] * bool(sets))  # reduced or substituted: not the profile as is
+            row.update(basis=kind, rehearsal=rec["run_id"],
                        requests=p["requests"], other_models=p["other_models"], prompt_tokens=p["prompt_tokens"],
                        completion_tokens_max=p["completion_tokens_max"], in_cache=p["in_cache"],
                        to_send=p["requests"] - p["in_cache"], gpu_hours=round(gpu_hours(p["to_send_tokens_max"], throughput, replicas), 4))
@@ -182,7 +189,8 @@ def rehearsal_table(run_ids: list[str], cfg: Config | None = None) -> tuple[pd.D
                 rec = next((json.loads(f.read_text()) for f in (d / f"{sid}.json", d / f"{sid}.usage.json") if f.exists()), {})
                 e, st, u = entries.get(sid, {}), rec.get("stages") or [], rec.get("usage") or {}
                 executed = run_dir / "notebooks" / ("experiments/" if folder == "experiments" else "") / f"{sid}.ipynb"
-                status = e.get("status") or ("stopped (wall limit)" if man.get("status") != "finished" else "unknown")
+                status = e.get("status") or ("done before the run was stopped" if (d / f"{sid}.json").exists() else
+                                             "stopped (wall limit)" if man.get("status") != "finished" else "unknown")
                 slow = max(st, key=lambda s: s["wall_s"]) if st else None
                 wall = e.get("wall_s")
                 if wall is None: wall = _executed_wall(executed) or round(sum(s["wall_s"] for s in st), 1)

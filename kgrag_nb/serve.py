@@ -267,8 +267,10 @@ def stub_reply(prompt: str,  # the prompt (chat: the messages' contents joined b
                stop: str | list | None = None) -> tuple[str, str]:  # stop sequences
     "The stub's `(answer, finish_reason)`: 1-6 words of the prompt chosen by a generator seeded with the request, a"
     " leading space, at most `max_tokens` stub tokens, cut before the first stop sequence. A prompt that offers"
-    " True/False (or Yes/No) is answered ` True` (` Yes`): gates such as knowledge probing open, so a rehearsal sends"
-    " every later request (an upper bound on what a model's answers would trigger)."
+    " True/False (or Yes/No in any case, also 'yes/no') is answered ` True` (` Yes`): gates such as knowledge probing open, so a rehearsal sends"
+    " every later request (an upper bound on what a model's answers would trigger). A few-shot prompt that ends with"
+    " `Output:` after examples `Output: <JSON object or list>` is answered with its last example's JSON (so that JSON"
+    " parsers downstream read features and later stages run, e.g. Chain-of-Evidence App. A)."
     budget = 16 if max_tokens is None else int(max_tokens)
     if budget < 1: raise ValueError(f"max_tokens={max_tokens}: ask for at least 1 token")
     words = re.findall(r"\w+", prompt) or ["none"]
@@ -276,6 +278,9 @@ def stub_reply(prompt: str,  # the prompt (chat: the messages' contents joined b
     text = " " + " ".join(rng.choice(words) for _ in range(rng.randint(1, 6)))
     for yes, no in (("True", "False"), ("Yes", "No")):
         if re.search(rf"\b{yes}\b", prompt) and re.search(rf"\b{no}\b", prompt): text = f" {yes}"; break
+    if re.search(r"\byes[\"']?\s*(?:/|or)\s*[\"']?no\b", prompt, flags=re.I): text = " Yes"  # also 'yes/no', '"yes" or "no"'
+    shots = re.findall(r"^Output: *([\[{].*[\]}]) *$", prompt, flags=re.M) if prompt.rstrip().endswith("Output:") else []
+    if shots: text = " " + shots[-1]
     finish = "stop"
     if stub_tokens(text) > budget: text, finish = text[:4 * budget], "length"
     for s in ([stop] if isinstance(stop, str) else stop or []):

@@ -27,6 +27,7 @@ def test_stub_reply_properties(prompt, max_tokens, seed, stop):
     assert (text, finish) == stub_reply(prompt, max_tokens, seed, 0.7, stop)  # deterministic
     assert finish in ("stop", "length") and len(text) <= 4 * max_tokens
     words = (set(__import__("re").findall(r"\w+", prompt)) or {"none"}) | {"True", "Yes"}
+    if prompt.rstrip().endswith("Output:") and "\nOutput: " in prompt: assert text.strip() in prompt; return  # few-shot JSON rule
     assert all(w in words or any(w in v for v in words) for w in text.split())  # pieces of the prompt's words only
     assert not any(s in text for s in stop or [])
 
@@ -35,6 +36,18 @@ def test_true_false_and_yes_no_prompts_open_the_gate():
     assert stub_reply("Claim: Paris is in France. True or False?", 8, 1)[0] == " True"
     assert stub_reply("Answer Yes or No.", 8)[0] == " Yes"
     assert stub_reply("Trueish falsehood", 8, 2)[0] != " True"  # whole words only
+    assert stub_reply('Please output only "yes" or "no".\nOutput:', 3)[0] == " Yes"
+    assert stub_reply("Answer with only yes/no.", 3)[0] == " Yes"
+    assert stub_reply("yesterday nobody came", 8, 2)[0] != " Yes"
+
+
+def test_few_shot_json_prompts_get_the_last_example():
+    p = 'Question: a?\nOutput: { "Intent": "x", "Keywords": ["a"] }\n\nQuestion: b?\nOutput: []\nQuestion: c?\nOutput:'
+    assert stub_reply(p, 48, 0, 0.0, ["\n"]) == (" []", "stop")
+    p2 = p.replace("Output: []\n", "")
+    assert stub_reply(p2, 48, 0, 0.0, ["\n"]) == (' { "Intent": "x", "Keywords": ["a"] }', "stop")
+    assert stub_reply(p2, 3, 0)[1] == "length"  # the budget still cuts it
+    assert "Intent" not in stub_reply(p2 + " Answer", 48, 0)[0]  # only when the prompt ends with the cue
 
 
 def test_client_completions_are_the_stub_rule_and_counted(stub, tmp_path):
