@@ -56,6 +56,7 @@ class Config:
     embedded_n_ctx: int = 2048  # context window (tokens) of the embedded llama.cpp server
     embedder: str = DEFAULT_EMBEDDER  # sentence-transformers model name or path
     embed_device: str = "cpu"  # torch device of the sentence embedders: cpu, or cuda on a GPU node (millions of texts at full size)
+    embed_threads: int = 0  # torch CPU threads while embedding; 0 = auto: the cores the load average leaves free (at least 1)
 
     def __post_init__(self):
         if self.profile not in PROFILES:
@@ -103,6 +104,7 @@ def get_config(**overrides) -> Config:
         max_concurrency=env_int("KGRAG_MAX_CONCURRENCY", 8), embedded_port=env_int("KGRAG_EMBEDDED_PORT", 8765),
         embedded_n_ctx=env_int("KGRAG_EMBEDDED_N_CTX", 2048),
         embedder=env("KGRAG_EMBEDDER", DEFAULT_EMBEDDER), embed_device=env("KGRAG_EMBED_DEVICE", "cpu"),
+        embed_threads=env_int("KGRAG_EMBED_THREADS", 0),
     )
     unknown = set(overrides) - set(values) - {"api_key_env", "embedded_host"}
     if unknown: raise TypeError(f"get_config: unknown setting(s) {sorted(unknown)}; known: {sorted(values)}")

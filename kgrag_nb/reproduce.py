@@ -669,6 +669,7 @@ def config_environment(cfg: Config, llm_url: str | None = None, model: str | Non
     values = {"KGRAG_HOME": cfg.root, "KGRAG_DATA": cfg.data_dir, "KGRAG_CACHE": cfg.cache_dir, "KGRAG_RUNS": cfg.runs_dir,
               "KGRAG_FIGURES": cfg.figures_dir, "KGRAG_LLM_CACHE_MODE": cfg.llm_cache_mode,
               "KGRAG_MAX_CONCURRENCY": cfg.max_concurrency, "KGRAG_EMBEDDED_PORT": cfg.embedded_port, "KGRAG_EMBEDDER": cfg.embedder, "KGRAG_EMBED_DEVICE": cfg.embed_device,
+              "KGRAG_EMBED_THREADS": cfg.embed_threads,
               "KGRAG_PROGRESS_STREAM": "terminal"}  # LLM progress bars inside notebooks show in the runner's terminal
     if llm_url: values["KGRAG_LLM_URL"] = llm_url
     if model: values["KGRAG_MODEL"] = model

@@ -17,8 +17,9 @@ from tqdm.auto import tqdm
 from .config import get_config, Config, DEFAULT_EMBEDDER
 
 # %% auto #0
-__all__ = ['DENSE_KINDS', 'DEFAULT_NPROBE', 'default_embedder_path', 'load_embedder', 'embedder_name', 'EmbeddingCache', 'embed',
-           'DenseIndex', 'default_tokenizer', 'BM25Index', 'md5_key', 'md5_dedup', 'Retriever']
+__all__ = ['DENSE_KINDS', 'DEFAULT_NPROBE', 'default_embedder_path', 'load_embedder', 'embedder_name', 'EmbeddingCache',
+           'auto_threads', 'encode_threads', 'torch_threads', 'embed', 'DenseIndex', 'default_tokenizer', 'BM25Index',
+           'md5_key', 'md5_dedup', 'Retriever']
 
 # %% ../nbs/05_retrieval.ipynb #c006
 _EMBEDDERS: dict = {}  # (name, device) -> loaded SentenceTransformer; one load per name and process
@@ -108,17 +109,36 @@ class EmbeddingCache:
         con.execute("CREATE TABLE IF NOT EXISTS emb (key TEXT PRIMARY KEY, vec BLOB NOT NULL)")
         return con
 
-    def get(self, keys: Sequence[str], dim: int) -> dict:
-        "The cached vectors among `keys`, as {key: float32 array}."
-        if not self.path.exists() or not keys: return {}
-        found, keys = {}, list(keys)
+    def read_into(self, keys: Sequence[str],  # sha1 keys (distinct)
+                  out: np.ndarray) -> np.ndarray:  # (len(keys), dim) float32, filled where found
+        "Copy the cached vectors of `keys` into the rows of `out`; a boolean array says which keys were found."
+        found, keys = np.zeros(len(keys), bool), list(keys)
+        if not self.path.exists() or not keys: return found
+        pos, dim = {k: i for i, k in enumerate(keys)}, out.shape[1]
         with contextlib.closing(self._connect()) as con:
             for i in range(0, len(keys), 500):
                 part = keys[i:i + 500]
-                rows = con.execute(f"SELECT key, vec FROM emb WHERE key IN ({','.join('?' * len(part))})", part)
-                for k, blob in rows:
-                    if len(blob) == 4 * dim: found[k] = np.frombuffer(blob, dtype=np.float32)
+                for k, blob in con.execute(f"SELECT key, vec FROM emb WHERE key IN ({','.join('?' * len(part))})", part):
+                    if len(blob) == 4 * dim: j = pos[k]; out[j] = np.frombuffer(blob, dtype=np.float32); found[j] = True
         return found
+
+    def has(self, keys: Sequence[str]) -> np.ndarray:
+        "Which of `keys` have a stored vector (a boolean array; no vector is read)."
+        found, keys = np.zeros(len(keys), bool), list(keys)
+        if not self.path.exists() or not keys: return found
+        pos = {}
+        for i, k in enumerate(keys): pos.setdefault(k, []).append(i)
+        with contextlib.closing(self._connect()) as con:
+            for i in range(0, len(keys), 500):
+                part = keys[i:i + 500]
+                for (k,) in con.execute(f"SELECT key FROM emb WHERE key IN ({','.join('?' * len(part))})", part): found[pos[k]] = True
+        return found
+
+    def get(self, keys: Sequence[str], dim: int) -> dict:
+        "The cached vectors among `keys`, as {key: float32 array}."
+        keys = list(keys); out = np.empty((len(keys), dim), np.float32)
+        found = self.read_into(keys, out)
+        return {k: out[i] for i, k in enumerate(keys) if found[i]}
 
     def put(self, keys: Sequence[str], vectors: np.ndarray):
         "Store `vectors` (one row per key) in one transaction."
@@ -138,6 +158,36 @@ def _check_texts(texts, what="texts") -> list[str]:
     if bad: raise TypeError(f"{what}[{bad[0]}] is {type(texts[bad[0]]).__name__}, not str; convert it with str() or drop it")
     return texts
 
+def auto_threads(cores: int,  # threads torch would use on its own (its default: the machine's cores)
+                 load: float,  # 1-minute load average (runnable processes, other jobs included)
+                ) -> int:
+    "CPU threads for encoding: the cores the load leaves free (load rounded half up), at least 1 and at most `cores`."
+    if cores < 1: raise ValueError(f"cores={cores} must be >= 1")
+    return max(1, min(cores, cores - math.floor(max(float(load), 0.0) + 0.5)))
+
+_TORCH_DEFAULT_THREADS: list = []  # torch's own intra-op thread count, read once before any change here
+
+def encode_threads(cfg: Config | None = None) -> int:
+    "torch threads for CPU encoding: `cfg.embed_threads` (KGRAG_EMBED_THREADS) when > 0, else `auto_threads` of torch's default and the load."
+    cfg = cfg or get_config()
+    if cfg.embed_threads < 0: raise ValueError(f"embed_threads={cfg.embed_threads} must be >= 0 (0 = auto); fix KGRAG_EMBED_THREADS")
+    if cfg.embed_threads: return cfg.embed_threads
+    import torch
+    if not _TORCH_DEFAULT_THREADS: _TORCH_DEFAULT_THREADS.append(torch.get_num_threads())
+    try: load = os.getloadavg()[0]
+    except (OSError, AttributeError): return _TORCH_DEFAULT_THREADS[0]  # no load average on this platform
+    return auto_threads(_TORCH_DEFAULT_THREADS[0], load)
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    "Run the block with `n` torch intra-op threads, then restore the previous count."
+    import torch
+    old = torch.get_num_threads()
+    if n != old: torch.set_num_threads(n)
+    try: yield
+    finally:
+        if n != old: torch.set_num_threads(old)
+
 def embed(texts: Sequence[str],  # texts to embed
           embedder=None,  # a loaded SentenceTransformer, a model name, or None = `load_embedder()`
           cache_dir: Path | str | bool | None = None,  # cache folder; None = `cfg.cache_dir/"embeddings"`; False = no cache
@@ -145,31 +195,38 @@ def embed(texts: Sequence[str],  # texts to embed
           normalize: bool = True,  # L2-normalise (cosine similarity = inner product)
           progress: bool | None = None,  # tqdm bar; None = only when more than 1,000 texts must be encoded
           chunk_size: int = 2048,  # texts encoded (and committed to the cache) per step
+          threads: int | None = None,  # torch CPU threads while encoding; None = `encode_threads()`; unused on a GPU
          ) -> np.ndarray:
-    "Embeddings of `texts` as a float32 array (len(texts), dim); cached vectors are read, only new texts are encoded."
+    "Embeddings of `texts` as a float32 array (len(texts), dim): each distinct text is read from the cache or encoded once, in batches."
     texts = _check_texts(texts)
     model = load_embedder(embedder) if embedder is None or isinstance(embedder, (str, os.PathLike)) else embedder
     dim = _embedding_dim(model)
     if not texts: return np.zeros((0, dim), np.float32)
     keys = [_text_key(t) for t in texts]
+    uniq = list(dict.fromkeys(keys))  # distinct texts, first occurrence order
+    out = np.empty((len(uniq), dim), np.float32)  # filled in place: no second copy of a large corpus
     store = None if cache_dir is False else EmbeddingCache(
         get_config().cache_dir / "embeddings" if cache_dir in (None, True) else cache_dir, embedder_name(model), normalize)
-    found = store.get(list(dict.fromkeys(keys)), dim) if store is not None else {}
-    todo = {k: t for k, t in zip(keys, texts) if k not in found}  # unique missing texts, first occurrence order
-    if todo:
-        items = list(todo.items())
-        bar = tqdm(total=len(items), desc=f"embedding ({embedder_name(model)})", unit="text",
-                   disable=not (progress if progress is not None else len(items) > 1000))
-        for i in range(0, len(items), chunk_size):
-            part = items[i:i + chunk_size]
-            vecs = model.encode([t for _, t in part], batch_size=batch_size, normalize_embeddings=normalize,
-                                convert_to_numpy=True, show_progress_bar=False)
-            vecs = np.asarray(vecs, dtype=np.float32).reshape(len(part), dim)
-            if store is not None: store.put([k for k, _ in part], vecs)
-            found.update({k: v for (k, _), v in zip(part, vecs)})
-            bar.update(len(part))
+    found = store.read_into(uniq, out) if store is not None else np.zeros(len(uniq), bool)
+    todo = np.flatnonzero(~found)
+    if len(todo):
+        text_of = dict(zip(keys, texts))
+        bar = tqdm(total=len(todo), desc=f"embedding ({embedder_name(model)})", unit="text",
+                   disable=not (progress if progress is not None else len(todo) > 1000))
+        on_cpu = getattr(getattr(model, "device", None), "type", "cpu") == "cpu"
+        with torch_threads(threads or encode_threads()) if on_cpu else contextlib.nullcontext():
+            for i in range(0, len(todo), chunk_size):
+                part = todo[i:i + chunk_size]
+                vecs = model.encode([text_of[uniq[j]] for j in part], batch_size=batch_size, normalize_embeddings=normalize,
+                                    convert_to_numpy=True, show_progress_bar=False)
+                out[part] = np.asarray(vecs, dtype=np.float32).reshape(len(part), dim)
+                if store is not None: store.put([uniq[j] for j in part], out[part])
+                bar.update(len(part))
         bar.close()
-    return np.stack([found[k] for k in keys]).astype(np.float32, copy=False)
+    if len(uniq) == len(keys): return out
+    row = {k: i for i, k in enumerate(uniq)}
+    return out[[row[k] for k in keys]]
+
 
 # %% ../nbs/05_retrieval.ipynb #c019
 DENSE_KINDS = ("flat_ip", "flat_l2", "ivf_flat")

@@ -9,7 +9,7 @@ from sentence_transformers import SentenceTransformer
 
 from kgrag_nb.config import get_config, DEFAULT_EMBEDDER
 from kgrag_nb.retrieval import (load_embedder, default_embedder_path, embed, EmbeddingCache, DenseIndex, BM25Index,
-                                default_tokenizer, md5_dedup, md5_key, Retriever)
+                                default_tokenizer, md5_dedup, md5_key, Retriever, auto_threads, encode_threads, _text_key)
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +94,71 @@ def test_cache_survives_interruption(tmp_path, counting_model):
     out = embed(texts, counting_model, cache_dir=tmp_path, chunk_size=2)
     assert counting_model.encoded == 4  # only the unfinished texts
     np.testing.assert_allclose(out, embed(texts, cache_dir=False), atol=1e-5)  # batching changes only rounding
+
+
+def test_text_key_hand_values():
+    # sha1 of the UTF-8 bytes (FIPS 180 test vectors for "" and "abc")
+    assert _text_key("") == "da39a3ee5e6b4b0d3255bfef95601890afd80709"
+    assert _text_key("abc") == "a9993e364706816aba3e25717850c26c9cd0d89d"
+    assert _text_key("é") == "bf15be717ac1b080b4f1c456692825891ff5073d"  # the UTF-8 bytes c3 a9, not latin-1
+    assert _text_key("abc ") != _text_key("abc")  # no normalisation: whitespace is part of the text
+
+
+@given(st.text(max_size=40), st.text(max_size=40))
+@settings(max_examples=200, deadline=None)
+def test_text_key_properties(a, b):
+    ka = _text_key(a)
+    assert re.fullmatch(r"[0-9a-f]{40}", ka) and ka == _text_key(a)
+    assert (ka == _text_key(b)) == (a == b)
+
+
+def test_cache_file_keyed_by_model_and_normalisation(tmp_path):
+    a, b = EmbeddingCache(tmp_path, "org/model-a", True), EmbeddingCache(tmp_path, "org/model-b", True)
+    c = EmbeddingCache(tmp_path, "org/model-a", False)
+    assert len({a.path, b.path, c.path}) == 3 and a.path == EmbeddingCache(tmp_path, "org/model-a", True).path
+    assert a.path.name.startswith("org_model-a-") and a.path.name.endswith("-norm1.sqlite") and c.path.name.endswith("-norm0.sqlite")
+    v = np.arange(8, dtype=np.float32).reshape(2, 4)
+    a.put(["k1", "k2"], v)
+    out = np.zeros((3, 4), np.float32)
+    assert a.read_into(["k2", "missing", "k1"], out).tolist() == [True, False, True]
+    assert np.array_equal(out[[0, 2]], v[::-1]) and not out[1].any()
+    assert b.read_into(["k1"], out[:1]).tolist() == [False]  # another model's file
+    assert set(a.get(["k1", "k3"], 4)) == {"k1"} and a.get(["k1"], 5) == {}  # a vector of the wrong size is not used
+    assert a.has(["k1", "k3", "k2", "k1"]).tolist() == [True, False, True, True] and not b.has(["k1"]).any()
+
+
+def test_auto_threads_hand_values_and_override():
+    assert [auto_threads(2, l) for l in (0.0, 0.49, 0.5, 1.49, 1.5, 6.7)] == [2, 2, 1, 1, 1, 1]
+    assert auto_threads(16, 3.2) == 13 and auto_threads(16, 0.1) == 16 and auto_threads(1, 0.0) == 1
+    with pytest.raises(ValueError, match="cores=0"): auto_threads(0, 0.0)
+    assert encode_threads(get_config(embed_threads=3)) == 3
+    with pytest.raises(ValueError, match="KGRAG_EMBED_THREADS"): encode_threads(get_config(embed_threads=-2))
+
+
+@given(st.integers(1, 256), st.floats(0, 1000), st.floats(0, 1000))
+def test_auto_threads_properties(cores, l1, l2):
+    lo, hi = sorted((l1, l2))
+    assert 1 <= auto_threads(cores, hi) <= auto_threads(cores, lo) <= cores
+
+
+def test_thread_count_changes_only_rounding(tmp_path, counting_model):
+    import torch
+    texts = [f"Film number {i}, film genre, drama" for i in range(40)]
+    before = torch.get_num_threads()
+    one = embed(texts, counting_model, cache_dir=False, threads=1)
+    assert torch.get_num_threads() == before  # restored
+    two = embed(texts, counting_model, cache_dir=tmp_path, threads=2, batch_size=7, chunk_size=9)
+    np.testing.assert_allclose(one, two, atol=1e-5)
+    assert np.array_equal(embed(texts + texts[:3], counting_model, cache_dir=tmp_path), np.concatenate([two, two[:3]]))
+
+
+def test_bench_embed_small(tmp_path):
+    from kgrag_nb.bench import bench_embed, full_difar_texts
+    r = bench_embed(n=24, rounds=1, project=False)
+    assert r["texts"] == 24 and r["max_abs_diff"] < 1e-5 and r["threads_after"] >= 1 and r["before_texts_per_s"] > 0
+    rows = full_difar_texts(get_config(cache_dir=tmp_path), profile="tiny")  # an empty cache: everything to encode
+    assert [x["dataset"] for x in rows] == ["cwq"] and rows[0]["cached"] == 0
+    assert 0 < rows[0]["to_encode"] == rows[0]["new_texts"] == rows[0]["distinct_texts"] <= rows[0]["triples"] <= 200
 
 
 # --- dense indexes ---------------------------------------------------------------------------------------------------

@@ -199,6 +199,34 @@ def test_difar_real_faiss(emb):
         DiFaR(CHAIN.subgraph([]), emb, cache_dir=False)
 
 
+def test_difar_batched_cached_same_neighbours_as_per_text(emb, tmp_path, monkeypatch):
+    "DiFaR's batched, thread-set, cached embedding vs the naive path (one encode call per triple)."
+    from kgrag_nb.datasets import load_kg
+    from kgrag_nb.retrieval import torch_threads
+    full = load_kg("fb15k237")
+    kg = full.subgraph(np.arange(0, full.num_triples, 3000), name="slice")  # 104 real FB15k-237 triples
+    texts = kg.verbalize()
+    one = lambda t: emb.encode([t], normalize_embeddings=True, convert_to_numpy=True)[0]
+    with torch_threads(1):  # one thread: per-call overhead on the loaded machine stays small
+        ref = np.stack([one(t) for t in texts]).astype(np.float32)
+        queries = ["Who directed the film?", "Which country is Paris in?", "award nominations", "music genre of the band",
+                   "Where was the actor born?", "university educational institution", "sports team position", texts[7]]
+        scores = np.stack([one(q) for q in queries]) @ ref.T
+    for threads, cache in (("2", "cold"), ("1", "warm")):  # warm: every vector read back from the on-disk cache
+        monkeypatch.setenv("KGRAG_EMBED_THREADS", threads)
+        d = DiFaR(kg, emb, cache_dir=tmp_path)
+        np.testing.assert_allclose(d.retriever.index.index.reconstruct_n(0, kg.num_triples), ref, atol=1e-5)
+        untied = 0
+        for q, hits, row in zip(queries, d.search(queries, k=3), scores):
+            best = np.sort(row)[::-1]
+            np.testing.assert_allclose([h["score"] for h in hits], best[:3], atol=1e-5)
+            np.testing.assert_allclose([row[h["triple"]] for h in hits], best[:3], atol=1e-5)  # the same triples, up to ties
+            if np.all(np.diff(best[:4]) < -1e-4):  # no near-tie in the top 4: the exact ids must match
+                untied += 1
+                assert [h["triple"] for h in hits] == list(np.argsort(-row, kind="stable")[:3]), q
+        assert untied >= 4, untied
+
+
 @pytest.mark.parametrize("mode", ["distinct", "faithful"])
 def test_relation_candidates(emb, mode):
     rr = RelationRetriever(CHAIN, mode, emb, cache_dir=False)
