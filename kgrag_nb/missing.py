@@ -11,6 +11,7 @@ from typing import Sequence
 from urllib.parse import urlparse
 
 import jieba, pyCMeKG
+from sacrebleu.metrics import BLEU
 import numpy as np, pandas as pd
 from matplotlib.figure import Figure
 
@@ -771,7 +772,6 @@ def bleu_resamples(predictions: Sequence[str], references: Sequence[str], level:
                    index_sets: Sequence = ()) -> list[dict[str, float]]:  # one index array per resample
     "`corpus_bleu` of every resample from per-sentence n-gram statistics tokenised and counted ONCE (sacrebleu's own"
     " sufficient statistics, summed per resample): the same numbers, without re-scoring the texts per bootstrap draw."
-    from sacrebleu.metrics import BLEU  # heavy
     if level == "word":
         j = lambda s: " ".join(jieba_words(s))
         P, R, tok = [j(x) for x in predictions], [j(x) for x in references], "none"
