@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_config.ipynb #c002
 from __future__ import annotations
-import os, re
+import os, re, tempfile
 from dataclasses import dataclass, asdict, replace, field
 from pathlib import Path
 
@@ -45,6 +45,7 @@ class Config:
     cache_dir: Path  # LLM response cache, embeddings, downloads
     runs_dir: Path  # one folder per reproduction run
     figures_dir: Path  # figures and tables of the papers
+    server_state_dir: Path  # which process started each local server (per port): machine-wide, like the ports
     profile: str = "smoke"  # `smoke` (CPU, minutes) or `full` (GPU endpoint)
     llm_url: str | None = None  # OpenAI-compatible base URL, e.g. http://host:8000/v1; None = embedded server
     model: str | None = None  # model name; None = the one the server reports
@@ -99,6 +100,7 @@ def get_config(**overrides) -> Config:
         root=root, data_dir=default_data_dir(root),
         cache_dir=Path(env("KGRAG_CACHE", root / ".cache")), runs_dir=Path(env("KGRAG_RUNS", root / "runs")),
         figures_dir=Path(env("KGRAG_FIGURES", root / "figures")), profile=env("KGRAG_PROFILE", "smoke"),
+        server_state_dir=Path(env("KGRAG_SERVER_STATE", Path(tempfile.gettempdir()) / f"kgrag-{os.getuid()}" / "servers")),
         llm_url=env("KGRAG_LLM_URL") or None, model=env("KGRAG_MODEL") or None,
         llm_cache_mode=env("KGRAG_LLM_CACHE_MODE", "live"),
         max_concurrency=env_int("KGRAG_MAX_CONCURRENCY", 8), embedded_port=env_int("KGRAG_EMBEDDED_PORT", 8765),
@@ -109,5 +111,5 @@ def get_config(**overrides) -> Config:
     unknown = set(overrides) - set(values) - {"api_key_env", "embedded_host"}
     if unknown: raise TypeError(f"get_config: unknown setting(s) {sorted(unknown)}; known: {sorted(values)}")
     values.update({k: v for k, v in overrides.items() if v is not None})
-    for k in ("data_dir", "cache_dir", "runs_dir", "figures_dir"): values[k] = Path(values[k])
+    for k in ("data_dir", "cache_dir", "runs_dir", "figures_dir", "server_state_dir"): values[k] = Path(values[k])
     return Config(**values)

@@ -103,7 +103,7 @@ class EmbeddedServer:
         except OSError: return "(no log)"
 
 # %% ../nbs/04_serve.ipynb #c011a
-def _state_path(cfg: Config, port: int) -> Path: return cfg.cache_dir / "servers" / f"{int(port)}.json"
+def _state_path(cfg: Config, port: int) -> Path: return cfg.server_state_dir / f"{int(port)}.json"
 
 def _pid_alive(pid) -> bool:
     "True when a process with this pid exists (and is not a zombie)."

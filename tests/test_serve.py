@@ -146,6 +146,24 @@ def test_a_second_run_never_adopts_a_server_another_live_run_owns(tmp_path):
 
 
 @pytest.mark.llm
+def test_a_run_with_another_cache_folder_never_adopts_a_server_another_live_run_owns(tmp_path):
+    # ports are machine-wide, so is the state that says who owns a server: with the state inside the cache folder the
+    # second run took the first run's server for a hand-started one, reused it and failed when the first run ended
+    pytest.importorskip("llama_cpp.server")
+    port = free_port()
+    owner, first_pid = _owner(tmp_path / "cache_a", port)
+    try:
+        second = EmbeddedServer(get_config(cache_dir=tmp_path / "cache_b"), port=port).start()
+        try:
+            assert not second.reused and second.port != port and second.proc.pid != first_pid
+            owner.stdin.close(); owner.wait(60)
+            assert _gone(first_pid) and served_models(second.url) == [EMBEDDED_MODEL_ALIAS]
+        finally: second.stop()
+    finally:
+        if owner.poll() is None: owner.kill()
+
+
+@pytest.mark.llm
 def test_the_server_dies_with_its_owner_even_on_sigkill(tmp_path):
     pytest.importorskip("llama_cpp.server")
     owner, server_pid = _owner(tmp_path, free_port())
@@ -160,7 +178,7 @@ def test_an_orphan_server_is_stopped_and_replaced(tmp_path):
     orphan = EmbeddedServer(cfg, port=port).start()
     dead = subprocess.Popen(["true"]); dead.wait()  # a pid that no longer exists: the orphan's "owner"
     state = server_state(cfg, port); state["owner_pid"] = dead.pid
-    (tmp_path / "servers" / f"{port}.json").write_text(json.dumps(state))
+    (cfg.server_state_dir / f"{port}.json").write_text(json.dumps(state))
     fresh = EmbeddedServer(cfg, port=port)
     try:
         fresh.start()
