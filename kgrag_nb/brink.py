@@ -12,10 +12,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
+from tqdm.auto import tqdm
 
 from . import __version__
 from .hooks import evaluator
 from .kg import KG
+from .llm import progress_stream
 from .rules import groundings  # rules, then brink, then brink_methods: the BRINK study's modules in order
 from .metrics import bootstrap_ci, bootstrap_ratio_ci, brink_normalize, brink_per_question, hard_hits_rate, permissive_scores
 
@@ -60,7 +62,8 @@ def select_removals(kg: KG,  # the complete KG
     groundings_fn = groundings_fn or groundings
     if int(per_rule) < 1: raise ValueError(f"per_rule={per_rule}: use 1 or more (BRINK §3.2 uses 30)")
     removed, protected, out = set(), set(), []
-    for i, rule in enumerate(rules):
+    bar = tqdm(rules, desc="BRINK removals (rules)", disable=len(rules) < 200, file=progress_stream())  # FB15k-237 at full: 27k rules, minutes
+    for i, rule in enumerate(bar):
         cands = list(groundings_fn(kg, rule, limit=candidates, seed=seed + i, head_present=True))
         taken = 0
         for j in np.random.default_rng([seed, i]).permutation(len(cands)):
