@@ -15,6 +15,7 @@ from bm25s.stopwords import STOPWORDS_EN
 from tqdm.auto import tqdm
 
 from .config import get_config, Config, DEFAULT_EMBEDDER
+from .llm import progress_stream  # the bar goes where `kgrag reproduce` shows progress
 
 # %% auto #0
 __all__ = ['DENSE_KINDS', 'DEFAULT_NPROBE', 'default_embedder_path', 'load_embedder', 'embedder_name', 'EmbeddingCache',
@@ -211,7 +212,7 @@ def embed(texts: Sequence[str],  # texts to embed
     todo = np.flatnonzero(~found)
     if len(todo):
         text_of = dict(zip(keys, texts))
-        bar = tqdm(total=len(todo), desc=f"embedding ({embedder_name(model)})", unit="text",
+        bar = tqdm(total=len(todo), desc=f"embedding ({embedder_name(model)})", unit="text", file=progress_stream(),
                    disable=not (progress if progress is not None else len(todo) > 1000))
         on_cpu = getattr(getattr(model, "device", None), "type", "cpu") == "cpu"
         with torch_threads(threads or encode_threads()) if on_cpu else contextlib.nullcontext():
