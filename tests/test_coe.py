@@ -372,3 +372,16 @@ def test_discrimination_rates_direction():
                       [("CoE", True), ("CoE", False), ("SenP", False), ("SenP", False), ("WordP", True), ("WordP", True)]])
     r = coe.discrimination_rates(j).set_index("variant")["rate"].to_dict()
     assert r == {"CoE": 50.0, "SenP": 100.0, "WordP": 0.0}
+
+
+def test_rebuild_summary_states_both_denominators():
+    # 4 candidates: 2 accepted, 1 rejected, 1 with unreadable features (no verdict). The paper's 676/1,000 (§4.1)
+    # divides by candidates: 2/4 = 50 %; among readable verdicts it is 2/3
+    df = pd.DataFrame(dict(is_coe=[True, True, False, None], features_ok=[True, True, True, False],
+                           senp_status=["ok", "nothing left", None, None], wordp_status=["ok", "ok", None, None],
+                           wordp_is_coe=[False, True, None, None], CoE=["A. B.", "C. D. E.", "F.", "G."],
+                           SenP=["A.", None, None, None]))
+    s = coe.rebuild_summary(df)
+    assert s["records"] == 4 and s["CoE accepted"] == 2 and s["features unreadable"] == 1
+    assert s["acceptance % of candidates"] == 50.0 and abs(s["acceptance % of verdicts"] - 200 / 3) < 1e-9
+    assert s["SenP ok"] == 1 and s["SenP cannot be perturbed"] == 1 and s["WordP rejected (Non-CoE)"] == 1
