@@ -270,7 +270,9 @@ def stub_reply(prompt: str,  # the prompt (chat: the messages' contents joined b
     " True/False (or Yes/No in any case, also 'yes/no') is answered ` True` (` Yes`): gates such as knowledge probing open, so a rehearsal sends"
     " every later request (an upper bound on what a model's answers would trigger). A few-shot prompt that ends with"
     " `Output:` after examples `Output: <JSON object or list>` is answered with its last example's JSON (so that JSON"
-    " parsers downstream read features and later stages run, e.g. Chain-of-Evidence App. A)."
+    " parsers downstream read features and later stages run, e.g. Chain-of-Evidence App. A). A prompt that asks to"
+    " write or generate a question (e.g. BRINK App. D, which also says 'Do not ask a yes/no question') gets a question:"
+    " ` What is <words of the prompt>?`."
     budget = 16 if max_tokens is None else int(max_tokens)
     if budget < 1: raise ValueError(f"max_tokens={max_tokens}: ask for at least 1 token")
     words = re.findall(r"\w+", prompt) or ["none"]
@@ -281,6 +283,8 @@ def stub_reply(prompt: str,  # the prompt (chat: the messages' contents joined b
     if re.search(r"\byes[\"']?\s*(?:/|or)\s*[\"']?no\b", prompt, flags=re.I): text = " Yes"  # also 'yes/no', '"yes" or "no"'
     shots = re.findall(r"^Output: *([\[{].*[\]}]) *$", prompt, flags=re.M) if prompt.rstrip().endswith("Output:") else []
     if shots: text = " " + shots[-1]
+    if re.search(r"\b(?:generate|write)\s+(?:a|an|the|one)\s+(?:[\w-]+,?\s+){0,3}question\b", prompt, flags=re.I):
+        text = " What is " + " ".join(rng.choice(words) for _ in range(rng.randint(1, 4))) + "?"  # question generation
     finish = "stop"
     if stub_tokens(text) > budget: text, finish = text[:4 * budget], "length"
     for s in ([stop] if isinstance(stop, str) else stop or []):

@@ -28,6 +28,7 @@ def test_stub_reply_properties(prompt, max_tokens, seed, stop):
     assert finish in ("stop", "length") and len(text) <= 4 * max_tokens
     words = (set(__import__("re").findall(r"\w+", prompt)) or {"none"}) | {"True", "Yes"}
     if prompt.rstrip().endswith("Output:") and "\nOutput: " in prompt: assert text.strip() in prompt; return  # few-shot JSON rule
+    if text.startswith(" What is ") and text.endswith("?"): return  # question-generation rule
     assert all(w in words or any(w in v for v in words) for w in text.split())  # pieces of the prompt's words only
     assert not any(s in text for s in stop or [])
 
@@ -39,6 +40,20 @@ def test_true_false_and_yes_no_prompts_open_the_gate():
     assert stub_reply('Please output only "yes" or "no".\nOutput:', 3)[0] == " Yes"
     assert stub_reply("Answer with only yes/no.", 3)[0] == " Yes"
     assert stub_reply("yesterday nobody came", 8, 2)[0] != " Yes"
+
+
+def test_question_generation_prompts_get_a_question_that_brink_reads():
+    # BRINK App. D also says "Do not ask a yes/no question": before this rule the stub answered " Yes", no question
+    # parsed, and the full rehearsal's benchmark had no test question (brink_benchmarks failed its closing check)
+    from kgrag_nb.brink import QG_PROMPT, parse_question
+    p = QG_PROMPT.format(entity_h="4", predicate_T="wife_of", entity_t="9", topic_entity="9", answer_entity="4")
+    text, finish = stub_reply(p, 64, 0, 0.3)
+    assert text.startswith(" What is ") and parse_question(text) == text.strip() and finish == "stop"
+    assert stub_reply("Now, generate the question for:", 64)[0].endswith("?")
+    for other in ("Write one short factual-sounding sentence that answers the question with the given answer.",
+                  "you will generate 'I can not answer the question because of insufficient knowledge'",
+                  "please think step by step and generate new triples related to the current question"):
+        assert not stub_reply(other, 64, 1)[0].endswith("?")  # CoE and JCQL prompts keep the word rule
 
 
 def test_few_shot_json_prompts_get_the_last_example():
