@@ -4,7 +4,7 @@
 
 # %% ../nbs/05_retrieval.ipynb #c003
 from __future__ import annotations
-import contextlib, hashlib, json, math, os, re, sqlite3, warnings
+import contextlib, hashlib, json, math, os, re, sqlite3, time, warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -19,8 +19,8 @@ from .llm import progress_stream  # the bar goes where `kgrag reproduce` shows p
 
 # %% auto #0
 __all__ = ['DENSE_KINDS', 'DEFAULT_NPROBE', 'default_embedder_path', 'load_embedder', 'embedder_name', 'EmbeddingCache',
-           'auto_threads', 'encode_threads', 'torch_threads', 'embed', 'DenseIndex', 'default_tokenizer', 'BM25Index',
-           'md5_key', 'md5_dedup', 'Retriever']
+           'auto_threads', 'OwnLoad', 'encode_threads', 'torch_threads', 'embed', 'DenseIndex', 'default_tokenizer',
+           'BM25Index', 'md5_key', 'md5_dedup', 'Retriever']
 
 # %% ../nbs/05_retrieval.ipynb #c006
 _EMBEDDERS: dict = {}  # (name, device) -> loaded SentenceTransformer; one load per name and process
@@ -160,7 +160,7 @@ def _check_texts(texts, what="texts") -> list[str]:
     return texts
 
 def auto_threads(cores: int,  # threads torch would use on its own (its default: the machine's cores)
-                 load: float,  # 1-minute load average (runnable processes, other jobs included)
+                 load: float,  # 1-minute load average of the *other* processes (this one's own share taken out)
                 ) -> int:
     "CPU threads for encoding: the cores the load leaves free (load rounded half up), at least 1 and at most `cores`."
     if cores < 1: raise ValueError(f"cores={cores} must be >= 1")
@@ -168,8 +168,25 @@ def auto_threads(cores: int,  # threads torch would use on its own (its default:
 
 _TORCH_DEFAULT_THREADS: list = []  # torch's own intra-op thread count, read once before any change here
 
+class OwnLoad:
+    "This process's CPU use in cores' worth (all its threads) between looks at least `min_s` apart: its own share of"
+    " the load average. Without it, a process that embeds in many small calls saw its own threads in the load and"
+    " shrank to one thread even on an idle machine (measured: BRINK's k-NN retrieval, 301 texts a question)."
+    def __init__(self, min_s: float = 2.0):  # shorter gaps return the last value (too little CPU time to measure)
+        self.min_s, self.prev, self.last = min_s, None, 1.0
+
+    def __call__(self, now: float | None = None, cpu: float | None = None) -> float:  # clocks (tests pass their own)
+        now = time.monotonic() if now is None else now
+        cpu = time.process_time() if cpu is None else cpu
+        if self.prev is None: self.prev = (now, cpu); return self.last  # first look: the caller itself runs (1 core)
+        if now - self.prev[0] >= self.min_s:
+            self.last, self.prev = max(0.0, (cpu - self.prev[1]) / (now - self.prev[0])), (now, cpu)
+        return self.last
+
+_OWN_LOAD = OwnLoad()
+
 def encode_threads(cfg: Config | None = None) -> int:
-    "torch threads for CPU encoding: `cfg.embed_threads` (KGRAG_EMBED_THREADS) when > 0, else `auto_threads` of torch's default and the load."
+    "torch threads for CPU encoding: `cfg.embed_threads` (KGRAG_EMBED_THREADS) when > 0, else `auto_threads` of torch's default and the load of other processes."
     cfg = cfg or get_config()
     if cfg.embed_threads < 0: raise ValueError(f"embed_threads={cfg.embed_threads} must be >= 0 (0 = auto); fix KGRAG_EMBED_THREADS")
     if cfg.embed_threads: return cfg.embed_threads
@@ -177,7 +194,7 @@ def encode_threads(cfg: Config | None = None) -> int:
     if not _TORCH_DEFAULT_THREADS: _TORCH_DEFAULT_THREADS.append(torch.get_num_threads())
     try: load = os.getloadavg()[0]
     except (OSError, AttributeError): return _TORCH_DEFAULT_THREADS[0]  # no load average on this platform
-    return auto_threads(_TORCH_DEFAULT_THREADS[0], load)
+    return auto_threads(_TORCH_DEFAULT_THREADS[0], max(0.0, load - _OWN_LOAD()))  # other processes' load only
 
 @contextlib.contextmanager
 def torch_threads(n: int):

@@ -280,3 +280,16 @@ def test_retriever_on_real_passages(corpus, vectors):
     assert r.retrieve("who sings got my mind set on you", k=5)[0] == hits[0]
     ivf = Retriever(corpus, kind="ivf_flat", nprobe=25)  # every list probed: same top-5 as exact search
     assert [i for i, _, _ in ivf.retrieve("who sings got my mind set on you", k=5)[0]] == [i for i, _, _ in hits[0]]
+
+
+def test_own_load_hand_values_and_encode_threads_leaves_out_its_own_share(monkeypatch):
+    from kgrag_nb import retrieval
+    own = retrieval.OwnLoad(min_s=2)
+    assert [own(0, 0), own(1, 2), own(4, 8), own(5, 9), own(10, 11)] == [1.0, 1.0, 2.0, 2.0, 0.5]
+    # the load average counts this process too: with 2 cores, a load of 2.0 of which 2.0 is its own leaves 2 threads
+    monkeypatch.setattr(retrieval.os, "getloadavg", lambda: (2.0, 2.0, 2.0))
+    monkeypatch.setattr(retrieval, "_TORCH_DEFAULT_THREADS", [2])
+    monkeypatch.setattr(retrieval, "_OWN_LOAD", lambda: 2.0)
+    assert encode_threads(get_config(embed_threads=0)) == 2
+    monkeypatch.setattr(retrieval, "_OWN_LOAD", lambda: 1.0)  # another job holds one core
+    assert encode_threads(get_config(embed_threads=0)) == 1
