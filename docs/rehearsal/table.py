@@ -26,6 +26,7 @@ if __name__ == "__main__":
     (HERE / "rehearsal.md").write_text(
         "**Full-profile rehearsal against `kgrag serve stub` (TEST INSTRUMENT: answers are words of the prompt, not a "
         "language model), shared 2-core CPU machine, nice 19; runs `reh-coe-*`, `reh-misk*`: niced, under load, stub = "
-        "TEST INSTRUMENT, CoE at reduced `n_records` (see README)**\n\n" + markdown_table(shown, ".1f")
+        "TEST INSTRUMENT, CoE at reduced `n_records` (see README); runs `reh4-*` (fourth session): fresh clones, "
+        "2-3 rehearsals at once, CoE at full size, `reh4-brink4` with `label_modes=[\"private_id\"]`**\n\n" + markdown_table(shown, ".1f")
         + "\n\n**Stages (executed cells) of at least 5 s or with LLM requests**\n\n" + markdown_table(big, ".1f") + "\n")
     print(shown.to_string())
