@@ -284,7 +284,7 @@ def generate_questions(kg: KG,  # the complete KG
                        max_tokens: int = 64,  # tokens per generated question
                        chat: bool = False) -> list[dict]:  # send the App. D prompt as one chat user message
     "Fill `question` (None when the output has no question line) and `generation` (raw output) with the App. D prompt."
-    tris = kg.encode([rec["removed_triple"] for rec in records]) if records else np.empty((0, 3), np.int32)  # one lookup for all
+    tris = kg.encode([rec["removed_triple"] for rec in records])  # one lookup for all (an empty list gives (0, 3))
     prompts = [qg_prompt(kg, tri, rec["direction"] == "tail", mode, display_seed) for rec, tri in zip(records, tris)]
     kw = dict(temperature=BRINK_TEMPERATURE, max_tokens=max_tokens, desc="BRINK questions")
     outs = (client.chat([[{"role": "user", "content": p}] for p in prompts], **kw) if chat
