@@ -119,6 +119,8 @@ _MIRROR = {  # mirror path: (sha256, size in bytes, upstream key, upstream path,
     "codex/triples_codex-s_valid.txt": ("3831c0e57daef03c3a18cdd1a72e370b496f696c5218883d35c7d2ab8a6a772c", 34323, "codex", "data/triples/codex-s/valid.txt", None),
     "codex/triples_codex-s_test.txt": ("27127fcb34688c4778e88a39ef3c9b540807da846021e9d9685660ac1838aca1", 34252, "codex", "data/triples/codex-s/test.txt", None),
     "codex/triples_codex-m_train.txt": ("d99c3437ab51690391a26d96976adf6e5494dba7ef6902e77000551bfa566556", 3660213, "codex", "data/triples/codex-m/train.txt", None),
+    "codex/triples_codex-m_valid.txt": ("11c323096367354940846b9ed940c5dabddc1d20a70474222babe7e7fd28b28d", 203470, "codex", "data/triples/codex-m/valid.txt", None),
+    "codex/triples_codex-m_test.txt": ("0575ce05e4ce915e395bb4f708e8df9547989dd4c8c71407cbfd78c19daffcf7", 203693, "codex", "data/triples/codex-m/test.txt", None),
     "codex/relations_en_relations.json": ("2b467fab26430a0500e5fe82cdb9b3c4fbcfda01827ff3bfa833dc5470ad92f7", 10698, "codex", "data/relations/en/relations.json", None),
     "codex/types_en_types.json": ("2934c3bac72fd9e7dc8a6452a84845e8fa232264aaa505c4b81cad2b0e7c5626", 530344, "codex", "data/types/en/types.json", None),
     "codex/types_entity2types.json": ("9c3797961498fc312a6d62c798b250c3ad501578a8ac07c0829a2862c627a878", 1749871, "codex", "data/types/entity2types.json", None),
@@ -198,15 +200,11 @@ REGISTRY: dict[str, DatasetSpec] = {s.name: s for s in [
           _CODEX, "MIT (codex repository)", "https://github.com/tsafavi/codex",
           "Wikidata QID/PID triples; relation labels from relations_en_relations.json. Entity labels are NOT in the mirror "
           "(upstream data/entities/en/entities.json); entities stay QIDs offline."),
-    _spec("codex-m", "kg", ["codex/triples_codex-m_train.txt", "codex/relations_en_relations.json",
-                             "codex/types_en_types.json", "codex/types_entity2types.json"],
+    _spec("codex-m", "kg", ["codex/triples_codex-m_train.txt", "codex/triples_codex-m_valid.txt", "codex/triples_codex-m_test.txt",
+                             "codex/relations_en_relations.json", "codex/types_en_types.json", "codex/types_entity2types.json"],
           _CODEX, "MIT (codex repository)", "https://github.com/tsafavi/codex",
-          "Only the training split (185,584 triples) is in the mirror; valid/test are the online-only `codex-m-splits`. "
-          "Entity labels are not available offline."),
-    _spec("codex-m-splits", "kg", [], _CODEX, "MIT (codex repository)", "https://github.com/tsafavi/codex",
-          "CoDEx-M validation and test triples (not in the mirror).",
-          online=[_online_file("codex/triples_codex-m_valid.txt", f"{UPSTREAM['codex']}/data/triples/codex-m/valid.txt"),
-                  _online_file("codex/triples_codex-m_test.txt", f"{UPSTREAM['codex']}/data/triples/codex-m/test.txt")]),
+          "train 185,584, valid 10,310, test 10,311 triples (valid/test added to the mirror 2026-11-27, upstream "
+          "data/triples/codex-m/{valid,test}.txt). Entity labels are not available offline."),
     _spec("wikidata5m", "kg", [], _W5M, "see homepage", "https://deepgraphlearning.github.io/project/wikidata5m",
           "Transductive split and entity/relation aliases from the official Dropbox links (BRINK's third KG). Not in the "
           "mirror: the smoke profile uses FB15k-237 / CoDEx instead.",
@@ -514,8 +512,7 @@ _KG_FILES = {  # KG -> split -> (registry name, mirror path)
     "fb15k237": {s: ("fb15k237", f"fb15k237/{s}.txt") for s in ("train", "valid", "test")},
     "nations": {s: ("nations", f"nations/{s}.txt") for s in ("train", "valid", "test")},
     "codex-s": {s: ("codex-s", f"codex/triples_codex-s_{s}.txt") for s in ("train", "valid", "test")},
-    "codex-m": {"train": ("codex-m", "codex/triples_codex-m_train.txt"),
-                **{s: ("codex-m-splits", f"codex/triples_codex-m_{s}.txt") for s in ("valid", "test")}},
+    "codex-m": {s: ("codex-m", f"codex/triples_codex-m_{s}.txt") for s in ("train", "valid", "test")},
     **{k: {s: (k, f"{k}/{s}.txt") for s in ("facts", "train", "valid", "test")} for k in _DRUM_KGS},
 }
 KG_NAMES = tuple(_KG_FILES)

@@ -39,9 +39,9 @@ def test_registry_covers_every_mirror_file_once():
     offline = [s for s in REGISTRY.values() if s.offline_available]
     assert all(f.sha256 and f.url.startswith("https://raw.githubusercontent.com/") for s in offline for f in s.files)
     online = [s for s in REGISTRY.values() if not s.offline_available]
-    assert {"wikidata5m", "2wikimultihopqa", "mintaka_train", "mintaka_test", "codex-m-splits"} <= {s.name for s in online}
+    assert {"wikidata5m", "2wikimultihopqa", "mintaka_train", "mintaka_test"} <= {s.name for s in online}
     assert all(f.sha256 is None and f.url.startswith("http") for s in online for f in s.files)
-    assert len(list_datasets()) == len(REGISTRY) == 32
+    assert len(list_datasets()) == len(REGISTRY) == 31
     assert REGISTRY["nq_open_oracle"].file("nq-open-oracle.jsonl.gz").url.endswith("/nelson-liu/lost-in-the-middle/29b8a6d0/qa_data/nq-open-oracle.jsonl.gz")
     assert REGISTRY["medical_zh"].offline_available and "GB18030" in REGISTRY["medical_zh"].notes
 
@@ -120,8 +120,8 @@ def test_missing_file_without_download_names_file_and_fix(tmp_cfg):
     with pytest.raises(DatasetUnavailableError, match="nations/train.txt is neither in the mirror") as e:
         fetch("nations", tmp_cfg, download=False)
     assert "KGRAG_DATA" in str(e.value)
-    with pytest.raises(DatasetUnavailableError, match="offline only \\['train'\\]"):
-        load_kg("codex-m", "test", download=False)
+    with pytest.raises(DatasetUnavailableError, match="codex-m split='test' needs codex/triples_codex-m_test.txt"):
+        load_kg("codex-m", "test", cfg=tmp_cfg, download=False)  # an empty mirror, no download: the error names the file
     with pytest.raises(DatasetUnavailableError, match="no direct download"):
         fetch("freebase")
 
