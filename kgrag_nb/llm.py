@@ -17,10 +17,10 @@ from tqdm import tqdm
 from .config import CACHE_MODES, Config, get_config
 
 # %% auto #0
-__all__ = ['CacheMissError', 'ModelNotServedError', 'EndpointUnreachableError', 'MalformedResponseError', 'public_url',
-           'canonical_json', 'request_key', 'process_alive', 'ResponseCache', 'Usage', 'run_sync', 'is_retryable',
-           'backoff_delay', 'retrying', 'replace_surrogates', 'parse_response', 'progress_stream', 'tls_context',
-           'LLMClient', 'GroupCommit']
+__all__ = ['CacheMissError', 'ModelNotServedError', 'EndpointUnreachableError', 'ServerDiedError', 'MalformedResponseError',
+           'public_url', 'canonical_json', 'request_key', 'process_alive', 'ResponseCache', 'Usage', 'run_sync',
+           'is_retryable', 'backoff_delay', 'retrying', 'replace_surrogates', 'parse_response', 'progress_stream',
+           'tls_context', 'LLMClient', 'local_server_death', 'GroupCommit']
 
 # %% ../nbs/03_llm.ipynb #c005
 class CacheMissError(KeyError):
@@ -32,6 +32,9 @@ class ModelNotServedError(ValueError):
 
 class EndpointUnreachableError(ConnectionError):
     "No connection could be made to the LLM endpoint (after the retries)."
+
+class ServerDiedError(EndpointUnreachableError):
+    "The local LLM server process died (its owner recorded why: exit signal, log tail, fix); never retried."
 
 class MalformedResponseError(ValueError):
     "The endpoint answered HTTP 2xx with a body that is not a usable completion; retried, never cached."
@@ -490,8 +493,28 @@ async def _resolve_model(self: LLMClient, api) -> str:
 LLMClient._resolve_model = _resolve_model
 
 # %% ../nbs/03_llm.ipynb #c025
+def local_server_death(base_url: str | None,  # the client's endpoint
+                       cfg: Config | None = None) -> str | None:  # None = get_config() (where server state files live)
+    "Why the local server behind `base_url` is gone, or None: the cause its owner wrote into the server's state file"
+    " (`serve.EmbeddedServer` records the exit signal when the process dies), or that the recorded server pid is dead."
+    parts = urlsplit(base_url or "")
+    if parts.hostname not in ("127.0.0.1", "localhost", "::1") or not parts.port: return None
+    cfg = cfg or get_config()
+    path, deadline = cfg.server_state_dir / f"{parts.port}.json", time.monotonic() + 2.0
+    while True:
+        try: state = json.loads(path.read_text())
+        except (OSError, ValueError): return None
+        if state.get("died"): return str(state["died"])
+        pid = state.get("server_pid")
+        if not isinstance(pid, int) or process_alive(pid): return None
+        if time.monotonic() > deadline:  # dead, and its owner wrote no cause (the owner may be gone too)
+            return (f"the local LLM server on port {parts.port} (pid {pid}) is no longer running; nothing cached was lost: "
+                    f"rerun to resume")
+        time.sleep(0.05)  # the owner's watchdog records the exit signal within milliseconds of the death
+
 async def _send(self: LLMClient, api, kind: str, model: str, payload, params: dict) -> dict:
     "One generation request with retries (`retrying`); the body is checked by `parse_response`; returns the record."
+    " A refused connection to a local server that has died ends the request at once with `ServerDiedError`."
     attempts, path = 0, "completions" if kind == "completion" else "chat/completions"
     async def attempt():
         nonlocal attempts
@@ -501,6 +524,11 @@ async def _send(self: LLMClient, api, kind: str, model: str, payload, params: di
             else: raw = await api.chat.completions.with_raw_response.create(model=model, messages=payload, **params)
             return parse_response(kind, raw.content, raw.headers.get("content-type", ""))
         except MalformedResponseError: self._count(errors=1, malformed=1); raise
+        except openai.APIConnectionError as e:
+            self._count(errors=1)
+            if not isinstance(e, openai.APITimeoutError) and (death := local_server_death(self.base_url)):
+                raise ServerDiedError(death) from e
+            raise
         except Exception: self._count(errors=1); raise
     try:
         try: rec, replaced = await attempt()  # first attempt outside tenacity: most requests need no retry (cheaper)

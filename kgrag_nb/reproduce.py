@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from .config import PROFILES, Config, get_config
 from .datasets import dataset_checksums
 from .llm import LLMClient
-from .serve import STUB_MODEL, STUB_NOTE, EmbeddedServer, llm_endpoint
+from .serve import STUB_MODEL, STUB_NOTE, EmbeddedServer
 
 # %% auto #0
 __all__ = ['RUNNER_PARAMETERS', 'STUDY_PARAMETERS', 'FIXED_PDF_METADATA', 'CELL_TIMEOUT_S', 'RUN_ID', 'Artifact', 'Experiment',
@@ -774,9 +774,10 @@ def reproduce(profile: str | None = None,  # `tiny`, `smoke` or `full` (default:
         model = LLMClient.from_config(cfg, base_url=llm_url, progress=False).resolve_model()
     plan = plan_experiments(exps, profile, cfg, overrides, llm=llm_identity(llm_url, model))
     needs_llm = any(a.needs_llm for a in arts) or any(e.needs_llm and not plan[e.id]["done"] for e in exps)
-    endpoint = nullcontext(llm_url)
-    if needs_llm and not llm_url: endpoint = llm_endpoint(cfg)
-    with endpoint as url:
+    server = EmbeddedServer(cfg) if needs_llm and not llm_url else None  # owned: its watchdog reports a death
+    down: dict = {}  # why LLM notebooks are no longer started: the owned server died, or the endpoint stopped answering
+    with server or nullcontext():
+        url = server.url if server else llm_url
         if needs_llm: model = LLMClient.from_config(cfg, base_url=url, model=model, progress=False).resolve_model()
         manifest["model"] = model if needs_llm else None
         if needs_llm and model and model.startswith(STUB_MODEL): manifest["test_instrument"] = STUB_NOTE
@@ -785,10 +786,27 @@ def reproduce(profile: str | None = None,  # `tiny`, `smoke` or `full` (default:
         bar = tqdm(total=len(exps) + len(arts), desc="notebooks", unit="nb", disable=not progress)
         lock = threading.Lock()
 
+        def llm_failed(res: dict):
+            "After an LLM notebook failed: stop starting LLM notebooks when the owned server died or the endpoint is gone."
+            if server is not None:
+                deadline = time.monotonic() + 2.0  # the watchdog records the death within milliseconds of the exit
+                while not server.died and server.proc is not None and server.proc.poll() is not None and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                if server.died:
+                    with lock: down.setdefault("cause", f"embedded server {server.exit_status}")
+                    if server.exit_status not in (res["error"] or ""): res["error"] = f"{res['error']}; {server.died.splitlines()[0]}"
+            elif "EndpointUnreachableError" in (res["error"] or ""):
+                with lock: down.setdefault("cause", f"the LLM endpoint {redact_url(url)} stopped answering (after the client's retries)")
+
         def run_one(study: Artifact, values: dict, exp_dirs: dict, folder: str, out: Path, extra: dict) -> dict:
+            if study.needs_llm and down:  # the LLM is gone: do not start another notebook that needs it
+                with lock: bar.update(1)
+                return dict(extra, paper=study.paper, notebook=study.notebook, status="skipped", wall_s=0.0,
+                            error=f"not started: {down['cause']}")
             params = _inject(study, cfg, values, profile, run_dir, nb_url if study.needs_llm else None,
                              model if study.needs_llm else None, exp_dirs)
             res = run_notebook(study, params, out, cfg, cell_timeout)
+            if study.needs_llm and res["status"] == "failed": llm_failed(res)
             entry = dict(extra, paper=study.paper, notebook=study.notebook, executed=str(out.relative_to(run_dir)),
                          parameters={k: v for k, v in params.items() if k != "llm_url"} | {"llm_url": redact_url(params.get("llm_url"))},
                          **res)
@@ -836,7 +854,11 @@ def reproduce(profile: str | None = None,  # `tiny`, `smoke` or `full` (default:
                                run_dir / "notebooks" / f"{a.id}.ipynb", dict(artifact=a.id, experiments={u: plan[u]["key"] for u in a.uses}))
             manifest["artifacts"] = _parallel(run_art, arts, jobs)
         bar.close()
-    manifest.update(status="finished", wall_s=round(time.time() - t0, 2), llm_usage=_sum_usage(manifest["experiments"] + manifest["artifacts"]),
+    usage = _sum_usage(manifest["experiments"] + manifest["artifacts"])
+    if down:  # one line a user reads first (the CLI prints it): what stopped the run, and that nothing is lost
+        manifest["llm_stopped"] = (f"{down['cause']} after {usage.get('requests', 0)} LLM requests; LLM notebooks after it were "
+                                   f"not started; nothing cached was lost; rerun resumes")
+    manifest.update(status="finished", wall_s=round(time.time() - t0, 2), llm_usage=usage,
                     failed=[e.get("artifact") or e.get("experiment") for e in manifest["experiments"] + manifest["artifacts"]
                             if e["status"] == "failed"],
                     skipped=[e.get("artifact") or e.get("experiment") for e in manifest["experiments"] + manifest["artifacts"]

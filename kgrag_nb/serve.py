@@ -4,18 +4,20 @@
 
 # %% ../nbs/04_serve.ipynb #c002
 from __future__ import annotations
-import atexit, ctypes, hashlib, json, os, random, re, shutil, signal, socket, subprocess, sys, time
+import atexit, ctypes, hashlib, json, os, random, re, shutil, signal, socket, subprocess, sys, threading, time
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 
 from .config import EMBEDDED_MODEL_ALIAS, Config, get_config
+from .llm import ServerDiedError
 
 # %% auto #0
-__all__ = ['LOOPBACK', 'STUB_MODEL', 'STUB_NOTE', 'embedded_model_path', 'free_port', 'port_in_use', 'served_models',
-           'EmbeddedServer', 'server_state', 'run_llama_server', 'llm_endpoint', 'vllm_command', 'serve_vllm',
-           'stub_tokens', 'stub_reply', 'stub_models', 'run_stub_server', 'StubServer']
+__all__ = ['LOOPBACK', 'SIGNAL_CAUSES', 'REBUILD_COMMAND', 'STUB_MODEL', 'STUB_NOTE', 'embedded_model_path', 'free_port',
+           'port_in_use', 'served_models', 'EmbeddedServer', 'server_state', 'run_llama_server', 'describe_exit',
+           'llm_endpoint', 'vllm_command', 'serve_vllm', 'stub_tokens', 'stub_reply', 'stub_models', 'run_stub_server',
+           'StubServer']
 
 # %% ../nbs/04_serve.ipynb #c005
 _ASSEMBLED: dict[Path, Path] = {}
@@ -81,6 +83,7 @@ class EmbeddedServer:
         self.log_path = Path(log_path) if log_path else self.cfg.cache_dir / "logs" / f"llama_server_{self.port}.log"
         self.model, self.proc, self.reused = EMBEDDED_MODEL_ALIAS, None, False
         self.shared, self.deterministic, self.replaced_orphan = shared, deterministic, None
+        self.died, self.exit_status, self._stopping = None, None, False  # set by the watchdog when the process dies
 
     @property
     def url(self) -> str:
@@ -154,8 +157,55 @@ def _wait_port_free(host: str, port: int, timeout: float = 10.0):
     deadline = time.monotonic() + timeout
     while port_in_use(host, port) and time.monotonic() < deadline: time.sleep(0.1)
 
+# What a signal that ends the server usually means here (issue 20: SIGILL of a native llama.cpp build on an AMX Xeon).
+SIGNAL_CAUSES = {"SIGILL": "the llama.cpp build uses an instruction this CPU or VM does not allow",
+                 "SIGKILL": "killed from outside (out of memory, or another process)",
+                 "SIGSEGV": "the llama.cpp library crashed (segmentation fault)",
+                 "SIGBUS": "the llama.cpp library crashed (bus error)",
+                 "SIGABRT": "the llama.cpp library aborted (see the log)",
+                 "SIGTERM": "stopped by another process"}
+REBUILD_COMMAND = "python tools/llama_wheel.py --install"  # run in the kgrag_nb checkout: portable flags, keyed wheel
+
+def describe_exit(rc: int) -> str:  # a process's return code (negative: killed by that signal; 129..159: a shell's 128+n)
+    "A process's end in words: `exited with code N`, or `was killed by SIGNAME (what it usually means)`."
+    sig = -rc if rc < 0 else (rc - 128 if 128 < rc < 160 else None)
+    if sig is None: return f"exited with code {rc}"
+    try: name = signal.Signals(sig).name
+    except ValueError: name = f"signal {sig}"
+    return f"was killed by {name} ({SIGNAL_CAUSES.get(name, 'killed by a signal')})"
+
+def _death_message(self: EmbeddedServer, rc: int, pid: int | None = None) -> str:
+    "Why the server is gone: exit code or signal, the log tail and, for a crash of the library, the rebuild command."
+    crash = any(s in describe_exit(rc) for s in ("SIGILL", "SIGSEGV", "SIGBUS"))
+    fix = (f"\nRebuild llama-cpp-python with portable flags: {REBUILD_COMMAND} (then check with `kgrag doctor`)" if crash else "")
+    return (f"the embedded llama.cpp server {self.url} (pid {pid}) {describe_exit(rc)}; nothing cached was lost: a rerun "
+            f"resumes. Log {self.log_path}, last lines:\n{self.log_tail(12)}{fix}")
+
+def _watch(self: EmbeddedServer, proc: subprocess.Popen):
+    "Watchdog thread: when `proc` ends without `stop()`, record why in `self.died` and in the server's state file,"
+    " where clients in other processes (notebook kernels) read it and stop at once (`llm.local_server_death`)."
+    def wait():
+        rc = proc.wait()
+        if self._stopping: return
+        self.exit_status, self.died = describe_exit(rc), self._death_message(rc, proc.pid)
+        path = _state_path(self.cfg, self.port)
+        state = server_state(self.cfg, self.port)
+        if state and state.get("server_pid") == proc.pid:
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({**state, "died": self.died, "exit_status": self.exit_status})); os.replace(tmp, path)
+    threading.Thread(target=wait, name=f"kgrag-server-watch-{proc.pid}", daemon=True).start()
+
+def _ready_completion(self: EmbeddedServer, timeout: float) -> bool:
+    "Send a one-token completion: True once the server has answered one (listing models is not enough: a build that"
+    " cannot run on this CPU answers `/v1/models` and dies on its first completion)."
+    try:
+        r = httpx.post(f"{self.url}/completions", json=dict(model=self.model, prompt="Hello", max_tokens=1, temperature=0),
+                       timeout=max(timeout, 1.0))
+        return r.status_code == 200 and "choices" in r.json()
+    except (httpx.HTTPError, ValueError): return False
+
 def _start(self: EmbeddedServer) -> EmbeddedServer:
-    "Start the server (or reuse one serving the same alias on the port) and wait until it reports its model."
+    "Start the server (or reuse one serving the same alias on the port) and wait until it has answered a completion."
     if self.running: return self
     if port_in_use(self.host, self.port):
         state = server_state(self.cfg, self.port)
@@ -188,14 +238,17 @@ def _start(self: EmbeddedServer) -> EmbeddedServer:
     path = _state_path(self.cfg, self.port); path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(dict(server_pid=self.proc.pid, owner_pid=os.getpid(), shared=self.shared, model=self.model,
                                     started=time.strftime("%Y-%m-%dT%H:%M:%S"))))
+    self.died = self.exit_status = None; self._stopping = False
     deadline = time.monotonic() + self.startup_timeout
     while time.monotonic() < deadline:
         if self.proc.poll() is not None:
-            rc, self.proc = self.proc.returncode, None
-            raise RuntimeError(f"the llama.cpp server exited with code {rc} before serving {self.url}; "
-                               f"log {self.log_path}:\n{self.log_tail()}")
+            rc, pid, self.proc = self.proc.returncode, self.proc.pid, None
+            _state_path(self.cfg, self.port).unlink(missing_ok=True)
+            raise ServerDiedError(f"the llama.cpp server {describe_exit(rc)} before serving {self.url}: "
+                                  + self._death_message(rc, pid).split("; ", 1)[1])
         served = served_models(self.url, timeout=5.0)
-        if served is not None and self.model in served: return self
+        if served is not None and self.model in served and self._ready_completion(deadline - time.monotonic()):
+            self._watch(self.proc); return self
         time.sleep(0.25)
     tail = self.log_tail(); self.stop()
     raise TimeoutError(f"the llama.cpp server did not report {self.model!r} at {self.url} within {self.startup_timeout}s; "
@@ -206,6 +259,7 @@ def _stop(self: EmbeddedServer, timeout: float = 10.0):  # seconds between SIGTE
     self.reused = False
     proc, self.proc = self.proc, None
     if proc is None: return
+    self._stopping = True  # the watchdog stays quiet: this end is ours
     atexit.unregister(self.stop)
     state = server_state(self.cfg, self.port)
     if state and state.get("server_pid") == proc.pid: _state_path(self.cfg, self.port).unlink(missing_ok=True)
@@ -215,6 +269,7 @@ def _stop(self: EmbeddedServer, timeout: float = 10.0):  # seconds between SIGTE
         except subprocess.TimeoutExpired: proc.kill(); proc.wait()
 
 EmbeddedServer._command, EmbeddedServer.start, EmbeddedServer.stop = _command, _start, _stop
+EmbeddedServer._death_message, EmbeddedServer._watch, EmbeddedServer._ready_completion = _death_message, _watch, _ready_completion
 EmbeddedServer.__enter__ = lambda self: self.start()
 EmbeddedServer.__exit__ = lambda self, *exc: self.stop()
 

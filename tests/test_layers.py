@@ -61,7 +61,7 @@ LAYERS = [
      "awakening": ["baselines", "awaken", "unseen"],
      "jcql": ["jcql_kbc", "jcql"], "missing": ["missing"], "coe": ["coe"]},
     ["report"],
-    ["bench"],
+    ["bench", "doctor"],
     ["plan"],
     ["cli"],
 ]

@@ -290,3 +290,71 @@ def test_cell_timeout_by_profile():
     from kgrag_nb.reproduce import CELL_TIMEOUT_S
     assert set(CELL_TIMEOUT_S) == set(PROFILES)
     assert CELL_TIMEOUT_S["tiny"] == 1800 < CELL_TIMEOUT_S["smoke"] < CELL_TIMEOUT_S["full"]
+
+
+# ------------------------------------------------------------------ a dead embedded server stops the run (issue 20 item 3)
+_ASKER = '''import json
+from pathlib import Path
+from kgrag_nb.llm import LLMClient
+client = LLMClient.from_config(base_url=llm_url, model=model, progress=False, max_concurrency=1)
+for i in range(n):
+    client.complete([f"{tag} question {i}: what comes after {i}? Answer:"], max_tokens=2, temperature=0)
+    Path(run_dir, f"answered_{tag}.txt").write_text(str(i + 1))  # each answer is cached before this line runs
+Path(run_dir, f"usage_{tag}.json").write_text(json.dumps(client.usage.as_dict()))
+'''
+
+
+def _dead_server_project(tmp_path, n=40) -> Path:
+    root = tmp_path / "proj"
+    params = 'profile = "smoke"\nrun_dir = None\nllm_url = None\nmodel = None\nn = 1\ntag = ""'
+    for name in ("asker", "asker2"): _notebook(root / f"nbs/studies/{name}.ipynb", [("code", params, ["parameters"]), ("code", _ASKER, [])])
+    _notebook(root / "nbs/studies/nollm.ipynb", [("code", params, ["parameters"]),
+              ("code", "import time\nfrom pathlib import Path\ntime.sleep(1)\nPath(run_dir, 'nollm.txt').write_text('ran')", [])])
+    entry = lambda nb, llm: (f"{{paper: p.txt, title: t, notebook: nbs/studies/{nb}.ipynb, needs_llm: {llm}, "
+                             f"profiles: {{smoke: {{n: {n}, tag: {nb}}}}}}}")
+    (root / "studies.yaml").write_text(f"artifacts:\n  asker: {entry('asker', 'true')}\n  asker2: {entry('asker2', 'true')}\n"
+                                       f"  nollm: {entry('nollm', 'false')}\n")
+    return root
+
+
+@pytest.mark.llm
+def test_a_server_killed_with_sigill_stops_the_run_names_the_signal_and_a_rerun_resumes(tmp_path):
+    import signal, subprocess, sys, time
+    from kgrag_nb.serve import free_port, server_state
+    root = _dead_server_project(tmp_path)
+    cfg = _tmp_cfg(tmp_path, root=root, embedded_port=free_port())
+    env = dict(os.environ, KGRAG_HOME=str(root), KGRAG_RUNS=str(cfg.runs_dir), KGRAG_FIGURES=str(cfg.figures_dir),
+               KGRAG_CACHE=str(cfg.cache_dir), KGRAG_EMBEDDED_PORT=str(cfg.embedded_port))
+    env.pop("KGRAG_LLM_URL", None)
+    kgrag = [sys.executable, "-c", "import sys; from kgrag_nb.cli import main; sys.exit(main(sys.argv[1:]))", "reproduce"]
+    run = subprocess.Popen(kgrag + ["--run-id", "r1"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    answered = cfg.runs_dir / "r1" / "answered_asker.txt"
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and run.poll() is None and not (answered.exists() and int(answered.read_text() or 0) >= 3):
+            time.sleep(0.1)
+        assert answered.exists(), f"the first LLM notebook never answered; output:\n{run.communicate(timeout=60)[0]}"
+        state = server_state(cfg, cfg.embedded_port)
+        os.kill(state["server_pid"], signal.SIGILL)  # what a native llama.cpp build does on an AMX Xeon
+        killed_at = time.monotonic()
+        out = run.communicate(timeout=120)[0]
+        stopped_in = time.monotonic() - killed_at
+    finally:
+        if run.poll() is None: run.kill()
+    done_before = int(answered.read_text())
+    assert 3 <= done_before < 40 and run.returncode == 1, out
+    assert stopped_in < 30, f"the run took {stopped_in:.0f} s to stop after the server died"  # no 6-attempt retries per notebook
+    assert "STOPPED: embedded server was killed by SIGILL" in out and "rerun resumes" in out, out
+    m = json.loads((cfg.runs_dir / "r1" / "manifest.json").read_text())
+    status = {e["artifact"]: e for e in m["artifacts"]}
+    assert status["asker"]["status"] == "failed" and "ServerDiedError" in status["asker"]["error"] and "SIGILL" in status["asker"]["error"]
+    assert "tools/llama_wheel.py --install" in (cfg.runs_dir / "r1" / "notebooks" / "asker.ipynb").read_text()  # the fix is named
+    assert status["asker2"]["status"] == "skipped" and "SIGILL" in status["asker2"]["error"]  # never started
+    assert not (cfg.runs_dir / "r1" / "answered_asker2.txt").exists()
+    assert status["nollm"]["status"] == "ok" and (cfg.runs_dir / "r1" / "nollm.txt").read_text() == "ran"  # no LLM: still runs
+    assert "SIGILL" in m["llm_stopped"] and "nothing cached was lost" in m["llm_stopped"]
+    # a rerun starts a new server and resumes: every answer given before the crash comes from the cache
+    rerun = subprocess.run(kgrag + ["--run-id", "r2"], env=env, capture_output=True, text=True, timeout=900)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    usage = json.loads((cfg.runs_dir / "r2" / "usage_asker.json").read_text())
+    assert usage["cache_hits"] >= done_before and usage["requests"] == 40 - usage["cache_hits"], usage

@@ -1,11 +1,12 @@
 """Tests of kgrag_nb.serve: vllm argv, the embedded llama.cpp server (start, reuse, refusal, death, stop)."""
-import json, shutil, socket, threading, time
+import json, os, shutil, socket, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
 
 from kgrag_nb.config import EMBEDDED_MODEL_ALIAS, get_config
+from kgrag_nb.llm import ServerDiedError
 from kgrag_nb.serve import (EmbeddedServer, free_port, llm_endpoint, port_in_use, served_models, serve_vllm,
                             vllm_command)
 
@@ -64,9 +65,63 @@ def test_server_death_reports_log_tail(tmp_path):
     pytest.importorskip("llama_cpp.server")
     bad = tmp_path / "broken.gguf"; bad.write_bytes(b"\x00" * 64)
     s = EmbeddedServer(get_config(cache_dir=tmp_path), port=free_port(), model_path=bad, startup_timeout=60)
-    with pytest.raises(RuntimeError, match="exited with code") as e: s.start()
+    with pytest.raises(ServerDiedError, match="exited with code") as e: s.start()
     assert "broken.gguf" in str(e.value) and str(s.log_path) in str(e.value)
     assert not s.running
+
+
+# A stand-in for a native llama.cpp build on an AMX Xeon (issue 20): it lists its model, then dies with SIGILL on the
+# first completion. A real process and real signal; only the crash is staged.
+_SIGILL_ON_COMPLETION = r'''
+import json, os, signal, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+port = int(sys.argv[sys.argv.index("--port") + 1]); alias = sys.argv[sys.argv.index("--model_alias") + 1]
+print("fake llama server: lists its model, dies on the first completion", flush=True)
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"object": "list", "data": [{"id": alias, "object": "model", "owned_by": "me"}]}).encode()
+        self.send_response(200); self.send_header("content-type", "application/json"); self.send_header("content-length", str(len(body)))
+        self.end_headers(); self.wfile.write(body)
+    def do_POST(self): os.kill(os.getpid(), signal.SIGILL)
+    def log_message(self, *a): pass
+HTTPServer(("127.0.0.1", port), H).serve_forever()
+'''
+
+
+class _CrashingServer(EmbeddedServer):
+    def _command(self, model_path):
+        return [sys.executable, "-c", _SIGILL_ON_COMPLETION, "--model_alias", self.model, "--port", str(self.port)]
+
+
+def test_a_server_that_lists_its_model_but_dies_on_its_first_completion_is_never_ready(tmp_path):
+    pytest.importorskip("llama_cpp.server")
+    s = _CrashingServer(get_config(cache_dir=tmp_path), port=free_port(), model_path=tmp_path / "unused.gguf", startup_timeout=60)
+    with pytest.raises(ServerDiedError) as e: s.start()
+    msg = str(e.value)
+    assert "was killed by SIGILL (the llama.cpp build uses an instruction this CPU or VM does not allow)" in msg
+    assert "python tools/llama_wheel.py --install" in msg and "lists its model, dies on the first completion" in msg  # fix + log tail
+    assert not s.running and server_state(s.cfg, s.port) is None
+
+
+def test_the_watchdog_records_a_death_after_start_for_other_processes(tmp_path):
+    "After start, a death is written into the state file, where a client in another process (a kernel) reads it."
+    import signal, time
+    from kgrag_nb.llm import local_server_death
+    cfg = get_config(cache_dir=tmp_path, server_state_dir=tmp_path / "servers")
+    s = EmbeddedServer(cfg, port=free_port(), model_path=tmp_path / "unused.gguf", startup_timeout=60)
+    s._command = lambda model_path: [sys.executable, "-c", _SIGILL_ON_COMPLETION.replace("os.kill(os.getpid(), signal.SIGILL)",
+        "self.send_response(200); b = json.dumps({'choices': [{'text': 'x'}]}).encode(); self.send_header('content-length', str(len(b))); self.end_headers(); self.wfile.write(b)"),
+        "--model_alias", s.model, "--port", str(s.port)]
+    try:
+        s.start()
+        assert s.running and local_server_death(s.url, cfg) is None
+        os.kill(s.proc.pid, signal.SIGILL)
+        deadline = time.monotonic() + 10
+        while s.died is None and time.monotonic() < deadline: time.sleep(0.05)
+        assert s.exit_status.startswith("was killed by SIGILL") and "SIGILL" in local_server_death(s.url, cfg)
+        assert "tools/llama_wheel.py --install" in s.died
+    finally: s.stop()
+    assert server_state(cfg, s.port) is None  # stop() removes the state file
 
 
 @pytest.mark.llm
