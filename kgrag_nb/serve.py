@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 
 from .config import EMBEDDED_MODEL_ALIAS, Config, get_config
-from .llm import ServerDiedError
+from .llm import ServerDiedError, process_alive
 
 # %% auto #0
 __all__ = ['LOOPBACK', 'SIGNAL_CAUSES', 'REBUILD_COMMAND', 'STUB_MODEL', 'STUB_NOTE', 'embedded_model_path', 'free_port',
@@ -120,6 +120,39 @@ def server_state(cfg: Config, port: int) -> dict | None:
     try: return json.loads(_state_path(cfg, port).read_text())
     except (OSError, ValueError): return None
 
+def _start_time(pid: int) -> str | None:
+    "Start time of process `pid` (clock ticks since boot, /proc/<pid>/stat field 22), None when unreadable: with the"
+    " pid it names one process for good (a pid is reused, a (pid, start time) pair is not)."
+    try: return Path(f"/proc/{int(pid)}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError, ValueError): return None
+
+def _listens_on(pid: int, port: int) -> bool:
+    "True when process `pid` holds a TCP socket listening on `port` (Linux /proc/net/tcp{,6} and /proc/<pid>/fd)."
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try: rows = Path(table).read_text().splitlines()[1:]
+        except OSError: continue
+        for row in rows:
+            f = row.split()  # sl local_address rem_address st ... inode (field 9); st 0A = LISTEN
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == int(port): inodes.add(f[9])
+    try: fds = os.listdir(f"/proc/{int(pid)}/fd")
+    except OSError: return False
+    for fd in fds:
+        try: link = os.readlink(f"/proc/{int(pid)}/fd/{fd}")
+        except OSError: continue
+        if link.startswith("socket:[") and link[8:-1] in inodes: return True
+    return False
+
+def _is_recorded_server(state: dict, port: int) -> bool:
+    "The process a state file names is still that llama.cpp server: same pid and start time, a llama.cpp server"
+    " command line, and it is the one listening on `port`. Only then may it be signalled (issue 25: a stale state file"
+    " once made kgrag SIGTERM an unrelated process that had inherited the pid)."
+    pid = state.get("server_pid")
+    if not isinstance(pid, int) or not process_alive(pid, state.get("server_started")): return False
+    try: cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError: return False  # cannot tell: never signal
+    return ("llama_cpp" in cmd or "run_llama_server" in cmd) and _listens_on(pid, port)
+
 def _parent_death_signal():
     "preexec_fn: ask the kernel to SIGTERM this child when its parent dies (Linux); elsewhere a no-op."
     try: ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
@@ -209,8 +242,11 @@ def _start(self: EmbeddedServer) -> EmbeddedServer:
     if self.running: return self
     if port_in_use(self.host, self.port):
         state = server_state(self.cfg, self.port)
-        if state and _pid_alive(state.get("server_pid")) and not state.get("shared") and state.get("owner_pid") != os.getpid():
-            if _pid_alive(state.get("owner_pid")):  # another live run owns it and will stop it: never adopt, start our own
+        if state and not _is_recorded_server(state, self.port):  # stale: its server is gone (its pid may be another process now)
+            _state_path(self.cfg, self.port).unlink(missing_ok=True); state = None
+        if state and not state.get("shared") and state.get("owner_pid") != os.getpid():
+            if isinstance(state.get("owner_pid"), int) and process_alive(state["owner_pid"], state.get("owner_started")):
+                # another live run owns it and will stop it: never adopt, start our own
                 self.port = free_port(self.host)
                 return self.start()
             self.replaced_orphan = state["server_pid"]  # its owner is gone: an orphan; stop it and take the port
@@ -236,7 +272,8 @@ def _start(self: EmbeddedServer) -> EmbeddedServer:
                                      preexec_fn=_parent_death_signal)  # ... and it dies with this process, even on SIGKILL
     atexit.register(self.stop)
     path = _state_path(self.cfg, self.port); path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(dict(server_pid=self.proc.pid, owner_pid=os.getpid(), shared=self.shared, model=self.model,
+    path.write_text(json.dumps(dict(server_pid=self.proc.pid, server_started=_start_time(self.proc.pid), owner_pid=os.getpid(),
+                                    owner_started=_start_time(os.getpid()), shared=self.shared, model=self.model,
                                     started=time.strftime("%Y-%m-%dT%H:%M:%S"))))
     self.died = self.exit_status = None; self._stopping = False
     deadline = time.monotonic() + self.startup_timeout

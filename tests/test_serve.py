@@ -280,3 +280,34 @@ def test_the_same_seeded_request_gets_the_same_text_after_any_predecessor(embedd
         ask("Completely different text: the quick brown fox " * 5, seed=99)  # shares nothing
         after_unrelated = ask(_PREFIX + f"Q: {q}\nA:", seed=i)
         assert after_related == after_unrelated, (i, q, after_related, after_unrelated)
+
+
+def test_a_stale_state_file_never_makes_kgrag_signal_an_unrelated_process(tmp_path):
+    "Issue 25 item 1: the state file names a live pid that is not our server (`sleep`), its owner is gone, and something"
+    " else listens on the port. Before the fix the sleeper got SIGTERM (then SIGKILL); now it is left alone."
+    import subprocess
+    cfg = get_config(cache_dir=tmp_path, server_state_dir=tmp_path / "servers")
+    port = free_port()
+    listener = socket.socket(); listener.bind(("127.0.0.1", port)); listener.listen()  # another program holds the port
+    sleeper = subprocess.Popen(["sleep", "600"])
+    gone = subprocess.Popen(["true"]); gone.wait()  # an exited owner
+    (tmp_path / "servers").mkdir()
+    (tmp_path / "servers" / f"{port}.json").write_text(json.dumps(
+        {"server_pid": sleeper.pid, "owner_pid": gone.pid, "shared": False, "model": EMBEDDED_MODEL_ALIAS}))  # no start times: an old file
+    try:
+        s = EmbeddedServer(cfg, port=port, model_path=tmp_path / "unused.gguf", startup_timeout=5)
+        with pytest.raises(RuntimeError, match=f"port {port} on 127.0.0.1 is taken by another program"): s.start()
+        time.sleep(0.5)
+        assert sleeper.poll() is None, f"the unrelated process was signalled (exit {sleeper.returncode})"
+        assert not (tmp_path / "servers" / f"{port}.json").exists()  # the stale file is gone
+    finally:
+        sleeper.kill(); sleeper.wait(); listener.close()
+
+
+def test_the_state_file_names_the_server_by_pid_and_start_time(embedded_server):
+    from kgrag_nb.serve import _is_recorded_server, _listens_on, _start_time
+    state = server_state(embedded_server.cfg, embedded_server.port)
+    assert state["server_started"] == _start_time(state["server_pid"]) and state["owner_started"] == _start_time(os.getpid())
+    assert _listens_on(state["server_pid"], embedded_server.port) and _is_recorded_server(state, embedded_server.port)
+    assert not _is_recorded_server({**state, "server_started": "1"}, embedded_server.port)  # a reused pid is not our server
+    assert not _listens_on(os.getpid(), embedded_server.port)
