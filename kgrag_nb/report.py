@@ -17,8 +17,8 @@ from .hooks import subcommand
 from .reproduce import RUN_ID, load_experiments, load_registry
 
 # %% auto #0
-__all__ = ['REF', 'list_runs', 'find_run', 'paper_ref', 'Link', 'href', 'html_table', 'anchor', 'sizes_text', 'index_rows',
-           'render_notebook', 'artifact_files', 'artifact_section', 'run_summary', 'build_report']
+__all__ = ['REF', 'REPORT_MARKER', 'list_runs', 'find_run', 'paper_ref', 'Link', 'href', 'html_table', 'anchor', 'sizes_text',
+           'index_rows', 'render_notebook', 'artifact_files', 'artifact_section', 'run_summary', 'build_report']
 
 # %% ../nbs/16_report.ipynb #c006
 def list_runs(cfg: Config | None = None) -> list[Path]:
@@ -270,6 +270,8 @@ def run_summary(manifest: dict) -> str:
                 ("rerun with", f"<code>{esc(rerun)}</code>")])
 
 # %% ../nbs/16_report.ipynb #c025
+REPORT_MARKER = ".kgrag-report"  # in every folder `kgrag report` writes: only such a folder is rebuilt in place
+
 def build_report(run_id: str | None = None,  # run to report on (default: the last finished run)
                  out: str | Path | None = None,  # report folder (default: runs/<run_id>/report)
                  cfg: Config | None = None) -> Path:
@@ -278,9 +280,14 @@ def build_report(run_id: str | None = None,  # run to report on (default: the la
     run_dir = find_run(run_id, cfg)
     manifest = json.loads((run_dir / "manifest.json").read_text())
     out = Path(out) if out else run_dir / "report"
+    marker = out / REPORT_MARKER
+    if out.exists() and any(out.iterdir()) and not marker.exists():  # never delete what `kgrag report` did not make
+        raise FileExistsError(f"--out {out}: the folder is not empty and was not made by `kgrag report` (it has no "
+                              f"{REPORT_MARKER}); nothing was changed. Choose a new or empty folder")
     for sub in ("files", "notebooks"):  # the report's own folders are rebuilt; nothing else in `out` is touched
         if (out / sub).exists(): shutil.rmtree(out / sub)
     out.mkdir(parents=True, exist_ok=True)
+    marker.write_text(f"made by kgrag report for run {manifest.get('run_id')}\n")
     titles = _titles(cfg)
     rendered = {}  # id -> relative link of its rendered notebook
     for kind, entries in (("artifact", manifest.get("artifacts", [])), ("experiment", manifest.get("experiments", []))):

@@ -319,3 +319,21 @@ def test_experiments_failed_artefacts_and_odd_names_render_and_resolve(browser, 
     assert {Path(unquote(urlparse(f).path)).relative_to(site).as_posix() for f in res["files"]} == {"files/art_ok/odd: name.csv"}
     page = index.read_text()
     assert "ZeroDivisionError: division by zero" in page and "reused from the cache" in page and "exp_a (key kkkkkkkkkkkkkkkk)" in page
+
+
+def test_report_out_never_deletes_a_folder_it_did_not_make(tmp_path):
+    "Issue 25 item 2: `kgrag report --out .` in a project folder used to rmtree its `notebooks/` and `files/`."
+    cfg = get_config(runs_dir=tmp_path / "runs", figures_dir=tmp_path / "figures")
+    (cfg.runs_dir / "r-1").mkdir(parents=True)
+    (cfg.runs_dir / "r-1" / "manifest.json").write_text(json.dumps({"run_id": "r-1", "status": "finished", "experiments": [], "artifacts": []}))
+    project = tmp_path / "project"; (project / "notebooks").mkdir(parents=True)
+    (project / "notebooks" / "mine.ipynb").write_text("{}"); (project / "files").mkdir(); (project / "files" / "data.csv").write_text("a\n")
+    with pytest.raises(FileExistsError, match="was not made by `kgrag report`"):
+        kgrag_nb.report.build_report("r-1", out=project, cfg=cfg)
+    assert (project / "notebooks" / "mine.ipynb").read_text() == "{}" and (project / "files" / "data.csv").exists()
+    site = tmp_path / "site"
+    index = kgrag_nb.report.build_report("r-1", out=site, cfg=cfg)  # a new folder: made, marked, and rebuilt in place later
+    (site / "files" / "stale.txt").parent.mkdir(exist_ok=True); (site / "files" / "stale.txt").write_text("old")
+    assert kgrag_nb.report.build_report("r-1", out=site, cfg=cfg) == index and not (site / "files" / "stale.txt").exists()
+    empty = tmp_path / "empty"; empty.mkdir()
+    assert kgrag_nb.report.build_report("r-1", out=empty, cfg=cfg).exists()  # an empty folder is fine
