@@ -17,7 +17,7 @@ export PATH := $(BIN):$(PATH)
 $(STAMP): settings.ini setup.py tools/llama_wheel.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) tools/llama_wheel.py --install
-	$(PY) -m pip install -e ".[cpu,dev]"
+	$(PY) -m pip install -q -e ".[cpu,dev]"
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (kgrag_nb)"
 	touch $(STAMP)
 

@@ -106,8 +106,8 @@ def build(variant: str, cache: Path, extra: str = "", jobs: int | None = None) -
 
 def install(wheel: Path) -> None:
     "Install the keyed wheel (with the server extra) into this Python and record the build in sys.prefix."
-    subprocess.run([sys.executable, "-m", "pip", "install", "--force-reinstall", "--no-deps", str(wheel)], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", f"{wheel}[server]"], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", str(wheel)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"{wheel}[server]"], check=True)
     record = json.loads((wheel.parent / "build.json").read_text())
     record["wheel_path"] = str(wheel)
     Path(sys.prefix, BUILD_RECORD).write_text(json.dumps(record, indent=1))
