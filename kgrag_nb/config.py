@@ -4,13 +4,13 @@
 
 # %% ../nbs/00_config.ipynb #c002
 from __future__ import annotations
-import os, re, tempfile
+import math, os, re, tempfile
 from dataclasses import dataclass, asdict, replace, field
 from pathlib import Path
 
 # %% auto #0
 __all__ = ['PROFILES', 'CACHE_MODES', 'EMBEDDED_MODEL_ALIAS', 'DEFAULT_EMBEDDER', 'project_root', 'default_data_dir', 'Config',
-           'get_config']
+           'get_config', 'auto_threads']
 
 # %% ../nbs/00_config.ipynb #c004
 PROFILES = ("tiny", "smoke", "full")  # tiny: every study notebook in CI; smoke: CPU minutes; full: GPU endpoint
@@ -113,3 +113,11 @@ def get_config(**overrides) -> Config:
     values.update({k: v for k, v in overrides.items() if v is not None})
     for k in ("data_dir", "cache_dir", "runs_dir", "figures_dir", "server_state_dir"): values[k] = Path(values[k])
     return Config(**values)
+
+# %% ../nbs/00_config.ipynb #2b3d55ed
+def auto_threads(cores: int,  # threads the work would use on its own (usually the machine's cores)
+                 load: float,  # 1-minute load average of the *other* processes (the caller's own share taken out)
+                ) -> int:
+    "CPU threads for a job: the cores the load leaves free (load rounded half up), at least 1 and at most `cores`."
+    if cores < 1: raise ValueError(f"cores={cores} must be >= 1")
+    return max(1, min(cores, cores - math.floor(max(float(load), 0.0) + 0.5)))

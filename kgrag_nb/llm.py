@@ -4,23 +4,25 @@
 
 # %% ../nbs/03_llm.ipynb #c002
 from __future__ import annotations
-import asyncio, functools, hashlib, json, os, random, re, socket, sqlite3, ssl, sys, threading, time, uuid, warnings
+import asyncio, functools, hashlib, json, math, os, random, re, socket, sqlite3, ssl, sys, threading, time, uuid, warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, asdict, fields, replace
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-import certifi, openai
+import certifi, httpx, openai
 from tenacity import AsyncRetrying, Retrying, retry_if_exception, retry_if_exception_type, stop_after_attempt, wait_random
 from tqdm import tqdm
 
 from .config import CACHE_MODES, Config, get_config
 
 # %% auto #0
-__all__ = ['CacheMissError', 'ModelNotServedError', 'EndpointUnreachableError', 'ServerDiedError', 'MalformedResponseError',
-           'public_url', 'canonical_json', 'request_key', 'process_alive', 'ResponseCache', 'Usage', 'run_sync',
-           'is_retryable', 'backoff_delay', 'retrying', 'replace_surrogates', 'parse_response', 'progress_stream',
-           'tls_context', 'LLMClient', 'local_server_death', 'GroupCommit']
+__all__ = ['CONSTRAINT_KINDS', 'BACKENDS', 'VLLM_STRUCTURED_OUTPUTS_SINCE', 'CacheMissError', 'ModelNotServedError',
+           'EndpointUnreachableError', 'UnsupportedConstraintError', 'ServerDiedError', 'MalformedResponseError',
+           'public_url', 'canonical_json', 'request_key', 'Constraint', 'parse_regex', 'regex_to_gbnf',
+           'constraint_gbnf', 'fill_constraint', 'vllm_version_tuple', 'constraint_body', 'process_alive',
+           'ResponseCache', 'Usage', 'run_sync', 'is_retryable', 'backoff_delay', 'retrying', 'replace_surrogates',
+           'parse_response', 'progress_stream', 'tls_context', 'LLMClient', 'local_server_death', 'GroupCommit']
 
 # %% ../nbs/03_llm.ipynb #c005
 class CacheMissError(KeyError):
@@ -32,6 +34,9 @@ class ModelNotServedError(ValueError):
 
 class EndpointUnreachableError(ConnectionError):
     "No connection could be made to the LLM endpoint (after the retries)."
+
+class UnsupportedConstraintError(ValueError):
+    "A decoding constraint the backend (or the regex translator, or the stub) cannot honour; raised before anything is sent."
 
 class ServerDiedError(EndpointUnreachableError):
     "The local LLM server process died (its owner recorded why: exit signal, log tail, fix); never retried."
@@ -66,13 +71,370 @@ def request_key(
     payload,  # prompt string (completion) or list of messages (chat)
     params: dict,  # every sampling parameter (temperature, max_tokens, stop, seed, top_p, ...)
     sample_index: int = 0,  # which of the n samples of this request
+    constraint=None,  # a `Constraint` (or its `spec()` dict); None = unconstrained, the key is as before constraints existed
 ) -> str:
     "sha256 of the canonical JSON of one request; no URL, no API key."
     if kind not in ("completion", "chat"): raise ValueError(f"kind={kind!r}: use 'completion' or 'chat'")
     if not model: raise ValueError("request_key: model is empty; resolve it from /v1/models first")
     body = {"kind": kind, "model": model, "payload": payload, "sample_index": int(sample_index),
             "params": {k: v for k, v in params.items() if v is not None}}
+    if constraint is not None:  # only then: every unconstrained key (and cache) stays valid
+        body["constraint"] = (constraint if isinstance(constraint, Constraint) else Constraint.from_spec(constraint)).spec()
     return hashlib.sha256(canonical_json(body).encode()).hexdigest()
+
+# %% ../nbs/03_llm.ipynb #k001
+CONSTRAINT_KINDS = ("json", "regex", "choice", "grammar")  # vLLM's `structured_outputs` keys
+_JSON_TYPES = {"object", "array", "string", "integer", "number", "boolean", "null"}
+
+@dataclass(frozen=True)
+class Constraint:
+    "One decoding constraint: a JSON schema, a regular expression (full match), a choice among strings, or a raw"
+    " llama.cpp GBNF grammar. Build it with `Constraint.json_schema/regex/choice/grammar`; it is hashable and immutable."
+    kind: str  # one of CONSTRAINT_KINDS
+    value: str | tuple  # the schema as canonical JSON, the pattern, the options (a tuple), or the grammar text
+
+    def __post_init__(self):
+        k, v = self.kind, self.value
+        if k not in CONSTRAINT_KINDS: raise ValueError(f"Constraint kind {k!r}: use one of {CONSTRAINT_KINDS}")
+        if k == "json":
+            schema = json.loads(v) if isinstance(v, str) else v
+            if not isinstance(schema, dict):
+                raise ValueError(f"Constraint.json_schema: the schema is a {type(schema).__name__}, not a dict; pass a JSON "
+                                 "schema such as {'type': 'object', 'properties': {...}, 'required': [...]}")
+            t = schema.get("type")
+            if t is not None and not all(x in _JSON_TYPES for x in (t if isinstance(t, list) else [t])):
+                raise ValueError(f"Constraint.json_schema: 'type' {t!r} is not a JSON-schema type; use one of {sorted(_JSON_TYPES)}")
+        elif k == "regex":
+            if not isinstance(v, str) or not v: raise ValueError(f"Constraint.regex: the pattern {v!r} must be a non-empty string")
+            try: re.compile(v)
+            except re.error as e: raise ValueError(f"Constraint.regex: {v!r} is not a valid regular expression ({e}); fix the pattern") from None
+        elif k == "choice":
+            if not isinstance(v, tuple) or not v:
+                raise ValueError("Constraint.choice: the list of options is empty; pass at least one string, e.g. ['True', 'False']")
+            bad = [o for o in v if not isinstance(o, str) or not o]
+            if bad: raise ValueError(f"Constraint.choice: options {bad!r} are not non-empty strings")
+            if len(set(v)) != len(v): raise ValueError(f"Constraint.choice: options {list(v)!r} repeat; list each option once")
+        elif not isinstance(v, str) or not re.search(r"^\s*root\s*::=", v, flags=re.M):
+            raise ValueError("Constraint.grammar: the GBNF text has no `root ::= ...` rule; llama.cpp starts from `root`")
+
+    @classmethod
+    def json_schema(cls, schema: dict):  # a JSON schema (dict); the output is one JSON instance of it
+        "The output is a JSON document valid under `schema`."
+        if not isinstance(schema, dict):
+            raise ValueError(f"Constraint.json_schema: the schema is a {type(schema).__name__}, not a dict; pass the schema itself")
+        try: text = canonical_json(schema)
+        except (TypeError, ValueError) as e: raise ValueError(f"Constraint.json_schema: the schema is not plain JSON ({e})") from None
+        return cls("json", text)
+
+    @classmethod
+    def regex(cls, pattern: str):  # Python regular expression the whole output must match (re.fullmatch)
+        "The whole output matches `pattern`."
+        return cls("regex", pattern)
+
+    @classmethod
+    def choice(cls, options: list[str]):  # the output is exactly one of these strings
+        "The output is exactly one of `options`."
+        if isinstance(options, str): raise ValueError(f"Constraint.choice({options!r}): pass a list of options, e.g. [{options!r}]")
+        return cls("choice", tuple(options))
+
+    @classmethod
+    def grammar(cls, gbnf: str):  # raw llama.cpp GBNF text with a `root` rule
+        "The output is derived from the GBNF grammar `gbnf` (passed to the server as it is)."
+        return cls("grammar", gbnf)
+
+    @classmethod
+    def from_spec(cls, spec: dict):  # {"json": schema} | {"regex": p} | {"choice": [...]} | {"grammar": g}
+        "The constraint of a `spec()` dict (what the stub server receives, and what the cache records)."
+        if not isinstance(spec, dict) or len(spec) != 1 or next(iter(spec)) not in CONSTRAINT_KINDS:
+            raise ValueError(f"constraint spec {spec!r}: use one key among {CONSTRAINT_KINDS}, e.g. {{'choice': ['a', 'b']}}")
+        (kind, v), = spec.items()
+        return {"json": cls.json_schema, "regex": cls.regex, "choice": cls.choice, "grammar": cls.grammar}[kind](v)
+
+    @property
+    def schema(self) -> dict | None:
+        "The JSON schema (a fresh dict) of a `json` constraint, else None."
+        return json.loads(self.value) if self.kind == "json" else None
+
+    def spec(self) -> dict:
+        "`{kind: value}` with the value as plain JSON: vLLM's `structured_outputs` object."
+        return {self.kind: self.schema if self.kind == "json" else list(self.value) if self.kind == "choice" else self.value}
+
+    def canonical(self) -> str:
+        "Canonical JSON of `spec()`: what cache keys hold."
+        return canonical_json(self.spec())
+
+    def __repr__(self):
+        v = self.value if len(str(self.value)) <= 80 else str(self.value)[:77] + "..."
+        return f"Constraint.{'json_schema' if self.kind == 'json' else self.kind}({v!r})"
+
+# %% ../nbs/03_llm.ipynb #k004
+_REGEX_SUBSET = ("literals, escaped punctuation, \\n \\t \\r \\f \\v \\xHH \\uHHHH, \\d \\w \\s, '.', [classes] and [^classes], "
+                 "(groups), (?:groups), '|', '?', '*', '+', {m}, {m,}, {m,n}, and ^ / $ at the ends")
+_CLASS_ESCAPES = {"d": [("0", "9")], "w": [("a", "z"), ("A", "Z"), ("0", "9"), ("_", "_")],  # ASCII parts of Python's
+                  "s": [(c, c) for c in " \t\n\r\f\v"]}                                        # \d \w \s: outputs still match
+_CHAR_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "a": "\a"}
+
+class _RegexParser:
+    "Recursive-descent parser of the regex subset into a small tree: ('lit', c), ('set', negated, [(lo, hi)]),"
+    " ('seq', [nodes]), ('alt', [nodes]), ('rep', node, min, max or None)."
+    def __init__(self, pattern: str):
+        self.p, self.i = pattern, 0
+        self.end = len(pattern)
+        if pattern.startswith("^"): self.i = 1  # anchors at the ends add nothing to a full match
+        head = pattern[:-1]
+        if pattern.endswith("$") and (len(head) - len(head.rstrip("\\"))) % 2 == 0 and self.end > self.i: self.end -= 1
+
+    def fail(self, construct: str):
+        raise UnsupportedConstraintError(f"regex {self.p!r}: {construct} (position {self.i}) is outside the subset that can be "
+                                         f"translated faithfully ({_REGEX_SUBSET}); rewrite the pattern or pass Constraint.grammar(...)")
+
+    def peek(self) -> str: return self.p[self.i] if self.i < self.end else ""
+
+    def parse(self):
+        node = self.alt()
+        if self.i < self.end: self.fail("an unbalanced ')'")
+        return node
+
+    def alt(self):
+        branches = [self.seq()]
+        while self.peek() == "|": self.i += 1; branches.append(self.seq())
+        return branches[0] if len(branches) == 1 else ("alt", branches)
+
+    def seq(self):
+        items = []
+        while self.peek() not in ("", "|", ")"): items.append(self.repeat(self.atom()))
+        return ("seq", items)
+
+    def repeat(self, node):
+        c, m = self.peek(), re.match(r"\{(\d*)(,?)(\d*)\}", self.p[self.i:self.end])
+        if c in ("?", "*", "+"): self.i += 1; lo, hi = {"?": (0, 1), "*": (0, None), "+": (1, None)}[c]
+        elif c == "{" and m and (m[1] or m[2]):  # as Python reads them: '{,n}' is {0,n}, '{,}' is '*'; '{}', '{x}' are literals
+            self.i += m.end(); lo = int(m[1] or 0); hi = lo if not m[2] else (int(m[3]) if m[3] else None)
+        else: return node
+        if self.peek() in ("?", "+"): self.fail(f"the lazy or possessive quantifier {c + self.peek()!r}")
+        if self.peek() in ("*", "{") : self.fail("a repeated quantifier")
+        return ("rep", node, lo, hi)
+
+    def atom(self):
+        c = self.p[self.i]
+        if c == "(":
+            if self.p.startswith("(?:", self.i): self.i += 3
+            elif self.p.startswith("(?", self.i): self.fail(f"the group construct {self.p[self.i:self.i + 3]!r}... (lookaround, named group or flags)")
+            else: self.i += 1
+            node = self.alt()
+            if self.peek() != ")": self.fail("a missing ')'")
+            self.i += 1; return node
+        if c == "[": return self.char_class()
+        if c == ".": self.i += 1; return ("set", True, [("\n", "\n")])  # any character but a newline (no DOTALL)
+        if c == "\\": return self.escape(in_class=False)
+        if c in "*+?": self.fail(f"the quantifier {c!r} with nothing to repeat")
+        if c in "^$": self.fail(f"the anchor {c!r} inside the pattern")
+        self.i += 1; return ("lit", c)
+
+    def escape(self, in_class: bool):
+        c = self.p[self.i + 1] if self.i + 1 < len(self.p) else ""
+        if c in _CLASS_ESCAPES: self.i += 2; return ("class", _CLASS_ESCAPES[c]) if in_class else ("set", False, _CLASS_ESCAPES[c])
+        if c in _CHAR_ESCAPES: self.i += 2; return ("lit", _CHAR_ESCAPES[c])
+        m = re.match(r"\\(?:x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4}))", self.p[self.i:])
+        if m: self.i += m.end(); return ("lit", chr(int(m[1] or m[2], 16)))
+        if c and not c.isalnum() and c != "_": self.i += 2; return ("lit", c)
+        self.fail(f"the escape '\\{c}'" + (" (negated classes \\D \\W \\S differ from ASCII ones on Unicode input)" if c in "DWS" else ""))
+
+    def char_class(self):
+        self.i += 1
+        negated = self.peek() == "^"
+        if negated: self.i += 1
+        ranges, first = [], True
+        while True:
+            if self.i >= self.end: self.fail("an unterminated character class")
+            c = self.p[self.i]
+            if c == "]" and not first: self.i += 1; break
+            first = False
+            if c == "\\":
+                item = self.escape(in_class=True)
+                if item[0] == "class":
+                    if negated: self.fail("\\d, \\w or \\s inside a negated class")
+                    ranges += item[1]; continue
+                lo = item[1]
+            elif c == "[" and self.p.startswith("[:", self.i): self.fail("a POSIX class '[:...:]'")
+            else: lo = c; self.i += 1
+            if self.peek() == "-" and self.i + 1 < self.end and self.p[self.i + 1] != "]":
+                self.i += 1
+                if self.peek() == "\\":
+                    item = self.escape(in_class=True)
+                    if item[0] == "class": self.fail("a range ending in \\d, \\w or \\s")
+                    hi = item[1]
+                else: hi = self.p[self.i]; self.i += 1
+                ranges.append((lo, hi))
+            else: ranges.append((lo, lo))
+        return ("set", negated, ranges)
+
+def parse_regex(pattern: str):  # Python regular expression (full match)
+    "The tree of `pattern` for the translatable subset; raises `UnsupportedConstraintError` naming any other construct."
+    with warnings.catch_warnings():  # Python's FutureWarning on '[[' etc.: the subset parser names the construct itself
+        warnings.simplefilter("ignore", FutureWarning)
+        re.compile(pattern)  # a pattern Python rejects is an error of the pattern, not of the subset
+    return _RegexParser(pattern).parse()
+
+_GBNF_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}  # the escapes llama.cpp's GBNF parser knows, and \xHH
+
+def _gbnf_char(c: str, in_class: bool = False) -> str:
+    "One character inside a GBNF string literal (or, `in_class`, a character class)."
+    if c in _GBNF_ESCAPES: return _GBNF_ESCAPES[c]
+    if c in ("]", "[") and in_class or c == '"' and not in_class: return "\\" + c
+    if c in "^-" and in_class or ord(c) < 32 or ord(c) == 127: return f"\\x{ord(c):02X}"
+    return c
+
+def _gbnf_literal(s: str) -> str: return '"' + "".join(_gbnf_char(c) for c in s) + '"'
+
+
+def _gbnf(node) -> str:
+    "GBNF expression of a regex tree (repetitions written out with `?`, `*` and `+`, which every llama.cpp version reads)."
+    kind = node[0]
+    if kind == "lit": return _gbnf_literal(node[1])
+    if kind == "set":
+        body = "".join(_gbnf_char(lo, True) + ("" if lo == hi else "-" + _gbnf_char(hi, True)) for lo, hi in node[2])
+        return f"[{'^' if node[1] else ''}{body}]"
+    if kind == "alt": return "(" + " | ".join(_gbnf(b) or '""' for b in node[1]) + ")"
+    if kind == "seq":
+        parts, lits = [], ""
+        for item in node[1]:  # merge runs of literal characters into one string literal
+            if item[0] == "lit": lits += item[1]; continue
+            if lits: parts.append(_gbnf_literal(lits)); lits = ""
+            parts.append(_gbnf(item))
+        if lits: parts.append(_gbnf_literal(lits))
+        return " ".join(parts) if parts else '""'
+    _, sub, lo, hi = node
+    x = _gbnf(sub)
+    if sub[0] not in ("set", "lit", "alt"): x = f"({x})"  # an alternation is already in parentheses
+    if (lo, hi) == (0, 1): return f"{x}?"
+    if (lo, hi) == (0, None): return f"{x}*"
+    if hi is None: return " ".join([x] * (lo - 1) + [f"{x}+"])
+    out = " ".join([x] * lo)
+    if hi > lo:  # x{0,k} = (x (x (...)?)?)?
+        opt = f"{x}?"
+        for _ in range(hi - lo - 1): opt = f"({x} {opt})?"
+        out = f"{out} {opt}".strip()
+    return out or '""'
+
+def regex_to_gbnf(pattern: str) -> str:  # Python regular expression (full match), in the translatable subset
+    "A llama.cpp GBNF grammar whose language is `pattern`'s (ASCII for \\d \\w \\s); loud on constructs outside the subset."
+    return f"root ::= {_gbnf(parse_regex(pattern))}\n"
+
+def _fill_regex(node) -> str:
+    "The shortest string of a regex tree (first alternative, fewest repetitions, first character of a class)."
+    kind = node[0]
+    if kind == "lit": return node[1]
+    if kind == "set":
+        if not node[1]: return node[2][0][0]
+        inside = lambda c: any(lo <= c <= hi for lo, hi in node[2])
+        return next(c for c in "ax0_-XZ9 .!~" + "".join(map(chr, range(0x21, 0x2500))) if not inside(c))
+    if kind == "seq": return "".join(_fill_regex(n) for n in node[1])
+    if kind == "alt": return _fill_regex(node[1][0])
+    return _fill_regex(node[1]) * node[2]
+
+# %% ../nbs/03_llm.ipynb #k007
+def constraint_gbnf(c: Constraint) -> str:  # the constraint to translate
+    "The llama.cpp GBNF grammar of `c`: llama-cpp-python's JSON-schema converter for a schema, an alternation of string"
+    " literals for a choice, `regex_to_gbnf` for a regex, and a raw grammar as it is."
+    if c.kind == "grammar": return c.value
+    if c.kind == "choice": return "root ::= (" + " | ".join(_gbnf_literal(o) for o in c.value) + ")\n"
+    if c.kind == "regex": return regex_to_gbnf(c.value)
+    from llama_cpp.llama_grammar import json_schema_to_gbnf  # optional (the `cpu` extra): only a llama.cpp backend needs it
+    try: return json_schema_to_gbnf(c.value)
+    except (AssertionError, ValueError, KeyError, TypeError, RecursionError) as e:
+        raise UnsupportedConstraintError(f"llama.cpp: llama-cpp-python cannot convert the JSON schema {c.value[:120]} to a "
+                                         f"grammar ({type(e).__name__}: {e}); simplify the schema or pass Constraint.grammar(...)") from None
+
+# %% ../nbs/03_llm.ipynb #k010
+def _fill_schema(s: dict, seed: int, defs: dict, depth: int = 0):
+    "A minimal instance of the JSON schema `s` (see `fill_constraint`)."
+    if depth > 32: raise UnsupportedConstraintError("fill_constraint: the schema nests (or recurses) deeper than 32 levels")
+    if "$ref" in s:
+        ref = s["$ref"]
+        if not ref.startswith("#/"): raise UnsupportedConstraintError(f"fill_constraint: only local $ref ('#/...') is supported, not {ref!r}")
+        target = defs
+        for part in ref[2:].split("/"): target = target[part]
+        return _fill_schema(target, seed, defs, depth + 1)
+    if "const" in s: return s["const"]
+    if "enum" in s: return s["enum"][0]
+    for key in ("anyOf", "oneOf"):
+        if key in s: return _fill_schema(s[key][0], seed, defs, depth + 1)
+    if "allOf" in s: return _fill_schema({k: v for part in s["allOf"] for k, v in part.items()}, seed, defs, depth + 1)
+    t = s.get("type", "object" if "properties" in s else "string")
+    if isinstance(t, list): t = next((x for x in t if x != "null"), "null")
+    if t == "object":
+        props = s.get("properties", {})
+        return {k: _fill_schema(props.get(k, {}), seed, defs, depth + 1) for k in s.get("required", [])}
+    if t == "array":
+        items = s.get("items", {})
+        return [_fill_schema(items if isinstance(items, dict) else {}, seed, defs, depth + 1) for _ in range(int(s.get("minItems", 0)))]
+    if t == "string":
+        if "pattern" in s: return fill_constraint({"regex": s["pattern"]}, seed)
+        return "x" * max(1, int(s.get("minLength", 1))) if s.get("maxLength", 1) else ""
+    if t in ("integer", "number"):
+        lo, ex = s.get("minimum"), s.get("exclusiveMinimum")
+        if isinstance(ex, bool): ex = lo if ex else None  # draft 4 spells it minimum + exclusiveMinimum: true
+        v = max([x for x in (lo, None if ex is None else math.floor(ex) + 1 if t == "integer" else ex + 1) if x is not None] or [0])
+        if t == "integer": v = math.ceil(v)
+        hi = s.get("maximum")
+        if hi is not None and v > hi: raise UnsupportedConstraintError(f"fill_constraint: no {t} >= {v} and <= {hi}")
+        return v
+    if t == "boolean": return True
+    if t == "null": return None
+    raise UnsupportedConstraintError(f"fill_constraint: schema type {t!r} is not supported")
+
+def fill_constraint(spec: dict,  # a constraint's `spec()`: {"json": schema} | {"regex": p} | {"choice": [...]} | {"grammar": g}
+                    seed: int = 0) -> str:  # picks the option of a choice (options[seed % len])
+    "A deterministic output that satisfies `spec`, as the stub server returns it: a minimal JSON instance of a schema"
+    " (every required property, first enum value, strings 'x' up to minLength, numbers at their minimum, true, minItems"
+    " items), the `seed`-th option of a choice, the shortest string of a regex (checked with `re.fullmatch`)."
+    c = spec if isinstance(spec, Constraint) else Constraint.from_spec(spec)
+    if c.kind == "choice": return c.value[int(seed or 0) % len(c.value)]
+    if c.kind == "json": schema = c.schema; return canonical_json(_fill_schema(schema, int(seed or 0), schema))
+    if c.kind == "regex":
+        out = _fill_regex(parse_regex(c.value))
+        if re.fullmatch(c.value, out) is None:
+            raise UnsupportedConstraintError(f"fill_constraint: the string {out!r} made for regex {c.value!r} does not match it")
+        return out
+    raise UnsupportedConstraintError("the stub cannot fill a raw grammar: use a JSON schema, regex or choice constraint with the stub")
+
+# %% ../nbs/03_llm.ipynb #k013
+BACKENDS = ("auto", "llama.cpp", "vllm", "openai", "stub")
+VLLM_STRUCTURED_OUTPUTS_SINCE = (0, 10, 2)  # vllm-project/vllm PR #22772 (released in 0.10.2) added `structured_outputs` and
+# deprecated `guided_*`; 0.12.0 removed `guided_*` (docs.vllm.ai/en/latest/features/structured_outputs, warning box)
+
+def vllm_version_tuple(version: str) -> tuple[int, int, int]:  # what vLLM's `GET /version` reports, e.g. "0.11.0" or "0.10.2rc1"
+    "(major, minor, patch) of a vLLM version string."
+    m = re.match(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?", str(version or ""))
+    if not m: raise UnsupportedConstraintError(f"vllm: cannot read the version {version!r} that GET /version reported, so the "
+                                               "constrained-decoding fields are unknown; pass backend='vllm' with a server that reports it")
+    return int(m[1]), int(m[2]), int(m[3] or 0)
+
+def constraint_body(c: Constraint,  # the constraint
+                    backend: str,  # "llama.cpp" | "vllm" | "openai" | "stub" (not "auto": detect it first)
+                    kind: str = "completion",  # "completion" or "chat"
+                    vllm_version: str | None = None) -> dict:  # the served vLLM's version (backend "vllm" only)
+    "The extra request-body fields that make `backend` honour `c` (see the table above); raises"
+    " `UnsupportedConstraintError` when it cannot, so that nothing is sent."
+    if not isinstance(c, Constraint): raise TypeError(f"constraint={c!r}: pass a Constraint, e.g. Constraint.choice(['True', 'False'])")
+    if backend == "llama.cpp": return {"grammar": constraint_gbnf(c)}
+    if backend == "stub":
+        if c.kind == "grammar": raise UnsupportedConstraintError("stub: the stub cannot fill a raw grammar; it supports JSON schema, regex and choice")
+        if c.kind == "regex": parse_regex(c.value)  # the subset `fill_constraint` can fill: fail here, not at the server
+        return {"structured_outputs": c.spec()}
+    if backend == "vllm":
+        if vllm_version_tuple(vllm_version) >= VLLM_STRUCTURED_OUTPUTS_SINCE: return {"structured_outputs": c.spec()}
+        return {f"guided_{c.kind}": c.spec()[c.kind]}
+    if backend == "openai":
+        if kind != "chat":
+            raise UnsupportedConstraintError(f"openai: an OpenAI-style endpoint constrains only chat requests (response_format), "
+                                             f"not completions; use chat(...) with Constraint.json_schema, or a llama.cpp / vLLM server")
+        if c.kind != "json":
+            raise UnsupportedConstraintError(f"openai: an OpenAI-style endpoint supports only JSON-schema constraints (response_format), "
+                                             f"not {c.kind}; use Constraint.json_schema, or a llama.cpp / vLLM server for regex, choice and grammar")
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": "constraint", "schema": c.schema, "strict": True}}}
+    raise ValueError(f"backend={backend!r}: use one of {BACKENDS[1:]} (detect 'auto' with the client first)")
 
 # %% ../nbs/03_llm.ipynb #c010
 def _proc_stat(pid: int) -> tuple[str, str] | None:
@@ -400,7 +762,8 @@ class LLMClient:
                  progress: bool = True,  # tqdm bar when a call sends more than a handful of requests
                  backoff: float = 0.5,  # first retry delay in seconds (doubles each retry, with jitter)
                  claim_timeout_s: float | None = None,  # age after which another process's claim is stale; None = worst-case request time
-                 usage_every_s: float = 0.5):  # at most this often `on_usage` callbacks run during a call
+                 usage_every_s: float = 0.5,  # at most this often `on_usage` callbacks run during a call
+                 backend: str = "auto"):  # how constraints are sent: auto | llama.cpp | vllm | openai | stub (see "Backends")
         if mode not in CACHE_MODES: raise ValueError(f"mode={mode!r} is not one of {CACHE_MODES}; fix KGRAG_LLM_CACHE_MODE or --cache-mode")
         if isinstance(cache, (str, Path)): cache = ResponseCache(cache)
         if mode == "replay":
@@ -408,6 +771,7 @@ class LLMClient:
             if not model: raise ValueError("mode='replay' needs the model id (no server is asked): pass model=... or set KGRAG_MODEL")
         elif not base_url:
             raise ValueError(f"mode={mode!r} needs base_url (e.g. http://127.0.0.1:8765/v1); start `kgrag serve embedded` or pass --llm-url")
+        if backend not in BACKENDS: raise ValueError(f"backend={backend!r}: use one of {BACKENDS} (KGRAG_LLM_BACKEND)")
         if max_concurrency < 1: raise ValueError(f"max_concurrency={max_concurrency}: use 1 or more")
         self.base_url = base_url.rstrip("/") if base_url else None
         self.endpoint = public_url(self.base_url)  # the URL as messages show it (no credentials)
@@ -417,7 +781,8 @@ class LLMClient:
         # a live owner retries for at most (timeout + 30 s backoff cap) per attempt
         self.claim_timeout_s = claim_timeout_s if claim_timeout_s is not None else (timeout + 30) * (max_retries + 1)
         self.__key = os.environ.get(api_key_env) or "sk-no-key-needed"  # never logged, never in repr or cache
-        self.usage, self._served, self._ulock = Usage(), None, threading.Lock()
+        self.usage, self._served, self._owners, self._ulock = Usage(), None, None, threading.Lock()
+        self.backend, self.served_backend = backend, None  # (backend, vLLM version) once a constrained call detected it
         self.key_log = None  # a file path: every call appends the request keys it needs, one a line (`kgrag plan`)
         self.on_usage, self.usage_every_s, self._notified, self._pending = [], usage_every_s, 0.0, None  # callbacks f(usage: Usage)
 
@@ -430,10 +795,11 @@ class LLMClient:
                     cfg: Config | None = None,  # None = get_config()
                     base_url: str | None = None,  # overrides cfg.llm_url / the embedded server URL
                     **kwargs):  # other LLMClient arguments
-        "A client for the configured endpoint, model, cache file and cache mode."
+        "A client for the configured endpoint, model, cache file and cache mode (and KGRAG_LLM_BACKEND)."
         cfg = cfg or get_config()
         kw = dict(model=cfg.model, cache=ResponseCache(cfg.llm_cache_path), mode=cfg.llm_cache_mode,
-                  max_concurrency=cfg.max_concurrency, api_key_env=cfg.api_key_env)
+                  max_concurrency=cfg.max_concurrency, api_key_env=cfg.api_key_env,
+                  backend=os.environ.get("KGRAG_LLM_BACKEND") or "auto")  # (not a Config field: read when the client is made)
         return cls(base_url or cfg.llm_url or cfg.embedded_url, **{**kw, **kwargs})
 
     def _api(self) -> openai.AsyncOpenAI:
@@ -476,10 +842,12 @@ async def _resolve_model(self: LLMClient, api) -> str:
     "The model id for cache keys, checked against the server's `/v1/models` (asked once per client)."
     if self._served is None:
         async def models(): return await api.models.list()  # (an awaitable page, not a coroutine function)
-        try: self._served = [m.id for m in (await retrying(self.max_retries, self.backoff)(models)).data]
+        try:
+            listed = (await retrying(self.max_retries, self.backoff)(models)).data
+            self._served, self._owners = [m.id for m in listed], [getattr(m, "owned_by", None) for m in listed]
         except openai.NotFoundError:  # endpoint without /models: trust the given name
             if not self.model: raise ValueError(f"{self.endpoint} has no /models listing; pass the model id (model=... / KGRAG_MODEL)")
-            self._served = [self.model]
+            self._served, self._owners = [self.model], []
         except openai.APIConnectionError as e: raise self._unreachable(e) from e
     served = self._served
     if self.model is None:
@@ -491,6 +859,41 @@ async def _resolve_model(self: LLMClient, api) -> str:
                                   f"Pass one of those (--model / KGRAG_MODEL) or leave the model unset to use the served one")
     return self.model
 LLMClient._resolve_model = _resolve_model
+
+# %% ../nbs/03_llm.ipynb #k021
+async def _vllm_version(self: LLMClient) -> str | None:
+    "The version vLLM reports on `GET {root}/version` (root = the base URL without `/v1`), or None (no such route)."
+    root = re.sub(r"/v1/?$", "", self.base_url)
+    async with openai.DefaultAsyncHttpxClient(verify=tls_context(), timeout=min(self.timeout, 10.0)) as http:
+        try: r = await http.get(f"{root}/version")
+        except httpx.HTTPError: return None
+    try: v = r.json().get("version") if r.status_code == 200 else None
+    except (ValueError, AttributeError): return None
+    return v if isinstance(v, str) and v else None
+
+async def _backend_of(self: LLMClient, api) -> tuple[str, str | None]:
+    "(backend, vLLM version or None) of the endpoint: `self.backend`, or (`auto`) detected once per client from the"
+    " `owned_by` fields of `/v1/models` and a `GET /version` probe (see above)."
+    if self.served_backend is None:
+        backend, version = self.backend, None
+        if backend == "auto":
+            await self._resolve_model(api)  # lists /v1/models once per client (and keeps the owned_by fields)
+            owners = [o for o in self._owners or [] if isinstance(o, str)]
+            if "vllm" in owners: backend = "vllm"
+            elif owners and all(o.startswith("kgrag-stub") for o in owners): backend = "stub"
+            elif "me" in owners: backend = "llama.cpp"  # llama-cpp-python's server (llama_cpp/server/app.py, /v1/models)
+            else:
+                version = await self._vllm_version()
+                backend = "vllm" if version else "openai"
+        if backend == "vllm" and version is None:
+            version = await self._vllm_version()
+            if version is None:
+                raise UnsupportedConstraintError(f"vllm: {self.endpoint} answers no GET /version, so the constrained-decoding "
+                                                 "fields of its vLLM version are unknown; check the URL, or pass backend='openai'")
+        self.served_backend = (backend, version)
+    return self.served_backend
+
+LLMClient._vllm_version, LLMClient._backend_of = _vllm_version, _backend_of
 
 # %% ../nbs/03_llm.ipynb #c025
 def local_server_death(base_url: str | None,  # the client's endpoint
@@ -512,7 +915,8 @@ def local_server_death(base_url: str | None,  # the client's endpoint
                     f"rerun to resume")
         time.sleep(0.05)  # the owner's watchdog records the exit signal within milliseconds of the death
 
-async def _send(self: LLMClient, api, kind: str, model: str, payload, params: dict) -> dict:
+async def _send(self: LLMClient, api, kind: str, model: str, payload, params: dict,
+                extra: dict | None = None) -> dict:  # extra body fields (a translated constraint: `constraint_body`)
     "One generation request with retries (`retrying`); the body is checked by `parse_response`; returns the record."
     " A refused connection to a local server that has died ends the request at once with `ServerDiedError`."
     attempts, path = 0, "completions" if kind == "completion" else "chat/completions"
@@ -520,8 +924,9 @@ async def _send(self: LLMClient, api, kind: str, model: str, payload, params: di
         nonlocal attempts
         attempts += 1; self._count(requests=1)
         try:
-            if kind == "completion": raw = await api.completions.with_raw_response.create(model=model, prompt=payload, **params)
-            else: raw = await api.chat.completions.with_raw_response.create(model=model, messages=payload, **params)
+            kw = {**params, "extra_body": extra} if extra else params
+            if kind == "completion": raw = await api.completions.with_raw_response.create(model=model, prompt=payload, **kw)
+            else: raw = await api.chat.completions.with_raw_response.create(model=model, messages=payload, **kw)
             return parse_response(kind, raw.content, raw.headers.get("content-type", ""))
         except MalformedResponseError: self._count(errors=1, malformed=1); raise
         except openai.APIConnectionError as e:
@@ -575,7 +980,9 @@ class GroupCommit:
             else: fut.set_exception(err)
 
 async def _fetch(self: LLMClient, api, sem, failed: asyncio.Event, owner: str, key: str, job: tuple, kind: str, model: str,
-                 batch: GroupCommit | None = None) -> dict:  # group commit of the call (None: one transaction per write)
+                 batch: GroupCommit | None = None,  # group commit of the call (None: one transaction per write)
+                 extra: dict | None = None,  # extra body fields of every request (the call's translated constraint)
+                 constraint: Constraint | None = None) -> dict:  # the call's constraint (recorded with the answer)
     "The answer to one missed key: claimed and sent here, or (another process holds a live claim) waited for;"
     " abandoned without sending once `failed` is set (another request of the call failed)."
     payload, prm, s = job
@@ -586,13 +993,14 @@ async def _fetch(self: LLMClient, api, sem, failed: asyncio.Event, owner: str, k
             state, hit = self.cache.claim(key, owner, self.claim_timeout_s) if share else ("mine", None)
             if state in ("mine", "taken_over"):
                 if state == "taken_over": self._count(claims_taken_over=1)
-                try: rec = await self._send(api, kind, model, payload, prm)
+                try: rec = await self._send(api, kind, model, payload, prm, extra)
                 except BaseException:
                     if share: self.cache.release(key, owner)
                     raise
         if state in ("mine", "taken_over"):  # the answer is stored before it is returned (outside the semaphore:
             if self.cache is not None:       # the next request goes out while the write waits for its group commit)
                 request = {"kind": kind, "model": model, "payload": payload, "params": prm, "sample_index": s}
+                if constraint is not None: request["constraint"] = constraint.spec()
                 if batch is not None: await batch.put(key, rec, request)
                 else: self.cache.put(key, rec, request=request)
                 self._count(answers_cached=1)
@@ -604,11 +1012,13 @@ async def _fetch(self: LLMClient, api, sem, failed: asyncio.Event, owner: str, k
 LLMClient._fetch = _fetch
 
 # %% ../nbs/03_llm.ipynb #c026b
-async def _generate(self: LLMClient, kind, payloads, n, temperature, params, desc, return_records):
+async def _generate(self: LLMClient, kind, payloads, n, temperature, params, desc, return_records, constraint=None):
     "Shared body of `acomplete` and `achat`: keys, cache lookups, bounded concurrent requests, cache writes."
     if isinstance(payloads, (str, dict)) or (kind == "chat" and payloads and isinstance(payloads[0], dict)):
         raise TypeError(f"{kind}: pass a list of {'prompts' if kind == 'completion' else 'message lists'}, e.g. [{payloads!r}]")
     if n < 1: raise ValueError(f"n={n}: ask for 1 or more samples")
+    if constraint is not None and not isinstance(constraint, Constraint):
+        raise TypeError(f"constraint={constraint!r}: pass a Constraint, e.g. Constraint.json_schema({{...}}) or Constraint.choice([...])")
     payloads = list(payloads)
     temps = _per_item(temperature, len(payloads), "temperature")
     if isinstance(params.get("stop"), str): params["stop"] = [params["stop"]]
@@ -624,7 +1034,7 @@ async def _generate(self: LLMClient, kind, payloads, n, temperature, params, des
             for s in range(n):
                 seed = params.get("seed")
                 prm = {k: v for k, v in {**params, "temperature": temp, "seed": None if seed is None else seed + s}.items() if v is not None}
-                key = request_key(kind, model, payload, prm, s)
+                key = request_key(kind, model, payload, prm, s, constraint)
                 jobs.setdefault(key, (payload, prm, s)); row.append(key)
             rows.append(row)
         if self.key_log is not None:  # every key this call needs (hits too): `kgrag plan` prices a run from these
@@ -641,13 +1051,17 @@ async def _generate(self: LLMClient, kind, payloads, n, temperature, params, des
         self._count(cache_hits=len(jobs) - len(misses))
         if misses:
             model = await self._resolve_model(api)  # verifies a given model name before the first real request
+            extra = None  # a constraint the backend cannot honour fails here, before any request is sent
+            if constraint is not None:
+                backend, version = await self._backend_of(api)
+                extra = constraint_body(constraint, backend, kind, version)
             sem, owner = asyncio.Semaphore(self.max_concurrency), f"{os.getpid()}:{uuid.uuid4().hex}"  # this call's claims
             bar = tqdm(total=len(misses), desc=desc or f"{kind} {model}", disable=not self.progress or len(misses) <= 5,
                        file=progress_stream())
             failed = asyncio.Event()
             batch = GroupCommit(self.cache) if self.cache is not None else None
             async def one(key):
-                try: results[key] = await self._fetch(api, sem, failed, owner, key, jobs[key], kind, model, batch)
+                try: results[key] = await self._fetch(api, sem, failed, owner, key, jobs[key], kind, model, batch, extra, constraint)
                 except BaseException: failed.set(); raise
                 bar.update(1)
             tasks = [asyncio.ensure_future(one(k)) for k in misses]
@@ -676,10 +1090,11 @@ async def _acomplete(self: LLMClient,
                     seed: int | None = None,  # sample i uses seed + i
                     top_p: float | None = None,  # nucleus sampling; None = server default
                     desc: str | None = None,  # progress bar label
-                    return_records: bool = False):  # also return records (text, finish_reason, tokens, cached, key)
+                    return_records: bool = False,  # also return records (text, finish_reason, tokens, cached, key)
+                    constraint: Constraint | None = None):  # decoding constraint for every request (part of the cache key)
     "Completions: one list of `n` strings per prompt (and the records when `return_records`)."
     params = dict(max_tokens=max_tokens, stop=stop, seed=seed, top_p=top_p)
-    return await self._generate("completion", prompts, n, temperature, params, desc, return_records)
+    return await self._generate("completion", prompts, n, temperature, params, desc, return_records, constraint)
 
 async def _achat(self: LLMClient,
                 messages_list: list[list[dict]],  # one list of {"role", "content"} messages per item
@@ -690,10 +1105,11 @@ async def _achat(self: LLMClient,
                 seed: int | None = None,  # sample i uses seed + i
                 top_p: float | None = None,  # nucleus sampling; None = server default
                 desc: str | None = None,  # progress bar label
-                return_records: bool = False):  # also return the records
+                return_records: bool = False,  # also return the records
+                constraint: Constraint | None = None):  # decoding constraint for every request (part of the cache key)
     "Chat completions: one list of `n` strings per message list (and the records when `return_records`)."
     params = dict(max_tokens=max_tokens, stop=stop, seed=seed, top_p=top_p)
-    return await self._generate("chat", messages_list, n, temperature, params, desc, return_records)
+    return await self._generate("chat", messages_list, n, temperature, params, desc, return_records, constraint)
 
 def _complete(self: LLMClient, prompts: list[str], **kwargs):
     "Sync `acomplete` (works inside Jupyter/papermill): one list of `n` strings per prompt."

@@ -81,7 +81,8 @@ def price_keys(keys_path: Path,  # a key log (one request key a line; repeats al
             out["completion_tokens_max"] += budget
             if req["model"] == model: target[k] = budget  # a run of the model itself: its own keys
             elif req["model"] == STUB_MODEL:
-                target[request_key(req["kind"], model, req["payload"], req["params"], req.get("sample_index", 0))] = budget
+                target[request_key(req["kind"], model, req["payload"], req["params"], req.get("sample_index", 0),
+                              req.get("constraint"))] = budget
             else: out["other_models"] += 1; out["to_send_tokens_max"] += budget  # stand-ins for the other models of a comparison
     held = {}
     if target_cache is not None and Path(target_cache).exists() and target:

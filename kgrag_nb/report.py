@@ -4,7 +4,7 @@
 
 # %% ../nbs/16_report.ipynb #c003
 from __future__ import annotations
-import html, json, re, shutil
+import html, json, re, shutil, warnings
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -17,8 +17,9 @@ from .hooks import subcommand
 from .reproduce import RUN_ID, load_experiments, load_registry
 
 # %% auto #0
-__all__ = ['REF', 'REPORT_MARKER', 'list_runs', 'find_run', 'paper_ref', 'Link', 'href', 'html_table', 'anchor', 'sizes_text',
-           'index_rows', 'render_notebook', 'artifact_files', 'artifact_section', 'run_summary', 'build_report']
+__all__ = ['REF', 'CSP', 'REPORT_MARKER', 'list_runs', 'find_run', 'paper_ref', 'Link', 'href', 'html_table', 'anchor',
+           'sizes_text', 'index_rows', 'sanitize_html', 'render_notebook', 'artifact_files', 'rerun_command',
+           'provenance_mismatch', 'artifact_section', 'run_summary', 'build_report']
 
 # %% ../nbs/16_report.ipynb #c006
 def list_runs(cfg: Config | None = None) -> list[Path]:
@@ -31,14 +32,26 @@ def list_runs(cfg: Config | None = None) -> list[Path]:
         found.append((started, m.parent.name, m.parent))
     return [p for *_, p in sorted(found)]
 
+def _status(run: Path) -> str:
+    "The `status` of a run's manifest (`running`, `finished`, `interrupted`, `failed`; 'unknown' when unreadable or absent)."
+    try: m = json.loads((run / "manifest.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError): return "unknown"
+    return str(m.get("status") or "unknown") if isinstance(m, dict) else "unknown"
+
 def find_run(run_id: str | None = None,  # a run id (folder of `runs/`); None = the last finished run
              cfg: Config | None = None) -> Path:
-    "The folder of run `run_id`, or of the last finished run; FileNotFoundError naming what is missing otherwise."
+    "The folder of run `run_id`, or of the last run whose status is `finished` (with none finished: the newest run, and"
+    " a warning); FileNotFoundError naming what is missing otherwise."
     cfg = cfg or get_config()
     if run_id is None:
         runs = list_runs(cfg)
         if not runs: raise FileNotFoundError(f"no run with a manifest.json under {cfg.runs_dir}; run `kgrag reproduce` first "
                                              "(or point KGRAG_RUNS at the runs folder)")
+        finished = [r for r in runs if _status(r) == "finished"]
+        if finished: return finished[-1]
+        warnings.warn(f"no finished run under {cfg.runs_dir}: reporting the newest, {runs[-1].name!r} (status "
+                      f"{_status(runs[-1])}), whose results may be incomplete; name another with --run RUN_ID "
+                      f"(runs: {[r.name for r in runs][-5:]})", UserWarning, stacklevel=2)
         return runs[-1]
     if not RUN_ID.match(run_id) or ".." in run_id:
         raise ValueError(f"--run {run_id!r}: a run id is a folder name of {cfg.runs_dir} (letters, digits, '.', '_', '-')")
@@ -116,7 +129,14 @@ def index_rows(manifest: dict,  # a run's manifest.json
     return rows
 
 # %% ../nbs/16_report.ipynb #c018
+CSP = ("default-src 'self'; script-src 'none'; object-src 'none'; base-uri 'none'; form-action 'none'; "
+       "img-src 'self' data:; style-src 'self' 'unsafe-inline'")  # no script may run on any page of the report
+_CSP_META = f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+
 _NB_TEMPLATE = """{%- extends 'index.html.j2' -%}
+{%- block html_head -%}""" + _CSP_META + """
+{{ super() }}{%- endblock html_head -%}
+{%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
 {%- block html_head_js_requirejs -%}{%- endblock html_head_js_requirejs -%}
 {%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
 {%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
@@ -125,14 +145,33 @@ _NB_TEMPLATE = """{%- extends 'index.html.j2' -%}
 {%- endblock body_header -%}
 """
 
+_SAFE_TAGS = ["a", "abbr", "acronym", "b", "blockquote", "br", "caption", "cite", "code", "col", "colgroup", "dd", "del",
+              "details", "dfn", "div", "dl", "dt", "em", "figcaption", "figure", "h1", "h2", "h3", "h4", "h5", "h6", "hr",
+              "i", "img", "ins", "kbd", "li", "mark", "ol", "p", "pre", "q", "s", "samp", "small", "span", "strong", "sub",
+              "summary", "sup", "table", "tbody", "td", "tfoot", "th", "thead", "tr", "tt", "u", "ul", "var"]
+_UNSAFE_ATTRS = {"srcdoc", "formaction", "action", "style"}  # besides every on* handler; inline style is dropped too
+_DROP_WITH_CONTENT = re.compile(r"<(script|style)\b[^>]*>.*?(?:</\1\s*>|\Z)", re.I | re.S)
+
+def _safe_attr(tag: str, name: str, value: str) -> bool:
+    "bleach's attribute filter: no event handler, nothing that loads or runs content (URLs are checked by bleach)."
+    return not name.lower().startswith("on") and name.lower() not in _UNSAFE_ATTRS
+
+def sanitize_html(text: str) -> str:  # HTML from a notebook (a Markdown cell rendered, an output)
+    "HTML without anything that runs: `<script>`/`<style>` dropped with their content, then bleach keeps `_SAFE_TAGS`"
+    " (others stripped, their text kept), no `on*` attribute, no `javascript:` URL, no comment."
+    from nbconvert.preprocessors.sanitize import SanitizeHTML  # heavy (bleach): only when rendering
+    text = _DROP_WITH_CONTENT.sub("", str(text.decode() if isinstance(text, bytes) else text))
+    return SanitizeHTML(tags=_SAFE_TAGS, attributes=_safe_attr, strip=True).sanitize_html_tags(text)
+
 def render_notebook(src: str | Path,  # an executed notebook
                     dst: str | Path,  # the HTML file to write
                     back: str = "../index.html") -> Path:  # relative link from `dst` to the report's index
-    "Render a notebook to a self-contained HTML page (outputs' images inlined, no script from the network)."
+    "Render a notebook to a self-contained HTML page (outputs' images inlined, HTML and Markdown sanitised, no script)."
     import nbformat  # heavy (~1 s): only when rendering
     from nbconvert import HTMLExporter  # heavy: only when rendering
     nb = nbformat.read(str(src), as_version=4)
-    exporter = HTMLExporter(template_name="lab", template_file="kgrag_report_nb.html.j2",
+    exporter = HTMLExporter(template_name="lab", template_file="kgrag_report_nb.html.j2", sanitize_html=True,
+                            filters={"clean_html": sanitize_html},  # nbconvert's own escapes <p>, <h1>, <th>, ...
                             extra_loaders=[DictLoader({"kgrag_report_nb.html.j2": _NB_TEMPLATE})])
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": Path(src).stem}, "kgrag_back": quote(back, safe="/#")})
     dst = Path(dst); dst.parent.mkdir(parents=True, exist_ok=True)
@@ -162,12 +201,42 @@ def _dl(items: list[tuple[str, str]]) -> str:
     "A definition list; values are HTML already."
     return "<dl>" + "".join(f"<dt>{html.escape(k)}</dt><dd>{v}</dd>" for k, v in items if v) + "</dl>"
 
-def _stale(entry: dict, cfg: Config) -> bool:
-    "Whether `figures/<artefact>/provenance.json` was written by another run (other parameters or seed)."
-    p = cfg.figures_dir / entry["artifact"] / "provenance.json"
-    if not p.exists() or "params" not in entry: return False
-    prov = json.loads(p.read_text())
-    return (prov.get("params"), prov.get("seed")) != (entry.get("params"), entry.get("seed"))
+def rerun_command(manifest: dict,  # a run's manifest
+                  only: str | None = None) -> str:  # artefact ids (default: the run's --only)
+    "The `kgrag reproduce` command that reruns (part of) a run with its profile, model and `--set` values."
+    only = only or manifest.get("only")
+    return (f"kgrag reproduce --profile {manifest.get('profile')}" + (f" --only '{only}'" if only and not re.fullmatch(r"[\w.,-]+", only)
+                                                                     else f" --only {only}" if only else "")
+            + (f" --model {manifest['model']}" if manifest.get("model") else "")
+            + "".join(f" --set {k}={json.dumps(v)}" for k, v in (manifest.get("overrides") or {}).items()))
+
+def provenance_mismatch(entry: dict,  # an artefact's manifest entry
+                        manifest: dict,  # the run's manifest (run_id, model)
+                        cfg: Config) -> str:
+    "Why `figures/<artefact>/provenance.json` is not this run's (another run id, model, parameters or seed; unreadable),"
+    " as a sentence naming that run and model and how to rerun; '' when it is this run's or there is none."
+    aid = entry["artifact"]
+    p = cfg.figures_dir / aid / "provenance.json"
+    if not p.exists(): return ""
+    rerun = f"rerun `{rerun_command(manifest, aid)}` for this run's own"
+    try: prov = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return f"figures/{aid}/provenance.json cannot be read ({type(e).__name__}), so which run wrote these files is unknown; {rerun}."
+    if not isinstance(prov, dict): return f"figures/{aid}/provenance.json is not a JSON object; {rerun}."
+    run, model = manifest.get("run_id"), manifest.get("model")
+    ours = sorted(entry["models"] or []) if "models" in entry else None  # the run record's models
+    theirs = sorted(prov.get("models") or [])
+    why = []
+    if prov.get("run_id") and prov["run_id"] != run: why.append(f"run id {prov['run_id']} is not {run}")
+    if ours is not None and theirs != ours: why.append("other model(s)")
+    if ours is None and model and theirs and model not in theirs: why.append("other model(s)")
+    if "params" in entry and (prov.get("params"), prov.get("seed")) != (entry.get("params"), entry.get("seed")):
+        why.append("other parameters or seed")
+    if not why: return ""
+    who = f"run {prov['run_id']}" if prov.get("run_id") else "another run (its id is not recorded)"
+    this = ", ".join(ours) if ours else (model or "none")
+    return (f"these figures were written by {who} with model {', '.join(theirs) or 'none (no LLM used)'}, not by this run "
+            f"({run}, model {this}): {'; '.join(why)}. figures/{aid}/ is shared by every run; {rerun}.")
 
 # %% ../nbs/16_report.ipynb #c022
 def artifact_section(entry: dict,  # the artefact's manifest entry
@@ -188,9 +257,8 @@ def artifact_section(entry: dict,  # the artefact's manifest entry
     parts = [f'<section id="{anchor(aid)}">', f"<h2>{esc(aid)}</h2>", f'<p class="title">{esc(title)}</p>']
     if status != "ok":
         parts.append(f'<p class="error">{esc(status)}: {esc(str(entry.get("error") or "no error recorded"))}</p>')
-    if _stale(entry, cfg):
-        parts.append(f'<p class="warn">figures/{esc(aid)}/ has been rewritten by another run since; the files below are '
-                     "its current contents, not necessarily this run's.</p>")
+    if files and (other := provenance_mismatch(entry, manifest, cfg)):  # before any number of another run
+        parts.append(f'<p class="error stale">{esc(other)}</p>')
     parts.append(_dl([
         ("paper", esc(entry.get("paper") or "")), ("in the paper", esc(paper_ref(title))),
         ("model", esc(", ".join(entry.get("models") or []) or "none (no LLM used)")),
@@ -246,7 +314,7 @@ img{border:1px solid #ddd;max-width:100%;height:auto}.error{color:#a00;font-weig
 .title{font-size:1.1em}"""
 
 def _page(title: str, body: list[str]) -> str:
-    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n" + _CSP_META + "\n"
             f"<title>{html.escape(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n" + "\n".join(body) + "\n</body>\n</html>\n")
 
 def _titles(cfg: Config) -> dict[str, str]:
@@ -257,10 +325,9 @@ def _titles(cfg: Config) -> dict[str, str]:
 def run_summary(manifest: dict) -> str:
     "The run's provenance as a definition list."
     esc, u = html.escape, manifest.get("llm_usage") or {}
-    only = f" --only '{manifest['only']}'" if manifest.get("only") else ""
-    sets = "".join(f" --set {k}={json.dumps(v)}" for k, v in (manifest.get("overrides") or {}).items())
-    rerun = f"kgrag reproduce --profile {manifest.get('profile')}{only}{sets}"
-    return _dl([("run id", esc(str(manifest.get("run_id")))), ("git sha", esc(str(manifest.get("git_sha")))),
+    rerun = rerun_command(manifest)
+    return _dl([("run id", esc(str(manifest.get("run_id")))), ("status", esc(str(manifest.get("status") or "unknown"))),
+                ("git sha", esc(str(manifest.get("git_sha")))),
                 ("profile", esc(str(manifest.get("profile")))), ("started", esc(str(manifest.get("started")))),
                 ("wall time", esc(f"{manifest.get('wall_s')} s")), ("model", esc(str(manifest.get("model") or "none (no LLM used)"))),
                 ("endpoint", esc(str(manifest.get("llm_url")))), ("python", esc(str(manifest.get("python")))),
@@ -309,7 +376,11 @@ def build_report(run_id: str | None = None,  # run to report on (default: the la
     body = [f"<h1>kgrag_nb report: run {html.escape(str(manifest.get('run_id')))}</h1>",
             f'<p class="note">{n_ok} of {len(arts)} artefacts ok. Our numbers come from the model and sample sizes shown '
             "with each artefact (at the tiny and smoke profiles a small model on a handful of questions), next to the "
-            "paper's numbers, never in their place.</p>",
+            "paper's numbers, never in their place.</p>"]
+    if manifest.get("status") != "finished":
+        body.append(f'<p class="error">This run did not finish (status: {html.escape(str(manifest.get("status") or "unknown"))}): '
+                    "its results may be incomplete.</p>")
+    body += [
             "<h2>Run</h2>", run_summary(manifest),
             "<h2>Artefacts</h2>", html_table(index_rows(manifest, titles, {s for k, s in rendered if k == "artifact"}))]
     if exp_rows: body += ["<h2>Experiments</h2>", html_table(exp_rows)]

@@ -14,13 +14,13 @@ import bm25s
 from bm25s.stopwords import STOPWORDS_EN
 from tqdm.auto import tqdm
 
-from .config import get_config, Config, DEFAULT_EMBEDDER
+from .config import get_config, Config, DEFAULT_EMBEDDER, auto_threads
 from .llm import progress_stream  # the bar goes where `kgrag reproduce` shows progress
 
 # %% auto #0
 __all__ = ['DENSE_KINDS', 'DEFAULT_NPROBE', 'default_embedder_path', 'load_embedder', 'embedder_name', 'EmbeddingCache',
-           'auto_threads', 'OwnLoad', 'encode_threads', 'torch_threads', 'embed', 'DenseIndex', 'default_tokenizer',
-           'BM25Index', 'md5_key', 'md5_dedup', 'Retriever']
+           'OwnLoad', 'encode_threads', 'torch_threads', 'embed', 'DenseIndex', 'default_tokenizer', 'BM25Index',
+           'md5_key', 'md5_dedup', 'Retriever']
 
 # %% ../nbs/05_retrieval.ipynb #c006
 _EMBEDDERS: dict = {}  # (name, device) -> loaded SentenceTransformer; one load per name and process
@@ -158,13 +158,6 @@ def _check_texts(texts, what="texts") -> list[str]:
     bad = [i for i, t in enumerate(texts) if not isinstance(t, str)]
     if bad: raise TypeError(f"{what}[{bad[0]}] is {type(texts[bad[0]]).__name__}, not str; convert it with str() or drop it")
     return texts
-
-def auto_threads(cores: int,  # threads torch would use on its own (its default: the machine's cores)
-                 load: float,  # 1-minute load average of the *other* processes (this one's own share taken out)
-                ) -> int:
-    "CPU threads for encoding: the cores the load leaves free (load rounded half up), at least 1 and at most `cores`."
-    if cores < 1: raise ValueError(f"cores={cores} must be >= 1")
-    return max(1, min(cores, cores - math.floor(max(float(load), 0.0) + 0.5)))
 
 _TORCH_DEFAULT_THREADS: list = []  # torch's own intra-op thread count, read once before any change here
 

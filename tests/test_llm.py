@@ -89,6 +89,15 @@ def test_request_key_hand_computed():
     assert request_key("completion", "m", "hi", {"temperature": 0.0, "max_tokens": 4, "seed": None}) == hashlib.sha256(body.encode()).hexdigest()
 
 
+def test_request_key_without_constraint_is_unchanged():
+    "Issue 21: a constraint enters the key only when given, so every key (and cache) made before constraints stays valid."
+    old = "698c451762ae5951f488ba830603f257bf4338ba4ad0ec478511fd0769b75975"  # computed with the code before constraints
+    prm = {"temperature": 0.0, "max_tokens": 4, "stop": ["\n"]}
+    assert request_key("completion", "gemma-3-270m-q4_k_m", "Q: 1+1?\nA:", prm, 0) == old
+    assert request_key("completion", "gemma-3-270m-q4_k_m", "Q: 1+1?\nA:", prm, 0, constraint=None) == old
+    assert request_key("completion", "gemma-3-270m-q4_k_m", "Q: 1+1?\nA:", prm, 0, constraint={"choice": ["2", "3"]}) != old
+
+
 def test_request_key_rejects_bad_input():
     with pytest.raises(ValueError, match="completion"): request_key("embed", "m", "hi", {})
     with pytest.raises(ValueError, match="model"): request_key("completion", "", "hi", {})

@@ -305,7 +305,7 @@ def test_experiments_failed_artefacts_and_odd_names_render_and_resolve(browser, 
         nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# A notebook"), nbformat.v4.new_code_cell(src)])
         (run / rel).parent.mkdir(parents=True, exist_ok=True); nbformat.write(nb, run / rel)
     odd = cfg.figures_dir / "art_ok" / "odd: name.csv"; odd.parent.mkdir(parents=True); odd.write_text("source,x\nours,1\n")
-    (run / "manifest.json").write_text(json.dumps({"run_id": "r-1", "git_sha": "0" * 40, "profile": "tiny", "started": "2026", "experiments": [
+    (run / "manifest.json").write_text(json.dumps({"run_id": "r-1", "git_sha": "0" * 40, "profile": "tiny", "started": "2026", "status": "finished", "experiments": [
         {"experiment": "exp_a", "status": "computed", "key": "k" * 64, "executed": "notebooks/experiments/exp_a.ipynb", "wall_s": 1.0},
         {"experiment": "exp_b", "status": "reused", "key": "j" * 64, "wall_s": 0.0}], "artifacts": [
         {"artifact": "art_bad", "status": "failed", "error": "cell 2: ZeroDivisionError: division by zero", "executed": "notebooks/art_bad.ipynb"},
@@ -337,3 +337,135 @@ def test_report_out_never_deletes_a_folder_it_did_not_make(tmp_path):
     assert kgrag_nb.report.build_report("r-1", out=site, cfg=cfg) == index and not (site / "files" / "stale.txt").exists()
     empty = tmp_path / "empty"; empty.mkdir()
     assert kgrag_nb.report.build_report("r-1", out=empty, cfg=cfg).exists()  # an empty folder is fine
+
+
+# ---------------------------------------------------------------- issue 25: item 3 (default run), item 7 (provenance), item 12 (scripts)
+
+def _manifest(run: Path, **m):
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "manifest.json").write_text(json.dumps({"experiments": [], "artifacts": [], **m}))
+
+
+def test_default_report_is_the_last_finished_run(tmp_path):
+    "Issue 25 item 3: without --run the report is of the newest run whose status is `finished`, never of one that is"
+    " still `running` (or was `interrupted`, or `failed`) although it started later; with none finished, the newest, with a warning."
+    cfg = get_config(runs_dir=tmp_path / "runs", figures_dir=tmp_path / "figures")
+    for rid, started, status in [("old-done", "2026-01-01T00", "finished"), ("done", "2026-01-02T00", "finished"),
+                                 ("killed", "2026-01-03T00", "interrupted"), ("broke", "2026-01-04T00", "failed"),
+                                 ("live", "2026-01-05T00", "running")]:
+        _manifest(cfg.runs_dir / rid, run_id=rid, started=started, status=status)
+    assert kgrag_nb.report.find_run(cfg=cfg).name == "done"
+    assert kgrag_nb.report.find_run("live", cfg).name == "live"  # named explicitly: any run
+    assert "run done" in kgrag_nb.report.build_report(cfg=cfg).read_text()
+    only_unfinished = get_config(runs_dir=tmp_path / "runs2", figures_dir=tmp_path / "figures")
+    _manifest(only_unfinished.runs_dir / "a", run_id="a", started="2026-01-01T00", status="interrupted")
+    _manifest(only_unfinished.runs_dir / "b", run_id="b", started="2026-01-02T00", status="running")
+    with pytest.warns(UserWarning, match=r"no finished run.*'b'.*status running.*--run"):
+        assert kgrag_nb.report.find_run(cfg=only_unfinished).name == "b"
+    with pytest.warns(UserWarning, match="no finished run"):
+        page = kgrag_nb.report.build_report(cfg=only_unfinished).read_text()
+    assert "did not finish" in page and "running" in page  # the page itself says so
+
+
+def _shared_figures_run(tmp_path, prov: dict | None, entry_models=("stub-2",), manifest_model="stub-2"):
+    "Run r-2 (model stub-2) whose artefact art_ok lists files in figures/art_ok/, whose provenance.json is `prov`."
+    cfg = get_config(runs_dir=tmp_path / "runs", figures_dir=tmp_path / "figures")
+    folder = cfg.figures_dir / "art_ok"; folder.mkdir(parents=True)
+    (folder / "t_vs_paper.csv").write_text("source,Hits@1\nours: stub,0.1\npaper,0.6\n")
+    if prov is not None: (folder / "provenance.json").write_text(json.dumps(prov))
+    entry = {"artifact": "art_ok", "status": "ok", "outputs": [str(folder / "t_vs_paper.csv")], "params": {"n": 5}, "seed": 0}
+    if entry_models is not None: entry["models"] = list(entry_models)
+    _manifest(cfg.runs_dir / "r-2", run_id="r-2", started="2026", status="finished", profile="tiny", model=manifest_model,
+              artifacts=[entry])
+    page = kgrag_nb.report.build_report("r-2", cfg=cfg).read_text()
+    section = page[page.index('<section id="art-art_ok">'):]
+    return section[:section.index("</section>")]
+
+
+@pytest.mark.parametrize("prov, entry_models, expected", [
+    ({"run_id": "r-1", "models": ["stub"], "params": {"n": 5}, "seed": 0}, ("stub-2",), "written by run r-1 with model stub,"),
+    ({"models": ["stub"], "params": {"n": 5}, "seed": 0}, ("stub-2",), "written by another run (its id is not recorded) with model stub,"),
+    ({"run_id": "r-1", "models": ["stub-2"], "params": {"n": 5}, "seed": 0}, ("stub-2",), "written by run r-1 with model stub-2,"),
+    ({"models": ["stub"], "params": {"n": 5}, "seed": 0}, None, "with model stub,"),  # no run record: the manifest's model
+    ({"models": ["stub-2"], "params": {"n": 6}, "seed": 0}, ("stub-2",), "other parameters or seed"),
+])
+def test_report_warns_when_figures_come_from_another_run_or_model(tmp_path, prov, entry_models, expected):
+    "Issue 25 item 7: two runs with different --model share figures/<artefact>/; the report of the second showed"
+    " `ours: stub` under `model: stub-2` with no warning. Now the section says whose figures they are and how to rerun."
+    section = _shared_figures_run(tmp_path, prov, entry_models)
+    assert "<td>ours: stub</td>" in section  # still shown, but under the warning
+    warn = re.search(r'<p class="error stale">(.*?)</p>', section, re.S)
+    assert warn, section[:2000]
+    text = html.unescape(warn.group(1))
+    assert expected in text and "not by this run (r-2, model stub-2)" in text, text
+    assert "kgrag reproduce --profile tiny --only art_ok --model stub-2" in text, text
+    assert warn.start() < section.index("Ours vs the paper")  # before the numbers
+
+
+@pytest.mark.parametrize("prov", [{"run_id": "r-2", "models": ["stub-2"], "params": {"n": 5}, "seed": 0},
+                                  {"models": ["stub-2"], "params": {"n": 5}, "seed": 0}, None])
+def test_report_does_not_warn_about_its_own_figures(tmp_path, prov):
+    assert "stale" not in _shared_figures_run(tmp_path, prov)
+
+
+def test_report_warns_on_unreadable_provenance(tmp_path):
+    cfg_dir = tmp_path
+    section = _shared_figures_run(cfg_dir, {"models": ["stub-2"], "params": {"n": 5}, "seed": 0})
+    assert "stale" not in section
+    (tmp_path / "figures" / "art_ok" / "provenance.json").write_text('{"models": [')  # cut short
+    page = kgrag_nb.report.build_report("r-2", cfg=get_config(runs_dir=tmp_path / "runs", figures_dir=tmp_path / "figures")).read_text()
+    assert "provenance.json cannot be read" in page
+
+
+PWN_HTML = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
+
+
+def _hostile_run(tmp_path) -> Path:
+    "A run whose executed notebook displays a script (HTML and Markdown outputs) and has a Markdown cell with a raw script."
+    import nbformat
+    cfg = get_config(runs_dir=tmp_path / "runs", figures_dir=tmp_path / "figures")
+    run = cfg.runs_dir / "r-x"; (run / "notebooks").mkdir(parents=True)
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# Hostile\n\n<script>window.pwned=3</script>\n\n<b onmouseover=\"window.pwned=4\">bold</b> "
+                                      '<a href="javascript:window.pwned=5">link</a> and `x < y`'),
+        nbformat.v4.new_code_cell("display(HTML(...))")])
+    nb.cells[1].outputs = [
+        nbformat.v4.new_output("display_data", {"text/html": PWN_HTML, "text/plain": "<IPython.core.display.HTML object>"}),
+        nbformat.v4.new_output("display_data", {"text/markdown": "<script>window.pwned=6</script>\n\n**md**"}),
+        nbformat.v4.new_output("display_data", {"application/javascript": "window.pwned=7", "text/plain": "js"}),
+        nbformat.v4.new_output("display_data", {"text/html": "<table><thead><tr><th>col</th></tr></thead><tbody><tr><td>7</td></tr></tbody></table>"})]
+    nbformat.write(nb, run / "notebooks" / "art_x.ipynb")
+    _manifest(run, run_id="r-x", started="2026", status="finished", artifacts=[
+        {"artifact": "art_x", "status": "ok", "executed": "notebooks/art_x.ipynb", "outputs": []}])
+    return kgrag_nb.report.build_report("r-x", cfg=cfg)
+
+
+def test_report_pages_carry_a_csp_and_notebook_scripts_are_removed(tmp_path):
+    "Issue 25 item 12: notebook HTML and Markdown outputs were copied into the site unsanitised (<script>, onerror)."
+    index = _hostile_run(tmp_path)
+    pages = sorted(index.parent.rglob("*.html"))
+    assert [p.relative_to(index.parent).as_posix() for p in pages] == ["index.html", "notebooks/art_x.html"]
+    for p in pages:
+        text = p.read_text()
+        head = text[:text.index("</head>")]
+        meta = re.search(r'<meta\b[^>]*\bhttp-equiv="Content-Security-Policy"[^>]*>', head)  # nbconvert reorders attributes
+        csp = re.search(r'\bcontent="([^"]+)"', meta.group(0)).group(1) if meta else ""
+        assert "script-src 'none'" in csp and "object-src 'none'" in csp and "default-src 'self'" in csp, p
+        assert head.index("Content-Security-Policy") < min(i for i in (head.find("<style"), head.find("<script"), len(head)) if i >= 0)
+        assert not re.search(r"<script", text, re.I), f"{p}: a script element"
+        assert not re.search(r"\son\w+\s*=", text, re.I), f"{p}: an event handler attribute"
+        assert "javascript:" not in text, p
+    nb = pages[1].read_text()
+    assert "bold" in nb and "<strong>md</strong>" in nb and "<th>col</th>" in nb and "<td>7</td>" in nb  # harmless markup stays
+    assert re.search(r'<img [^>]*src="x"', nb) and "<code>x &lt; y</code>" in nb and "<a>link</a>" in nb
+
+
+@needs_chromium
+def test_notebook_scripts_do_not_run_in_the_browser(browser, tmp_path):
+    index = _hostile_run(tmp_path)
+    res = check_site(browser, index)
+    missing_x = ("image x did not load", "/notebooks/x", "failed to load (net::ERR_FILE_NOT_FOUND)")  # the hostile <img src=x>
+    assert [p for p in res["problems"] if not any(m in p for m in missing_x)] == [], res["problems"]  # no CSP violation either
+    for page in res["pages"]:
+        browser.open(page)
+        assert browser.eval("typeof window.pwned") == "undefined", page

@@ -1,5 +1,6 @@
 """Tests of kgrag_nb.serve: vllm argv, the embedded llama.cpp server (start, reuse, refusal, death, stop)."""
 import json, os, shutil, socket, sys, threading, time
+from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
@@ -311,3 +312,64 @@ def test_the_state_file_names_the_server_by_pid_and_start_time(embedded_server):
     assert _listens_on(state["server_pid"], embedded_server.port) and _is_recorded_server(state, embedded_server.port)
     assert not _is_recorded_server({**state, "server_started": "1"}, embedded_server.port)  # a reused pid is not our server
     assert not _listens_on(os.getpid(), embedded_server.port)
+
+
+_OWN_SERVER = r'''
+import json, sys, threading, time, httpx
+from kgrag_nb.config import get_config
+from kgrag_nb.serve import EmbeddedServer
+port, log, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+s = EmbeddedServer(get_config(), port=port, log_path=log)
+if mode == "thread":  # started from a worker thread that ends at once (the kernel's parent-death signal is per thread)
+    t = threading.Thread(target=s.start); t.start(); t.join()
+else: s.start()
+r = httpx.post(f"{s.url}/completions", json=dict(model=s.model, prompt="Hi", max_tokens=2, temperature=0), timeout=120)
+print(json.dumps({"port": s.port, "pid": s.proc.pid, "reused": s.reused, "status": r.status_code}), flush=True)
+time.sleep(float(sys.argv[4]))
+s.stop()
+'''
+
+
+@pytest.mark.llm
+def test_two_runs_started_half_a_second_apart_on_one_port_each_get_their_own_server(tmp_path):
+    "Issue 25 item 5: both used to spawn on the same port and kill each other; now the port is taken under a lock."
+    import subprocess
+    env = dict(os.environ, KGRAG_SERVER_STATE=str(tmp_path / "servers"))
+    port = free_port()
+    runs = []
+    for i in range(2):
+        runs.append(subprocess.Popen([sys.executable, "-c", _OWN_SERVER, str(port), str(tmp_path / f"s{i}.log"), "main", "4"],
+                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        time.sleep(0.5)
+    outs = [r.communicate(timeout=300) for r in runs]
+    assert all(r.returncode == 0 for r in runs), outs
+    got = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
+    assert all(g["status"] == 200 and not g["reused"] for g in got)
+    assert got[0]["pid"] != got[1]["pid"] and {g["port"] for g in got} >= {port} and got[0]["port"] != got[1]["port"]
+
+
+@pytest.mark.llm
+def test_a_server_started_from_a_worker_thread_outlives_the_thread_and_dies_with_its_owner(tmp_path):
+    "Issue 25 item 13: PR_SET_PDEATHSIG fires when the starting *thread* ends; the server's own owner watch does not."
+    import signal, subprocess
+    env = dict(os.environ, KGRAG_SERVER_STATE=str(tmp_path / "servers"))
+    owner = subprocess.Popen([sys.executable, "-c", _OWN_SERVER, str(free_port()), str(tmp_path / "s.log"), "thread", "600"],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        got = json.loads(owner.stdout.readline())  # answered after the starting thread had ended
+        assert got["status"] == 200
+        time.sleep(1.5); os.kill(got["pid"], 0)  # still alive
+        owner.kill(); owner.wait()  # SIGKILL: no atexit, no stop()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and port_in_use("127.0.0.1", got["port"]): time.sleep(0.2)
+        assert not port_in_use("127.0.0.1", got["port"]), "the server outlived its owner"
+    finally:
+        if owner.poll() is None: owner.kill()
+
+
+def test_server_threads_follow_the_load_rule_and_reach_the_command(tmp_path):
+    from kgrag_nb.serve import server_threads
+    assert server_threads(3) == 3 and 1 <= server_threads() <= (os.cpu_count() or 1)
+    with pytest.raises(ValueError, match="n_threads=0"): server_threads(0)
+    argv = EmbeddedServer(get_config(cache_dir=tmp_path), port=free_port(), n_threads=2)._command(Path("m.gguf"))
+    assert argv[argv.index("--n_threads") + 1] == "2" and argv[argv.index("--n_threads_batch") + 1] == "2"

@@ -174,3 +174,19 @@ def test_sigterm_stops_parallel_notebooks_promptly(tmp_path):
         assert not [pid for pid in kernels if Path(f"/proc/{pid}").exists()], "a kernel outlived the run"
     finally:
         if proc.poll() is None: proc.kill()
+
+
+def test_the_stub_honours_constraints_through_the_client(tmp_path):
+    "Issue 21: the rehearsal's stand-in fills a constrained request with a valid output (vLLM's structured_outputs form)."
+    import json as _json
+    from kgrag_nb.llm import Constraint, LLMClient
+    from kgrag_nb.serve import StubServer
+    schema = {"type": "object", "properties": {"judge": {"type": "boolean"}, "queries": {"type": "array", "items": {"type": "string"},
+              "minItems": 1}}, "required": ["judge", "queries"]}
+    with StubServer() as stub:
+        client = LLMClient(stub.url, cache=tmp_path / "c.sqlite", progress=False)
+        [[out]] = client.complete(["Is more knowledge needed?"], max_tokens=64, temperature=0, constraint=Constraint.json_schema(schema))
+        got = _json.loads(out)
+        assert isinstance(got["judge"], bool) and len(got["queries"]) >= 1 and all(isinstance(q, str) for q in got["queries"])
+        [[yes_no]] = client.complete(["True or False?"], max_tokens=4, temperature=0, constraint=Constraint.choice(["True", "False"]))
+        assert yes_no in ("True", "False") and client.served_backend[0] == "stub"
