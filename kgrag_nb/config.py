@@ -7,6 +7,7 @@ from __future__ import annotations
 import math, os, re, tempfile
 from dataclasses import dataclass, asdict, replace, field
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 # %% auto #0
 __all__ = ['PROFILES', 'CACHE_MODES', 'EMBEDDED_MODEL_ALIAS', 'DEFAULT_EMBEDDER', 'project_root', 'default_data_dir', 'Config',
@@ -83,7 +84,9 @@ class Config:
     def public_dict(self) -> dict:
         "The config as JSON-ready values, safe for manifests (holds no secret: the key is never a field)."
         values = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
-        if values.get("llm_url"): values["llm_url"] = re.sub(r"//[^/@]*@", "//", values["llm_url"])  # drop user:password@
+        if values.get("llm_url"):  # drop user:password@ (userinfo ends at the LAST @ before the host: a password may hold @)
+            parts = urlsplit(values["llm_url"])
+            if "@" in parts.netloc: values["llm_url"] = urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
         return values
 
 # %% ../nbs/00_config.ipynb #c009

@@ -4,12 +4,13 @@
 
 # %% ../nbs/07_reproduce.ipynb #c002
 from __future__ import annotations
-import ast, fnmatch, hashlib, json, os, pickle, re, signal, subprocess, sys, threading, time
+import ast, fnmatch, hashlib, json, math, os, pickle, re, signal, stat, subprocess, sys, tempfile, threading, time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import pandas as pd
 import yaml
@@ -21,13 +22,14 @@ from .llm import LLMClient
 from .serve import STUB_MODEL, STUB_NOTE, EmbeddedServer
 
 # %% auto #0
-__all__ = ['RUNNER_PARAMETERS', 'STUDY_PARAMETERS', 'FIXED_PDF_METADATA', 'CELL_TIMEOUT_S', 'RUN_ID', 'Artifact', 'Experiment',
-           'load_registry', 'load_experiments', 'experiments_for', 'select_artifacts', 'parameters_of',
-           'check_study_notebooks', 'save_figure', 'markdown_table', 'save_table', 'code_version', 'experiment_key',
+__all__ = ['MAX_REGISTRY_BYTES', 'MAX_REGISTRY_NODES', 'RUNNER_PARAMETERS', 'STUDY_PARAMETERS', 'FIXED_PDF_METADATA',
+           'CELL_TIMEOUT_S', 'PARAMETER_MINIMUM', 'RUN_ID', 'Artifact', 'Experiment', 'load_registry',
+           'load_experiments', 'experiments_for', 'select_artifacts', 'parameters_of', 'check_study_notebooks',
+           'save_figure', 'markdown_table', 'save_table', 'write_json_atomic', 'code_version', 'experiment_key',
            'experiment_dir', 'ExperimentResults', 'save_result', 'peak_rss_mb', 'StudyRun', 'ExperimentRun',
            'effective_parameters', 'llm_identity', 'plan_experiments', 'run_notebook', 'ensure_experiment',
-           'check_overrides', 'git_sha', 'new_run_id', 'check_run_id', 'redact_url', 'scrub_secrets',
-           'config_environment', 'reproduce']
+           'check_parameter_range', 'check_overrides', 'git_sha', 'new_run_id', 'check_run_id', 'redact_url',
+           'scrub_secrets', 'config_environment', 'check_run_options', 'reproduce']
 
 # %% ../nbs/07_reproduce.ipynb #c005
 @dataclass
@@ -55,25 +57,75 @@ def Experiment(**kw) -> Artifact:
     "A shared experiment: an `Artifact` record of kind `experiment`."
     return Artifact(**kw, kind="experiment")
 
+# %% ../nbs/07_reproduce.ipynb #c005a
+MAX_REGISTRY_BYTES = 1_000_000  # studies.yaml is ~30 kB; a file near 1 MB is not a registry
+MAX_REGISTRY_NODES = 1_000_000  # YAML nodes with every alias expanded (a billion-laughs document stands for ~10^9)
+
+def _load_yaml_bounded(path: Path) -> object:
+    "The YAML document at `path` (safe loader: plain data only), refused when the file is over `MAX_REGISTRY_BYTES` or"
+    " when it stands for more than `MAX_REGISTRY_NODES` nodes once its aliases are expanded (a billion-laughs document)."
+    size = path.stat().st_size
+    if size > MAX_REGISTRY_BYTES:
+        raise ValueError(f"{path}: {size} bytes, over the {MAX_REGISTRY_BYTES}-byte limit of a study registry; is it the right file?")
+    try:
+        loader = yaml.SafeLoader(path.read_text())
+        try:
+            node = loader.get_single_node()  # composed, not yet constructed: aliases are shared node objects
+            memo, active = {}, set()
+            def expanded(n) -> int:  # nodes `n` stands for, each alias counted in full (memoised: linear in the text)
+                if id(n) in memo: return memo[id(n)]
+                if id(n) in active: raise ValueError(f"{path}: an alias refers to a node that contains it (a recursive alias); remove it")
+                active.add(id(n))
+                kids = [x for kv in n.value for x in kv] if isinstance(n, yaml.MappingNode) else n.value if isinstance(n, yaml.SequenceNode) else []
+                total = 1 + sum(expanded(k) for k in kids)
+                if total > MAX_REGISTRY_NODES:
+                    raise ValueError(f"{path}: its aliases (*name) expand to over {MAX_REGISTRY_NODES} nodes (a 'billion laughs' "
+                                     "document?); write the entries out or use fewer aliases")
+                active.discard(id(n)); memo[id(n)] = total
+                return total
+            if node is not None: expanded(node)
+            return loader.construct_document(node) if node is not None else None
+        finally: loader.dispose()
+    except UnicodeDecodeError as e: raise ValueError(f"{path} is not UTF-8 text ({e}); save studies.yaml as UTF-8") from None
+    except yaml.YAMLError as e: raise ValueError(f"{path} is not valid YAML: {e}") from None
+    except RecursionError: raise ValueError(f"{path}: nested too deeply to be a study registry") from None
+
+def _confined_notebook(notebook, root: Path, where: str) -> str:
+    "`notebook` (a path relative to the checkout `root`) when it stays inside `root` once resolved; ValueError otherwise."
+    if not isinstance(notebook, str) or not notebook.strip():
+        raise ValueError(f"{where}: `notebook:` must be a path relative to the checkout, got {notebook!r}")
+    real, top = (root / notebook).resolve(), root.resolve()
+    if not real.is_relative_to(top):
+        raise ValueError(f"{where}: notebook {notebook!r} resolves to {real}, outside the checkout {top}; "
+                         "study notebooks live inside the checkout (nbs/studies/...): fix the path")
+    return notebook
+
+
 # %% ../nbs/07_reproduce.ipynb #c006
 _KEYS = {"paper", "title", "notebook", "needs_llm", "profiles", "uses"}
 
 def _read_registry(path: str | Path | None = None, cfg: Config | None = None) -> tuple[dict, dict]:
-    "`(experiments, artifacts)` of `studies.yaml`, every entry checked (keys, `uses` targets, no dependency cycle)."
+    "`(experiments, artifacts)` of `studies.yaml`, every entry checked (keys, notebook inside the checkout, `uses`"
+    " targets, no dependency cycle); the file's size and its expanded size are bounded."
     cfg = cfg or get_config()
     path = Path(path or cfg.root / "studies.yaml")
     if not path.exists(): raise FileNotFoundError(f"study registry {path} not found; run from a kgrag_nb checkout or set KGRAG_HOME")
-    raw = yaml.safe_load(path.read_text()) or {}
+    raw = _load_yaml_bounded(path) or {}
+    if not isinstance(raw, dict): raise ValueError(f"{path}: expected a mapping with `experiments:` and `artifacts:`, got a {type(raw).__name__}")
     unknown = set(raw) - {"experiments", "artifacts"}
-    if unknown: raise ValueError(f"{path}: unknown top-level sections {sorted(unknown)}; use `experiments:` and `artifacts:`")
+    if unknown: raise ValueError(f"{path}: unknown top-level sections {sorted(unknown, key=str)}; use `experiments:` and `artifacts:`")
     out = {}
     for section, kind in (("experiments", "experiment"), ("artifacts", "artifact")):
         out[section] = {}
-        for sid, entry in (raw.get(section) or {}).items():
-            missing = {"paper", "title", "notebook"} - set(entry or {})
+        entries = raw.get(section) or {}
+        if not isinstance(entries, dict): raise ValueError(f"{path}: `{section}:` must map ids to entries, got a {type(entries).__name__}")
+        for sid, entry in entries.items():
+            if not isinstance(entry, dict): raise ValueError(f"{path}: {kind} {sid!r} must be a mapping (paper, title, notebook, ...), got {entry!r:.80}")
+            missing = {"paper", "title", "notebook"} - set(entry)
             if missing: raise ValueError(f"{path}: {kind} {sid!r} lacks {sorted(missing)}")
             bad = set(entry) - _KEYS
             if bad: raise ValueError(f"{path}: {kind} {sid!r} has unknown keys {sorted(bad)}; allowed: {sorted(_KEYS)}")
+            _confined_notebook(entry["notebook"], cfg.root, f"{path}: {kind} {sid!r}")
             out[section][sid] = Artifact(id=sid, **entry, kind=kind)
     exps, arts = out["experiments"], out["artifacts"]
     clash = set(exps) & set(arts)
@@ -111,9 +163,12 @@ def experiments_for(arts: list, exps: dict) -> list:
 
 # %% ../nbs/07_reproduce.ipynb #c010
 def select_artifacts(registry: dict[str, Artifact], only: str | list[str] | None = None) -> list[Artifact]:
-    "Artefacts whose id matches any of the comma-separated glob patterns in `only` (all when None)."
-    if not only: return list(registry.values())
-    patterns = [p.strip() for p in (only.split(",") if isinstance(only, str) else only) if p.strip()]
+    "Artefacts whose id matches any of the comma-separated glob patterns in `only` (all when None; an `only` that names"
+    " no pattern, such as `\"\"` or `\" , \"`, is refused rather than read as everything)."
+    if only is None: return list(registry.values())
+    patterns = [p.strip() for p in (only.split(",") if isinstance(only, str) else only) if str(p).strip()]
+    if not patterns: raise ValueError(f"--only {only!r} names no artefact; give ids or glob patterns (e.g. --only 'brink*', see "
+                                      "`kgrag list`), or leave out --only to run every artefact")
     chosen = [a for a in registry.values() if any(fnmatch.fnmatch(a.id, p) for p in patterns)]
     if not chosen: raise ValueError(f"--only {only!r} matches no artefact; known: {', '.join(sorted(registry))} (see `kgrag list`)")
     return chosen
@@ -122,11 +177,19 @@ def select_artifacts(registry: dict[str, Artifact], only: str | list[str] | None
 def parameters_of(notebook: str | Path) -> dict:
     "The literal parameters of a study notebook; errors when it has not exactly one `parameters` cell of literals,"
     " one assignment per line (as papermill reads it)."
-    nb = json.loads(Path(notebook).read_text())
-    cells = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+    try: nb = json.loads(Path(notebook).read_text())
+    except FileNotFoundError: raise ValueError(f"{notebook}: no such notebook; fix the `notebook:` path in studies.yaml") from None
+    except (OSError, ValueError) as e:  # a folder, unreadable, not UTF-8, not JSON
+        raise ValueError(f"{notebook} is not a readable Jupyter notebook ({type(e).__name__}: {str(e)[:200]}); "
+                         "point `notebook:` in studies.yaml at an .ipynb file") from None
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list) or not all(isinstance(c, dict) for c in nb["cells"]):
+        raise ValueError(f"{notebook} is JSON but not a Jupyter notebook (no list of `cells`); point `notebook:` at an .ipynb file")
+    cells = [c for c in nb["cells"] if "parameters" in (c.get("metadata") or {}).get("tags", [])]
     if len(cells) != 1: raise ValueError(f"{notebook}: {len(cells)} cells tagged `parameters`; papermill needs exactly one")
     src = "".join(cells[0]["source"]) if isinstance(cells[0]["source"], list) else cells[0]["source"]
-    params, lines, body = {}, src.splitlines(), ast.parse(src).body
+    try: body = ast.parse(src).body
+    except SyntaxError as e: raise ValueError(f"{notebook}: the parameters cell is not valid Python ({e.msg}, line {e.lineno})") from None
+    params, lines = {}, src.splitlines()
     shared = [b.lineno for a, b in zip(body, body[1:]) if b.lineno <= a.end_lineno]
     if shared: raise ValueError(f"{notebook}: the parameters cell has two statements on line {shared[0]} ({lines[shared[0] - 1].strip()!r});"
                                 " papermill reads one assignment per line: put each `name = literal` on its own line, without `;`")
@@ -139,6 +202,11 @@ def parameters_of(notebook: str | Path) -> dict:
         try: params[node.targets[0].id] = ast.literal_eval(node.value)
         except ValueError: raise ValueError(f"{notebook}: parameter {node.targets[0].id} is not a literal: {ast.unparse(node.value)}")
     return params
+
+def _declared(study: Artifact, cfg: Config) -> dict:
+    "The parameters of `study`'s notebook (`parameters_of`); an error names the registry entry as well as the file."
+    try: return parameters_of(cfg.root / study.notebook)
+    except ValueError as e: raise ValueError(f"studies.yaml: {study.kind} {study.id!r}: {e}") from None
 
 # %% ../nbs/07_reproduce.ipynb #c016
 RUNNER_PARAMETERS = ("profile", "run_dir", "llm_url", "model")  # injected into every study notebook by the runner
@@ -204,6 +272,29 @@ def save_table(df, out_dir: str | Path, name: str, caption: str = "", notes: lis
     md.write_text("\n".join(parts) + "\n")
     return [csv, md]
 
+# %% ../nbs/07_reproduce.ipynb #c022a
+def _write_text_atomic(path: Path, text: str, durable: bool = True) -> Path:
+    "Write `text` to `path` through a temporary file in the same folder and `os.replace` (flushed to disk first when `durable`)."
+    path = Path(path)
+    mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o644  # mkstemp's 0600 would hide the file from other readers
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text); f.flush()
+            if durable: os.fsync(f.fileno())
+        os.chmod(tmp, mode); os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True); raise
+    return path
+
+def write_json_atomic(path: str | Path,  # the file to (re)write; its folder must exist
+                      obj,  # a JSON value (other objects are written with `str`)
+                      durable: bool = True,  # fsync before the rename (False for files rewritten after every request)
+                      **dumps_kw) -> Path:  # `json.dumps` options; default `indent=1, default=str`
+    "Write `obj` as JSON to `path` so that a reader, a kill or a full disk sees the old file or the new one, never half of one."
+    return _write_text_atomic(Path(path), json.dumps(obj, **({"indent": 1, "default": str} | dumps_kw)) + "\n", durable)
+
+
 # %% ../nbs/07_reproduce.ipynb #c024
 def code_version(cfg: Config | None = None,  # None = get_config()
                  notebook: str | Path | None = None) -> str:  # an experiment notebook whose code cells count too
@@ -238,7 +329,11 @@ class ExperimentResults:
         if not done.exists():
             raise FileNotFoundError(f"{self.path} has no _SUCCESS.json: the experiment did not finish; rerun it with "
                                     "`kgrag reproduce --only <an artefact that uses it>`")
-        self.record = json.loads(done.read_text())
+        record = _success_record(self.path)
+        if record is None:
+            raise ValueError(f"{done} is unreadable (cut short or not a JSON object): the experiment did not finish cleanly; "
+                             "`kgrag reproduce --only <an artefact that uses it>` reruns it (an unreadable marker counts as not done)")
+        self.record = record
 
     id = property(lambda self: self.record.get("id"))
     key = property(lambda self: self.record.get("key"))
@@ -267,8 +362,13 @@ def save_result(path: str | Path, name: str, obj) -> Path:
             out.unlink(missing_ok=True)
             out = path / f"{name}.pkl"; obj.to_pickle(out); return out
     out = path / f"{name}.json"
-    out.write_text(json.dumps(obj, indent=1, default=str) + "\n")
-    return out
+    return write_json_atomic(out, obj)
+
+def _success_record(folder: str | Path) -> dict | None:
+    "The `_SUCCESS.json` record of an experiment folder; None when it is missing or unreadable (a cut-short write is not done)."
+    try: record = json.loads((Path(folder) / "_SUCCESS.json").read_text())
+    except (OSError, ValueError): return None  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+    return record if isinstance(record, dict) else None
 
 # %% ../nbs/07_reproduce.ipynb #c029
 def _display_markdown(text: str):
@@ -381,10 +481,8 @@ class StudyRun:
 
     def _write_usage(self):
         folder = self.run_dir / self.record_folder; folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".{self.artifact}.usage.json.{os.getpid()}.{threading.get_ident()}"  # written whole, then renamed: never read half-written
-        tmp.write_text(json.dumps({"usage": self.usage(), "models": self.models, "peak_rss_mb": peak_rss_mb(),
-                                   "stages": self.stages}) + "\n")
-        os.replace(tmp, folder / f"{self.artifact}.usage.json")
+        write_json_atomic(folder / f"{self.artifact}.usage.json", {"usage": self.usage(), "models": self.models,  # never read half-written
+                          "peak_rss_mb": peak_rss_mb(), "stages": self.stages}, durable=False, indent=None)
 
     def use_datasets(self, *names: str) -> dict:
         "Record (and verify) the sha256 of the files of the named datasets; returns `{file: sha256}`."
@@ -466,11 +564,11 @@ class StudyRun:
         "Write provenance (and the run record when inside a reproduction run); stop a server this run started."
         record = self._record()
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        (self.out_dir / "provenance.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+        write_json_atomic(self.out_dir / "provenance.json", record, sort_keys=True)
         record.update(usage=self.usage(), wall_s=round(time.time() - self.started, 3), peak_rss_mb=peak_rss_mb(), stages=self.stages)
         if self.run_dir:
             (self.run_dir / self.record_folder).mkdir(parents=True, exist_ok=True)
-            (self.run_dir / self.record_folder / f"{self.artifact}.json").write_text(json.dumps(record, indent=1) + "\n")
+            write_json_atomic(self.run_dir / self.record_folder / f"{self.artifact}.json", record)
         if self._server: self._server.stop(); self._server = None
         return record
 
@@ -483,7 +581,10 @@ class ExperimentRun(StudyRun):
         super().__init__(artifact, **kw)
         if artifact in self.experiment_dirs:  # the runner planned it: its folder holds the plan (key, parameters)
             self.path = Path(self.experiment_dirs[artifact])
-            planned = json.loads((self.path / "_PLAN.json").read_text())
+            try: planned = json.loads((self.path / "_PLAN.json").read_text())
+            except (OSError, ValueError) as e:
+                raise ValueError(f"{self.path / '_PLAN.json'} is missing or unreadable ({type(e).__name__}); the runner writes it "
+                                 "before the notebook starts: rerun with `kgrag reproduce`") from None
             self.key, self.plan_params = planned["key"], planned["params"]
         else:  # by hand: the folder of the current parameters
             exp = load_experiments(cfg=self.cfg).get(artifact)
@@ -512,13 +613,13 @@ class ExperimentRun(StudyRun):
         done = dict(id=self.artifact, key=self.key, params=self.plan_params, models=self.models, datasets=self.datasets,
                     sample_sizes=self.sample_sizes, usage=record.get("usage", {}), wall_s=record.get("wall_s"),
                     finished=datetime.now(timezone.utc).isoformat())
-        (self.path / "_SUCCESS.json").write_text(json.dumps(done, indent=1, default=str) + "\n")
+        write_json_atomic(self.path / "_SUCCESS.json", done)
         return record
 
 # %% ../nbs/07_reproduce.ipynb #c036
 def effective_parameters(study: Artifact, profile: str, cfg: Config, overrides: dict | None = None) -> dict:
     "The notebook's declared parameters (runner ones excluded) updated with `profile`'s values and the overrides it declares."
-    declared = parameters_of(cfg.root / study.notebook)
+    declared = _declared(study, cfg)
     values = {k: v for k, v in declared.items() if k not in (*RUNNER_PARAMETERS, *STUDY_PARAMETERS)}
     values.update(study.parameters(profile))
     values.update({k: v for k, v in (overrides or {}).items() if k in values})
@@ -543,7 +644,7 @@ def plan_experiments(exps: list, profile: str, cfg: Config, overrides: dict | No
         key = experiment_key(e.id, key_params, code_version(cfg, e.notebook), deps)
         path = experiment_dir(cfg, e.id, key)
         plan[e.id] = dict(key=key, params=params, path=path, uses=list(e.uses), dep_paths={u: plan[u]["path"] for u in e.uses},
-                          done=(path / "_SUCCESS.json").exists(), study=e)
+                          done=_success_record(path) is not None, study=e)  # an unreadable marker: not done
     return plan
 
 # %% ../nbs/07_reproduce.ipynb #c037
@@ -573,7 +674,7 @@ def run_notebook(study: Artifact,  # the registry entry
 
 def _inject(study: Artifact, cfg: Config, values: dict, profile: str, run_dir, llm_url, model, exp_dirs: dict) -> dict:
     "The parameters papermill injects: the study's values plus the runner's (and `artifact`/`experiment_dirs` when declared)."
-    declared = parameters_of(cfg.root / study.notebook)
+    declared = _declared(study, cfg)
     params = dict(values, profile=profile, run_dir=None if run_dir is None else str(run_dir), llm_url=llm_url, model=model)
     if "artifact" in declared: params["artifact"] = study.id
     if "experiment_dirs" in declared: params["experiment_dirs"] = {k: str(v) for k, v in exp_dirs.items()}
@@ -591,20 +692,34 @@ def ensure_experiment(exp_id: str, profile: str, cfg: Config | None = None, llm_
         _write_plan(p, eid)
         params = _inject(p["study"], cfg, p["params"], profile, None, llm_url, model, {**p["dep_paths"], eid: p["path"]})
         res = run_notebook(p["study"], params, p["path"] / "executed.ipynb", cfg, cell_timeout or CELL_TIMEOUT_S[profile])
-        if res["status"] != "ok" or not (p["path"] / "_SUCCESS.json").exists():
+        if res["status"] != "ok" or _success_record(p["path"]) is None:
             raise RuntimeError(f"experiment {eid} ({p['study'].notebook}) failed at {res['error'] or 'the end: it did not call finish()'}; "
                                f"executed copy: {p['path'] / 'executed.ipynb'}")
     return ExperimentResults(plan[exp_id]["path"])
 
 def _write_plan(p: dict, eid: str):
     p["path"].mkdir(parents=True, exist_ok=True)
-    (p["path"] / "_PLAN.json").write_text(json.dumps(dict(id=eid, key=p["key"], params=p["params"], uses=p["uses"]), indent=1, default=str) + "\n")
+    write_json_atomic(p["path"] / "_PLAN.json", dict(id=eid, key=p["key"], params=p["params"], uses=p["uses"]))
 
 # %% ../nbs/07_reproduce.ipynb #c039
+PARAMETER_MINIMUM = {"max_tokens": 1, "n_samples": 1, "n_questions": 1, "seed": 0}  # whole numbers of at least this, by name
+
+def check_parameter_range(key: str,  # a notebook parameter's name
+                          value) -> None:  # the value a `--set` gives it
+    "ValueError naming the value and the fix when a parameter with a known meaning gets a value out of its range: the"
+    " counts and the token budget are whole numbers >= 1, `seed` >= 0, `temperature` a finite number >= 0."
+    if key in PARAMETER_MINIMUM:
+        low = PARAMETER_MINIMUM[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            why = " (0 or less lets a server generate until its context is full)" if key == "max_tokens" else ""
+            raise ValueError(f"--set {key}={value!r}: {key} must be a whole number >= {low}{why}; e.g. --set {key}={max(low, 1)}")
+    if key == "temperature" and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0):
+        raise ValueError(f"--set temperature={value!r}: temperature must be a finite number >= 0; e.g. --set temperature=0 (greedy)")
+
 def check_overrides(overrides: dict | None, studies: list, cfg: Config) -> dict[str, list[str]]:
     "`{key: [ids of the notebooks it applies to]}`; ValueError naming the key, the value and the fix otherwise."
     applies = {}
-    declared = {s.id: parameters_of(cfg.root / s.notebook) for s in studies}
+    declared = {s.id: _declared(s, cfg) for s in studies}
     for key, value in (overrides or {}).items():
         if key in (*RUNNER_PARAMETERS, *STUDY_PARAMETERS):
             raise ValueError(f"--set {key}=...: {key} is set by the runner; use the matching option (--profile, --llm-url, --model)")
@@ -621,6 +736,7 @@ def check_overrides(overrides: dict | None, studies: list, cfg: Config) -> dict[
                 raise ValueError(f"--set {key}={value!r}: {sid} needs a {type(default).__name__} like its default {default!r}")
             if isinstance(value, int) and not isinstance(value, bool) and key.startswith("n_") and value < 1:
                 raise ValueError(f"--set {key}={value}: a count must be at least 1")
+        check_parameter_range(key, value)  # by name, also where the default is None
         applies[key] = where
     return applies
 
@@ -650,17 +766,33 @@ def check_run_id(run_id: str, cfg: Config) -> Path:
 
 # %% ../nbs/07_reproduce.ipynb #c043
 def redact_url(url: str | None) -> str | None:
-    "Drop user:password from a URL before it is recorded."
-    return re.sub(r"//[^/@]+@", "//", url) if url else url
+    "Drop user:password from a URL before it is recorded. The userinfo ends at the *last* `@` of the authority (as"
+    " `urllib.parse.urlsplit` and `llm.public_url` read it), so a password holding `@` or `:` is dropped whole."
+    if not url: return url
+    try: parts = urlsplit(url)
+    except ValueError:  # e.g. an unclosed `[` of an IPv6 host: cut the same authority (up to the first / ? #) by hand
+        return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*:)?//[^/?#]*@", r"\1//", url)
+    if "@" not in parts.netloc: return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+
+def _url_secrets(url: str | None) -> list[str]:
+    "What a URL's userinfo holds, for scrubbing written files: `user:password` whole, the password, and its percent-decoded form."
+    if not url: return []
+    try: parts = urlsplit(url)
+    except ValueError: return []
+    if "@" not in parts.netloc: return []
+    found = [parts.netloc.rsplit("@", 1)[0], parts.password or "", unquote(parts.password or "")]
+    return list(dict.fromkeys(s for s in found if s))
 
 def scrub_secrets(path: Path, secrets: list[str]) -> int:
-    "Replace every occurrence of a secret in a written file with `***`; returns how many were found."
-    secrets = [s for s in secrets if s and len(s) >= 8]
+    "Replace every occurrence of a secret in a written file with `***` (rewritten atomically); returns how many were found."
+    secrets = sorted({s for s in secrets if s and len(s) >= 8}, key=len, reverse=True)  # `user:pw` before `pw`
     if not secrets or not path.exists(): return 0
     text = path.read_text(errors="replace"); n = sum(text.count(s) for s in secrets)
     for s in secrets: text = text.replace(s, "***")
-    if n: path.write_text(text)
+    if n: _write_text_atomic(path, text)
     return n
+
 
 # %% ../nbs/07_reproduce.ipynb #c046
 @contextmanager
@@ -692,14 +824,65 @@ def _sum_usage(entries: list[dict]) -> dict:
         total["completion_tokens_per_s"] = round(total.get("completion_tokens", 0) / total["wall_s"], 6)
     return total
 
-# %% ../nbs/07_reproduce.ipynb #c048
+# %% ../nbs/07_reproduce.ipynb #c047a
 def _read_record(run_dir: Path, folder: str, sid: str) -> dict:
-    "What a notebook recorded: its run record after `finish()`, else the usage written after its last executed cell."
+    "What a notebook recorded: its run record after `finish()`, else the usage written after its last executed cell"
+    " (`{}` when neither is there or readable: a killed kernel may leave nothing)."
     for name in (f"{sid}.json", f"{sid}.usage.json"):
-        f = run_dir / folder / name
-        if f.exists(): return json.loads(f.read_text())
+        try: record = json.loads((run_dir / folder / name).read_text())
+        except (OSError, ValueError): continue  # missing, or cut short by a kill: try the next, else nothing
+        if isinstance(record, dict): return record
     return {}
 
+def check_run_options(cell_timeout: float | None,  # seconds per notebook cell (None = the profile's)
+                      jobs: int,  # notebooks run in parallel
+                      cfg: Config) -> None:
+    "ValueError naming the option and the fix for a `--jobs`, `--cell-timeout` or `KGRAG_EMBEDDED_PORT` out of range."
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"--jobs {jobs!r}: run at least 1 notebook at a time (a whole number >= 1; 1, the default, runs them in turn)")
+    if cell_timeout is not None and (isinstance(cell_timeout, bool) or not isinstance(cell_timeout, (int, float))
+                                     or not math.isfinite(cell_timeout) or cell_timeout <= 0):
+        raise ValueError(f"--cell-timeout {cell_timeout!r}: give a number of seconds > 0, or leave it out for the profile's "
+                         f"default ({', '.join(f'{k} {v}' for k, v in CELL_TIMEOUT_S.items())})")
+    if not 1 <= cfg.embedded_port <= 65535:
+        raise ValueError(f"KGRAG_EMBEDDED_PORT={cfg.embedded_port}: a TCP port is 1..65535; set a free port such as 8765, or unset it")
+
+@contextmanager
+def _sigterm_raises():
+    "While a run goes on in the main thread, SIGTERM raises `KeyboardInterrupt` there (after calling the handler that was"
+    " installed, such as the CLI's, which records it for exit code 143), so the run's manifest is finalised as on Ctrl-C."
+    " Yields the list of SIGTERMs received; the previous handler is restored after. Elsewhere (a worker thread, SIGTERM"
+    " ignored) it changes nothing: Python lets only the main thread install handlers."
+    got = []
+    previous = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() or previous == signal.SIG_IGN:
+        yield got
+        return
+    def on_sigterm(signum, frame):
+        got.append(signum)
+        if callable(previous): previous(signum, frame)  # may raise KeyboardInterrupt itself (the CLI's does)
+        raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try: yield got
+    finally: signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+def _finalise(manifest: dict, run_dir: Path, studies: list, t0: float, secrets: list, status: str,
+              error: str | None = None, usage: dict | None = None) -> dict:
+    "Write the manifest's last state, `finished`, `failed` or `interrupted` (with `error`), with the LLM usage (default:"
+    " summed from what each selected notebook recorded in the run folder), atomically; then scrub secrets from the run."
+    entries = manifest["experiments"] + manifest["artifacts"]
+    if usage is None:
+        usage = _sum_usage([_read_record(run_dir, "experiments" if s.kind == "experiment" else "artifacts", s.id) for s in studies])
+    name = lambda e: e.get("artifact") or e.get("experiment")
+    manifest.update(status=status, ended=datetime.now(timezone.utc).isoformat(), wall_s=round(time.time() - t0, 2), llm_usage=usage,
+                    failed=[name(e) for e in entries if e["status"] == "failed"], skipped=[name(e) for e in entries if e["status"] == "skipped"])
+    if error: manifest["error"] = error
+    path = write_json_atomic(run_dir / "manifest.json", manifest)
+    for f in [path, *run_dir.rglob("*.ipynb"), *run_dir.rglob("*.json")]: scrub_secrets(f, secrets)
+    return manifest
+
+
+# %% ../nbs/07_reproduce.ipynb #c048
 def _kernel_children() -> list[int]:
     "Pids of the Jupyter kernels this process started (Linux /proc; empty elsewhere)."
     me, out = str(os.getpid()), []
@@ -751,10 +934,13 @@ def reproduce(profile: str | None = None,  # `tiny`, `smoke` or `full` (default:
               cfg: Config | None = None, progress: bool = True,
               jobs: int = 1) -> dict:  # notebooks run in parallel (experiments first, then artefacts)
     "Run the selected artefacts and the experiments they use (each once, reused when cached) and write"
-    " `runs/<run_id>/manifest.json`; returns the manifest."
+    " `runs/<run_id>/manifest.json`; returns the manifest. Options, registry, overrides, endpoint and model are checked"
+    " before the run folder is made; once it exists, the manifest ends `finished`, `failed` (an error, re-raised) or"
+    " `interrupted` (Ctrl-C or SIGTERM, re-raised as KeyboardInterrupt), always with the LLM usage recorded so far."
     cfg = cfg or get_config()
     profile = profile or cfg.profile
     if profile not in PROFILES: raise ValueError(f"--profile {profile!r}: use one of {', '.join(PROFILES)}")
+    check_run_options(cell_timeout, jobs, cfg)
     cell_timeout = cell_timeout or CELL_TIMEOUT_S[profile]
     exps_all, registry = _read_registry(cfg=cfg)
     arts = select_artifacts(registry, only)
@@ -762,109 +948,118 @@ def reproduce(profile: str | None = None,  # `tiny`, `smoke` or `full` (default:
     applies = check_overrides(overrides, [*exps, *arts], cfg)
     for s in [*exps, *arts]: s.parameters(profile)  # every selected notebook has the profile
     run_id = run_id or new_run_id()
-    run_dir = check_run_id(run_id, cfg); run_dir.mkdir(parents=True)
+    run_dir = check_run_id(run_id, cfg)
     llm_url, model = llm_url or cfg.llm_url, model or cfg.model
-    manifest = dict(run_id=run_id, git_sha=git_sha(cfg.root), profile=profile, only=only, jobs=jobs,
-                    started=datetime.now(timezone.utc).isoformat(), llm_url=redact_url(llm_url) or "embedded",
-                    config=cfg.public_dict(), python=sys.version.split()[0], overrides=overrides or {},
-                    overrides_apply_to=applies, experiments=[], artifacts=[], status="running")
-    (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1, default=str) + "\n")  # a killed run still names its profile
-    t0 = time.time()
+    # endpoint and model are checked before the run folder is made: a wrong one leaves no half-recorded run
     if llm_url and not model and any(e.needs_llm for e in exps):  # the key needs the model the endpoint serves
         model = LLMClient.from_config(cfg, base_url=llm_url, progress=False).resolve_model()
     plan = plan_experiments(exps, profile, cfg, overrides, llm=llm_identity(llm_url, model))
     needs_llm = any(a.needs_llm for a in arts) or any(e.needs_llm and not plan[e.id]["done"] for e in exps)
+    if needs_llm and llm_url: model = LLMClient.from_config(cfg, base_url=llm_url, model=model, progress=False).resolve_model()
+    run_dir.mkdir(parents=True)
+    manifest = dict(run_id=run_id, git_sha=git_sha(cfg.root), profile=profile, only=only, jobs=jobs,
+                    started=datetime.now(timezone.utc).isoformat(), llm_url=redact_url(llm_url) or "embedded",
+                    config=cfg.public_dict() | {"llm_url": redact_url(cfg.llm_url)}, python=sys.version.split()[0],
+                    overrides=overrides or {}, overrides_apply_to=applies, experiments=[], artifacts=[], status="running")
+    write_json_atomic(run_dir / "manifest.json", manifest)  # a killed run still names its profile
+    t0 = time.time()
+    secrets = [os.environ.get(cfg.api_key_env, ""), *_url_secrets(llm_url)]
     server = EmbeddedServer(cfg) if needs_llm and not llm_url else None  # owned: its watchdog reports a death
     down: dict = {}  # why LLM notebooks are no longer started: the owned server died, or the endpoint stopped answering
-    with server or nullcontext():
-        url = server.url if server else llm_url
-        if needs_llm: model = LLMClient.from_config(cfg, base_url=url, model=model, progress=False).resolve_model()
-        manifest["model"] = model if needs_llm else None
-        if needs_llm and model and model.startswith(STUB_MODEL): manifest["test_instrument"] = STUB_NOTE
-        has_secret = bool(url) and redact_url(url) != url
-        nb_url = None if has_secret else url  # credentials reach kernels only through KGRAG_LLM_URL
-        bar = tqdm(total=len(exps) + len(arts), desc="notebooks", unit="nb", disable=not progress)
-        lock = threading.Lock()
+    signals, partial = [], []  # SIGTERMs received; artefact entries as they finish (an interrupted run keeps them)
+    try:
+        with _sigterm_raises() as signals, (server or nullcontext()):
+            url = server.url if server else llm_url
+            if needs_llm and server is not None: model = LLMClient.from_config(cfg, base_url=url, model=model, progress=False).resolve_model()
+            manifest["model"] = model if needs_llm else None
+            if needs_llm and model and model.startswith(STUB_MODEL): manifest["test_instrument"] = STUB_NOTE
+            has_secret = bool(url) and redact_url(url) != url
+            nb_url = None if has_secret else url  # credentials reach kernels only through KGRAG_LLM_URL
+            bar = tqdm(total=len(exps) + len(arts), desc="notebooks", unit="nb", disable=not progress)
+            lock = threading.Lock()
 
-        def llm_failed(res: dict):
-            "After an LLM notebook failed: stop starting LLM notebooks when the owned server died or the endpoint is gone."
-            if server is not None:
-                deadline = time.monotonic() + 2.0  # the watchdog records the death within milliseconds of the exit
-                while not server.died and server.proc is not None and server.proc.poll() is not None and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                if server.died:
-                    with lock: down.setdefault("cause", f"embedded server {server.exit_status}")
-                    if server.exit_status not in (res["error"] or ""): res["error"] = f"{res['error']}; {server.died.splitlines()[0]}"
-            elif "EndpointUnreachableError" in (res["error"] or ""):
-                with lock: down.setdefault("cause", f"the LLM endpoint {redact_url(url)} stopped answering (after the client's retries)")
+            def llm_failed(res: dict):
+                "After an LLM notebook failed: stop starting LLM notebooks when the owned server died or the endpoint is gone."
+                if server is not None:
+                    deadline = time.monotonic() + 2.0  # the watchdog records the death within milliseconds of the exit
+                    while not server.died and server.proc is not None and server.proc.poll() is not None and time.monotonic() < deadline:
+                        time.sleep(0.05)
+                    if server.died:
+                        with lock: down.setdefault("cause", f"embedded server {server.exit_status}")
+                        if server.exit_status not in (res["error"] or ""): res["error"] = f"{res['error']}; {server.died.splitlines()[0]}"
+                elif "EndpointUnreachableError" in (res["error"] or ""):
+                    with lock: down.setdefault("cause", f"the LLM endpoint {redact_url(url)} stopped answering (after the client's retries)")
 
-        def run_one(study: Artifact, values: dict, exp_dirs: dict, folder: str, out: Path, extra: dict) -> dict:
-            if study.needs_llm and down:  # the LLM is gone: do not start another notebook that needs it
-                with lock: bar.update(1)
-                return dict(extra, paper=study.paper, notebook=study.notebook, status="skipped", wall_s=0.0,
-                            error=f"not started: {down['cause']}")
-            params = _inject(study, cfg, values, profile, run_dir, nb_url if study.needs_llm else None,
-                             model if study.needs_llm else None, exp_dirs)
-            res = run_notebook(study, params, out, cfg, cell_timeout)
-            if study.needs_llm and res["status"] == "failed": llm_failed(res)
-            entry = dict(extra, paper=study.paper, notebook=study.notebook, executed=str(out.relative_to(run_dir)),
-                         parameters={k: v for k, v in params.items() if k != "llm_url"} | {"llm_url": redact_url(params.get("llm_url"))},
-                         **res)
-            entry.update({k: v for k, v in _read_record(run_dir, folder, study.id).items() if k not in entry})
-            with lock:
-                bar.update(1)
-                if entry["status"] == "failed": tqdm.write(f"FAILED {study.id} ({study.notebook}) at {entry['error']}", file=sys.stderr)
-            return entry
-
-        with config_environment(cfg, llm_url=url if has_secret else None, model=model):
-            # experiments, level by level (an experiment runs after those it uses)
-            status = {}
-            remaining = [e for e in _topological(exps, exps_all)]
-            while remaining:
-                ready = [e for e in remaining if all(u in status for u in e.uses)]
-                remaining = [e for e in remaining if e not in ready]
-                def run_exp(e):
-                    p = plan[e.id]
-                    if any(status[u] == "failed" for u in e.uses) or any(status[u] == "skipped" for u in e.uses):
-                        with lock: bar.update(1)
-                        return dict(experiment=e.id, key=p["key"], status="skipped", error=f"an experiment it uses failed: {e.uses}")
-                    if p["done"]:
-                        with lock: bar.update(1)
-                        rec = json.loads((p["path"] / "_SUCCESS.json").read_text())
-                        return dict(experiment=e.id, key=p["key"], status="reused", path=str(p["path"]), models=rec.get("models"),
-                                    parameters=p["params"], wall_s=0.0)
-                    _write_plan(p, e.id)
-                    entry = run_one(e, p["params"], {**p["dep_paths"], e.id: p["path"]}, "experiments",
-                                    run_dir / "notebooks" / "experiments" / f"{e.id}.ipynb", dict(experiment=e.id, key=p["key"], path=str(p["path"])))
-                    if entry["status"] == "ok" and not (p["path"] / "_SUCCESS.json").exists():
-                        entry.update(status="failed", error="the notebook ended without ExperimentRun.finish() (no _SUCCESS.json)")
-                    entry["status"] = "computed" if entry["status"] == "ok" else entry["status"]
-                    return entry
-                for entry in _parallel(run_exp, ready, jobs):
-                    status[entry["experiment"]] = entry["status"]; manifest["experiments"].append(entry)
-            # artefacts
-            def run_art(a):
-                bad = [u for u in a.uses if status.get(u) in ("failed", "skipped")]
-                if bad:
+            def run_one(study: Artifact, values: dict, exp_dirs: dict, folder: str, out: Path, extra: dict) -> dict:
+                if study.needs_llm and down:  # the LLM is gone: do not start another notebook that needs it
                     with lock: bar.update(1)
-                    return dict(artifact=a.id, paper=a.paper, notebook=a.notebook, status="skipped",
-                                error=f"experiment(s) {bad} failed", wall_s=0.0)
-                values = effective_parameters(a, profile, cfg, overrides)
-                return run_one(a, values, {u: plan[u]["path"] for u in a.uses}, "artifacts",
-                               run_dir / "notebooks" / f"{a.id}.ipynb", dict(artifact=a.id, experiments={u: plan[u]["key"] for u in a.uses}))
-            manifest["artifacts"] = _parallel(run_art, arts, jobs)
-        bar.close()
-    usage = _sum_usage(manifest["experiments"] + manifest["artifacts"])
-    if down:  # one line a user reads first (the CLI prints it): what stopped the run, and that nothing is lost
-        manifest["llm_stopped"] = (f"{down['cause']} after {usage.get('requests', 0)} LLM requests; LLM notebooks after it were "
-                                   f"not started; nothing cached was lost; rerun resumes")
-    manifest.update(status="finished", wall_s=round(time.time() - t0, 2), llm_usage=usage,
-                    failed=[e.get("artifact") or e.get("experiment") for e in manifest["experiments"] + manifest["artifacts"]
-                            if e["status"] == "failed"],
-                    skipped=[e.get("artifact") or e.get("experiment") for e in manifest["experiments"] + manifest["artifacts"]
-                             if e["status"] == "skipped"])
-    secrets = [os.environ.get(cfg.api_key_env, "")] + ([s for s in re.findall(r"//([^/@]+)@", llm_url or "")] if llm_url else [])
-    path = run_dir / "manifest.json"
-    path.write_text(json.dumps(manifest, indent=1, default=str) + "\n")
-    for f in [path, *run_dir.rglob("*.ipynb"), *run_dir.rglob("*.json")]: scrub_secrets(f, secrets)
-    return manifest
+                    return dict(extra, paper=study.paper, notebook=study.notebook, status="skipped", wall_s=0.0,
+                                error=f"not started: {down['cause']}")
+                params = _inject(study, cfg, values, profile, run_dir, nb_url if study.needs_llm else None,
+                                 model if study.needs_llm else None, exp_dirs)
+                res = run_notebook(study, params, out, cfg, cell_timeout)
+                if study.needs_llm and res["status"] == "failed": llm_failed(res)
+                entry = dict(extra, paper=study.paper, notebook=study.notebook, executed=str(out.relative_to(run_dir)),
+                             parameters={k: v for k, v in params.items() if k != "llm_url"} | {"llm_url": redact_url(params.get("llm_url"))},
+                             **res)
+                entry.update({k: v for k, v in _read_record(run_dir, folder, study.id).items() if k not in entry})
+                with lock:
+                    bar.update(1)
+                    if entry["status"] == "failed": tqdm.write(f"FAILED {study.id} ({study.notebook}) at {entry['error']}", file=sys.stderr)
+                return entry
+
+            with config_environment(cfg, llm_url=url if has_secret else None, model=model):
+                # experiments, level by level (an experiment runs after those it uses)
+                status = {}
+                remaining = [e for e in _topological(exps, exps_all)]
+                while remaining:
+                    ready = [e for e in remaining if all(u in status for u in e.uses)]
+                    remaining = [e for e in remaining if e not in ready]
+                    def run_exp(e):
+                        p = plan[e.id]
+                        if any(status[u] == "failed" for u in e.uses) or any(status[u] == "skipped" for u in e.uses):
+                            with lock: bar.update(1)
+                            return dict(experiment=e.id, key=p["key"], status="skipped", error=f"an experiment it uses failed: {e.uses}")
+                        if p["done"]:
+                            with lock: bar.update(1)
+                            rec = _success_record(p["path"]) or {}
+                            return dict(experiment=e.id, key=p["key"], status="reused", path=str(p["path"]), models=rec.get("models"),
+                                        parameters=p["params"], wall_s=0.0)
+                        _write_plan(p, e.id)
+                        entry = run_one(e, p["params"], {**p["dep_paths"], e.id: p["path"]}, "experiments",
+                                        run_dir / "notebooks" / "experiments" / f"{e.id}.ipynb", dict(experiment=e.id, key=p["key"], path=str(p["path"])))
+                        if entry["status"] == "ok" and _success_record(p["path"]) is None:
+                            entry.update(status="failed", error="the notebook ended without ExperimentRun.finish() (no _SUCCESS.json)")
+                        entry["status"] = "computed" if entry["status"] == "ok" else entry["status"]
+                        return entry
+                    for entry in _parallel(run_exp, ready, jobs):
+                        status[entry["experiment"]] = entry["status"]; manifest["experiments"].append(entry)
+                # artefacts
+                def run_art(a):
+                    bad = [u for u in a.uses if status.get(u) in ("failed", "skipped")]
+                    if bad:
+                        with lock: bar.update(1)
+                        return dict(artifact=a.id, paper=a.paper, notebook=a.notebook, status="skipped",
+                                    error=f"experiment(s) {bad} failed", wall_s=0.0)
+                    values = effective_parameters(a, profile, cfg, overrides)
+                    return run_one(a, values, {u: plan[u]["path"] for u in a.uses}, "artifacts",
+                                   run_dir / "notebooks" / f"{a.id}.ipynb", dict(artifact=a.id, experiments={u: plan[u]["key"] for u in a.uses}))
+                def run_art_kept(a):
+                    entry = run_art(a)
+                    with lock: partial.append(entry)
+                    return entry
+                manifest["artifacts"] = _parallel(run_art_kept, arts, jobs)
+            bar.close()
+        usage = _sum_usage(manifest["experiments"] + manifest["artifacts"])
+        if down:  # one line a user reads first (the CLI prints it): what stopped the run, and that nothing is lost
+            manifest["llm_stopped"] = (f"{down['cause']} after {usage.get('requests', 0)} LLM requests; LLM notebooks after it were "
+                                       f"not started; nothing cached was lost; rerun resumes")
+        return _finalise(manifest, run_dir, [*exps, *arts], t0, secrets, "finished", usage=usage)
+    except BaseException as exc:  # Ctrl-C, SIGTERM (raised above) or an error: the manifest says so, with the usage so far
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        _stop_kernels()  # jobs=1: the kernel of a notebook cut short (the pool stops its own)
+        manifest["artifacts"] = manifest["artifacts"] or list(partial)
+        why = ("interrupted by SIGTERM" if signals else "interrupted (Ctrl-C / SIGINT)") if interrupted else f"{type(exc).__name__}: {exc}"
+        _finalise(manifest, run_dir, [*exps, *arts], t0, secrets, "interrupted" if interrupted else "failed", why[:2000])
+        raise
+

@@ -358,3 +358,233 @@ def test_a_server_killed_with_sigill_stops_the_run_names_the_signal_and_a_rerun_
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     usage = json.loads((cfg.runs_dir / "r2" / "usage_asker.json").read_text())
     assert usage["cache_hits"] >= done_before and usage["requests"] == 40 - usage["cache_hits"], usage
+
+
+# ------------------------------------------------------------------ issue 25: runs end recorded, inputs checked first, atomic writes
+import re, signal, subprocess, sys, time
+from urllib.parse import quote
+import kgrag_nb.reproduce as rp
+from kgrag_nb.reproduce import _url_secrets, write_json_atomic
+
+_SLEEPER = '''import json, os, time
+from pathlib import Path
+folder = Path(run_dir, "artifacts"); folder.mkdir(parents=True, exist_ok=True)
+(folder / "sleeper.usage.json").write_text(json.dumps({"usage": {"requests": 7, "prompt_tokens": 70, "completion_tokens": 14}}))
+Path(run_dir, "kernel.pid").write_text(str(os.getpid()))
+time.sleep(600)
+'''
+
+
+def _alive(pid: int) -> bool:
+    "Whether `pid` is a live process (a zombie counts as dead)."
+    try: return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError): return False
+
+
+def _run_env(cfg, root) -> dict:
+    env = dict(os.environ, KGRAG_HOME=str(root), KGRAG_RUNS=str(cfg.runs_dir), KGRAG_FIGURES=str(cfg.figures_dir),
+               KGRAG_CACHE=str(cfg.cache_dir))
+    env.pop("KGRAG_LLM_URL", None)
+    return env
+
+
+@pytest.mark.parametrize("how", ["cli-sigterm", "api-sigterm", "api-sigint"])
+def test_an_interrupted_run_is_recorded_as_interrupted_with_the_usage_so_far(tmp_path, how):
+    "A real `kgrag reproduce` (or `reproduce()`) process stopped by SIGTERM or Ctrl-C mid-notebook: the manifest says"
+    " `interrupted`, with the usage the notebook recorded and the wall time, the kernel is stopped, the CLI exits 143."
+    root = tmp_path / "proj"
+    _notebook(root / "nbs/studies/sleeper.ipynb", [("code", PARAMS, ["parameters"]), ("code", _SLEEPER, [])])
+    (root / "studies.yaml").write_text("artifacts:\n  sleeper: {paper: p, title: t, notebook: nbs/studies/sleeper.ipynb, profiles: {smoke: {n: 1}}}\n")
+    cfg = _tmp_cfg(tmp_path, root=root)
+    if how.startswith("cli"):
+        argv = [sys.executable, "-c", "import sys; from kgrag_nb.cli import main; sys.exit(main(sys.argv[1:]))",
+                "reproduce", "--profile", "smoke", "--run-id", "r1"]
+    else:
+        argv = [sys.executable, "-c", "from kgrag_nb.reproduce import reproduce; reproduce(profile='smoke', run_id='r1', progress=False)"]
+    proc = subprocess.Popen(argv, env=_run_env(cfg, root), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pid_file = cfg.runs_dir / "r1" / "kernel.pid"
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None and not pid_file.exists(): time.sleep(0.2)
+        assert pid_file.exists(), f"the notebook never started; output:\n{proc.communicate(timeout=60)[0]}"
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT if how.endswith("sigint") else signal.SIGTERM)
+        out = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None: proc.kill(); proc.wait()
+    m = json.loads((cfg.runs_dir / "r1" / "manifest.json").read_text())
+    assert m["status"] == "interrupted", (m, out)
+    assert ("SIGINT" if how.endswith("sigint") else "SIGTERM") in m["error"], m["error"]
+    assert m["llm_usage"]["requests"] == 7 and m["llm_usage"]["completion_tokens"] == 14 and m["wall_s"] > 0 and m["ended"]
+    if how == "cli-sigterm": assert proc.returncode == 143 and "kgrag: terminated" in out, out
+    kernel, deadline = int(pid_file.read_text()), time.monotonic() + 20
+    while _alive(kernel) and time.monotonic() < deadline: time.sleep(0.2)
+    if _alive(kernel): os.kill(kernel, signal.SIGKILL)
+    assert not _alive(kernel) or pytest.fail("the notebook's kernel outlived the interrupted run")
+
+
+def test_a_run_that_fails_is_recorded_as_failed_from_any_thread_and_the_sigterm_handler_is_restored(tmp_path, monkeypatch):
+    root = _project(tmp_path)
+    cfg = _tmp_cfg(tmp_path, root=root)
+    def disk_full(*a, **kw): raise OSError(28, "No space left on device")
+    monkeypatch.setattr(rp, "run_notebook", disk_full)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(OSError, match="No space left"): reproduce(profile="smoke", only="a3", cfg=cfg, progress=False, run_id="f1")
+    assert signal.getsignal(signal.SIGTERM) == before  # installed only while the run went on
+    raised = []
+    def in_thread():  # no signal handler can be installed here: the run must not trip over that
+        try: reproduce(profile="smoke", only="a3", cfg=cfg, progress=False, run_id="f2")
+        except BaseException as e: raised.append(e)
+    t = threading.Thread(target=in_thread); t.start(); t.join(120)
+    assert len(raised) == 1 and isinstance(raised[0], OSError), raised
+    for rid in ("f1", "f2"):
+        m = json.loads((cfg.runs_dir / rid / "manifest.json").read_text())
+        assert m["status"] == "failed" and "No space left on device" in m["error"] and m["llm_usage"] == {} and m["wall_s"] >= 0, m
+
+
+def test_endpoint_and_model_are_checked_before_the_run_folder_is_made(tmp_path):
+    root = tmp_path / "proj"
+    _notebook(root / "nbs/studies/probe.ipynb", [("code", PARAMS, ["parameters"]), ("code", "x = 1", [])])
+    (root / "studies.yaml").write_text("artifacts:\n  probe: {paper: p, title: t, notebook: nbs/studies/probe.ipynb, needs_llm: true, profiles: {smoke: {n: 1}}}\n")
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Models)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        cfg = _tmp_cfg(tmp_path, root=root)
+        with pytest.raises(Exception, match="'nope' is not served"):
+            reproduce(profile="smoke", llm_url=f"http://127.0.0.1:{httpd.server_address[1]}/v1", model="nope", cfg=cfg, progress=False)
+    finally: httpd.shutdown(); httpd.server_close()
+    assert not cfg.runs_dir.exists() or not any(cfg.runs_dir.iterdir())  # no run folder stays `running`
+
+
+@given(user=st.text(alphabet="ab@:%/", min_size=1, max_size=6), core=st.text(alphabet="xyZ09@:/%", min_size=6, max_size=16),
+       raw=st.booleans())
+def test_redact_url_drops_a_password_holding_at_colon_slash_percent(user, core, raw):
+    "The userinfo ends at the last `@`: whatever the password holds, it never shows in the redacted URL, and scrubbing"
+    " a file with `_url_secrets` removes it."
+    password = "Q" + core + "Q"  # `Q` is in no part of the bare URL, so `password in ...` cannot hold by accident
+    written = quote(password, safe="@:%") if raw else quote(password, safe="")  # raw `@ : %` as users type them, or encoded
+    url = f"http://{quote(user, safe='')}:{written}@127.0.0.1:9/v1"
+    red = redact_url(url)
+    assert red == "http://127.0.0.1:9/v1", (url, red)
+    assert password not in red and written not in red
+    assert written in _url_secrets(url)
+
+
+def test_a_password_holding_at_never_reaches_the_run_folder(tmp_path, monkeypatch):
+    "The issue's probe: `http://alice:p@ssSECRET@...` (here through KGRAG_LLM_URL, so the manifest's config holds it too)."
+    root = tmp_path / "proj"
+    _notebook(root / "nbs/studies/probe.ipynb", [("code", PARAMS, ["parameters"]), ("code", "x = 1", [])])
+    (root / "studies.yaml").write_text("artifacts:\n  probe: {paper: p, title: t, notebook: nbs/studies/probe.ipynb, needs_llm: true, profiles: {smoke: {n: 1}}}\n")
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Models)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://alice:p@ssSECRET@127.0.0.1:{httpd.server_address[1]}/v1"
+        monkeypatch.setenv("KGRAG_LLM_URL", url); monkeypatch.setenv("KGRAG_MODEL", "m1")
+        cfg = _tmp_cfg(tmp_path, root=root)
+        m = reproduce(profile="smoke", cfg=cfg, progress=False)
+    finally: httpd.shutdown(); httpd.server_close()
+    assert m["failed"] == [] and m["llm_url"] == f"http://127.0.0.1:{httpd.server_address[1]}/v1", m
+    for f in (cfg.runs_dir / m["run_id"]).rglob("*"):
+        if f.is_file(): assert b"ssSECRET" not in f.read_bytes(), f
+
+
+def _ranges_project(tmp_path) -> Path:
+    root = tmp_path / "proj"
+    params = PARAMS + "\nmax_tokens = 8\ntemperature = 0.0\nseed = 0\nn_samples = 2\nn_questions = 3"
+    _notebook(root / "nbs/studies/ranged.ipynb", [("code", params, ["parameters"]),
+              ("code", "from pathlib import Path\nPath(run_dir, 'ran.txt').write_text('ran')", [])])
+    (root / "studies.yaml").write_text("artifacts:\n  ranged: {paper: p, title: t, notebook: nbs/studies/ranged.ipynb, profiles: {smoke: {n: 1}}}\n")
+    return root
+
+
+def test_out_of_range_values_are_refused_before_anything_starts(tmp_path):
+    root = _ranges_project(tmp_path)
+    cfg = _tmp_cfg(tmp_path, root=root)
+    cases = [(dict(overrides={"max_tokens": 0}), "max_tokens must be a whole number >= 1"),
+             (dict(overrides={"max_tokens": -1}), "max_tokens must be a whole number >= 1"),
+             (dict(overrides={"temperature": float("nan")}), "temperature must be a finite number >= 0"),
+             (dict(overrides={"temperature": float("inf")}), "temperature must be a finite number >= 0"),
+             (dict(overrides={"temperature": -0.5}), "temperature must be a finite number >= 0"),
+             (dict(overrides={"seed": -5}), "seed must be a whole number >= 0"),
+             (dict(overrides={"n_samples": 0}), "at least 1"),
+             (dict(only=""), "names no artefact"), (dict(only=" , "), "names no artefact"),
+             (dict(jobs=-3), "--jobs -3"), (dict(jobs=0), "--jobs 0"),
+             (dict(cell_timeout=-5), "--cell-timeout -5"), (dict(cell_timeout=0), "--cell-timeout 0")]
+    for kw, match in cases:
+        with pytest.raises(ValueError, match=re.escape(match)): reproduce(profile="smoke", cfg=cfg, progress=False, **kw)
+    with pytest.raises(ValueError, match="KGRAG_EMBEDDED_PORT=70000"):
+        reproduce(profile="smoke", cfg=_tmp_cfg(tmp_path, root=root, embedded_port=70000), progress=False)
+    assert not cfg.runs_dir.exists() or not any(cfg.runs_dir.iterdir())  # nothing started
+    m = reproduce(profile="smoke", cfg=cfg, progress=False, overrides={"seed": 0, "temperature": 0, "max_tokens": 1})
+    assert m["failed"] == [] and (cfg.runs_dir / m["run_id"] / "ran.txt").exists()  # the edges of each range are fine
+
+
+def test_a_cut_short_success_marker_counts_as_not_done_and_errors_name_it(tmp_path):
+    root = _project(tmp_path)
+    cfg = _tmp_cfg(tmp_path, root=root)
+    m1 = reproduce(profile="smoke", only="a3", cfg=cfg, progress=False)
+    folder = Path(next(e["path"] for e in m1["experiments"] if e["experiment"] == "exp2"))
+    (folder / "_SUCCESS.json").write_text((folder / "_SUCCESS.json").read_text()[:40])  # a full disk cut it
+    with pytest.raises(ValueError, match=re.escape(str(folder / "_SUCCESS.json")) + " is unreadable"): ExperimentResults(folder)
+    m2 = reproduce(profile="smoke", only="a3", cfg=cfg, progress=False)
+    assert _status(m2) == {"exp2": "computed"} and m2["failed"] == [], m2
+    assert ExperimentResults(folder).load("meta") == {"m": 2}
+
+
+_FULL_DISK = '''import json, resource, signal, sys
+from pathlib import Path
+from kgrag_nb.config import get_config
+from kgrag_nb.reproduce import StudyRun, write_json_atomic
+d = Path(sys.argv[1])
+run = StudyRun("art", params={"profile": "smoke"}, run_dir=str(d / "run"), cfg=get_config(figures_dir=d / "figures"))
+run.finish()
+write_json_atomic(d / "run" / "manifest.json", {"status": "running"})
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))  # from here on the disk is "full" at 4 KiB a file
+run.record_note("x" * 100_000)
+for write in (run.finish, lambda: write_json_atomic(d / "run" / "manifest.json", {"status": "y" * 100_000})):
+    try: write(); print("wrote")
+    except OSError as e: print("refused", e.errno)
+'''
+
+
+def test_json_writes_are_whole_or_not_at_all_on_a_full_disk(tmp_path):
+    "A real process whose file size limit makes every write past 4 KiB fail (as a full disk does): provenance, the run"
+    " record and the manifest keep their previous content, and no temporary file is left."
+    out = subprocess.run([sys.executable, "-c", _FULL_DISK, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["refused", "27", "refused", "27"], out.stdout + out.stderr  # EFBIG both times
+    assert json.loads((tmp_path / "figures" / "art" / "provenance.json").read_text())["notes"] == []
+    assert json.loads((tmp_path / "run" / "artifacts" / "art.json").read_text())["notes"] == []
+    assert json.loads((tmp_path / "run" / "manifest.json").read_text()) == {"status": "running"}
+    assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_reproduce_writes_json_only_through_write_json_atomic():
+    src = Path(rp.__file__).read_text()
+    assert "write_text(json.dumps" not in src and ".write_text(text)" not in src
+    assert "os.replace" in src and src.count("write_json_atomic(") >= 8
+
+
+def test_the_registry_is_confined_to_the_checkout_and_bounded(tmp_path):
+    root = tmp_path / "proj"
+    _notebook(tmp_path / "outside.ipynb", [("code", PARAMS, ["parameters"]),
+              ("code", f"from pathlib import Path\nPath({str(tmp_path / 'ran.txt')!r}).write_text('ran')", [])])
+    (root / "nbs/studies").mkdir(parents=True)
+    (root / "nbs/studies/link.ipynb").symlink_to(tmp_path / "outside.ipynb")
+    cfg = _tmp_cfg(tmp_path, root=root)
+    entry = lambda nb: f"artifacts:\n  evil: {{paper: p, title: t, notebook: {nb!r}, profiles: {{smoke: {{n: 1}}}}}}\n"
+    for nb in ("../outside.ipynb", str(tmp_path / "outside.ipynb"), "nbs/studies/link.ipynb", "../../../../../etc/passwd"):
+        (root / "studies.yaml").write_text(entry(nb))
+        with pytest.raises(ValueError, match=r"artifact 'evil': notebook .* outside the checkout"): reproduce(profile="smoke", cfg=cfg, progress=False)
+    assert not (tmp_path / "ran.txt").exists() and not cfg.runs_dir.exists()
+    (root / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")  # inside the checkout, but no notebook: the entry is named
+    (root / "studies.yaml").write_text(entry("passwd"))
+    with pytest.raises(ValueError, match=r"artifact 'evil': .*passwd is not a readable Jupyter notebook"): reproduce(profile="smoke", cfg=cfg, progress=False)
+    (root / "studies.yaml").write_text("# " + "x" * 1_100_000 + "\n" + entry("nbs/studies/x.ipynb"))
+    with pytest.raises(ValueError, match="byte limit"): load_registry(cfg=cfg)
+    lol = "".join(f"        l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 10))
+    (root / "studies.yaml").write_text("artifacts:\n  a:\n    paper: p\n    title: t\n    notebook: nbs/studies/a.ipynb\n    profiles:\n"
+                                       "      smoke:\n        l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + lol)
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match="billion laughs"): load_registry(cfg=cfg)
+    assert time.monotonic() - t0 < 5

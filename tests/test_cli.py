@@ -1,0 +1,54 @@
+"""Tests of the `kgrag` console script's argument checks (the runner's own behaviour is tested in test_reproduce.py)."""
+import pytest
+import nbformat
+
+from kgrag_nb.cli import main
+
+
+def _project(tmp_path, monkeypatch):
+    "A one-notebook project whose parameters cell declares every parameter with a known range; KGRAG_* point at it."
+    root = tmp_path / "proj"
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell('profile = "smoke"\nrun_dir = None\nllm_url = None\nmodel = None\n'
+                                     'max_tokens = 8\ntemperature = 0.0\nseed = 0\nn_samples = 2\nn_questions = 3')
+    cell.metadata["tags"] = ["parameters"]
+    nb.cells = [cell, nbformat.v4.new_code_cell(f"from pathlib import Path\nPath({str(tmp_path / 'ran.txt')!r}).write_text('ran')")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "python3", "language": "python"}
+    (root / "nbs/studies").mkdir(parents=True)
+    nbformat.write(nb, str(root / "nbs/studies/ranged.ipynb"))
+    (root / "studies.yaml").write_text("artifacts:\n  ranged: {paper: p, title: t, notebook: nbs/studies/ranged.ipynb, profiles: {smoke: {n: 1}}}\n")
+    for k, v in dict(KGRAG_HOME=root, KGRAG_RUNS=tmp_path / "runs", KGRAG_FIGURES=tmp_path / "figures", KGRAG_CACHE=tmp_path / "cache").items():
+        monkeypatch.setenv(k, str(v))
+    monkeypatch.delenv("KGRAG_LLM_URL", raising=False)
+    return root
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "max_tokens=0"], "--set max_tokens=0: max_tokens must be a whole number >= 1"),
+    (["--set", "max_tokens=-1"], "--set max_tokens=-1: max_tokens must be a whole number >= 1"),
+    (["--set", "temperature=NaN"], "--set temperature=nan: temperature must be a finite number >= 0"),
+    (["--set", "temperature=-1"], "--set temperature=-1: temperature must be a finite number >= 0"),
+    (["--set", "temperature=Infinity"], "--set temperature=inf: temperature must be a finite number >= 0"),
+    (["--set", "seed=-5"], "--set seed=-5: seed must be a whole number >= 0"),
+    (["--set", "n_questions=0"], "--set n_questions=0"),
+    (["--only", ""], "--only '' names no artefact"),
+    (["--only", " , "], "--only ' , ' names no artefact"),
+    (["--jobs", "-3"], "--jobs -3: run at least 1 notebook at a time"),
+    (["--cell-timeout", "-5"], "--cell-timeout -5: give a number of seconds > 0"),
+    (["--cell-timeout", "0"], "--cell-timeout 0: give a number of seconds > 0"),
+])
+def test_reproduce_refuses_out_of_range_input_before_anything_starts(tmp_path, monkeypatch, capsys, args, message):
+    _project(tmp_path, monkeypatch)
+    assert main(["reproduce", "--profile", "smoke", *args]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err  # one line naming the input and the fix
+    assert not (tmp_path / "ran.txt").exists() and not (tmp_path / "runs").exists()  # nothing started, no run folder
+
+
+def test_reproduce_refuses_an_embedded_port_outside_1_to_65535(tmp_path, monkeypatch, capsys):
+    _project(tmp_path, monkeypatch)
+    for port in ("70000", "0"):
+        monkeypatch.setenv("KGRAG_EMBEDDED_PORT", port)
+        assert main(["reproduce", "--profile", "smoke"]) == 1
+        assert f"KGRAG_EMBEDDED_PORT={port}: a TCP port is 1..65535" in capsys.readouterr().err
+    assert not (tmp_path / "ran.txt").exists() and not (tmp_path / "runs").exists()
