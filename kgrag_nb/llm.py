@@ -17,12 +17,13 @@ from tqdm import tqdm
 from .config import CACHE_MODES, Config, get_config
 
 # %% auto #0
-__all__ = ['CONSTRAINT_KINDS', 'BACKENDS', 'VLLM_STRUCTURED_OUTPUTS_SINCE', 'CacheMissError', 'ModelNotServedError',
-           'EndpointUnreachableError', 'UnsupportedConstraintError', 'ServerDiedError', 'MalformedResponseError',
-           'public_url', 'canonical_json', 'request_key', 'Constraint', 'parse_regex', 'regex_to_gbnf',
-           'constraint_gbnf', 'fill_constraint', 'vllm_version_tuple', 'constraint_body', 'process_alive',
-           'ResponseCache', 'Usage', 'run_sync', 'is_retryable', 'backoff_delay', 'retrying', 'replace_surrogates',
-           'parse_response', 'progress_stream', 'tls_context', 'LLMClient', 'local_server_death', 'GroupCommit']
+__all__ = ['CONSTRAINT_KINDS', 'BACKENDS', 'VLLM_STRUCTURED_OUTPUTS_SINCE', 'MAX_CHARS_PER_TOKEN', 'CacheMissError',
+           'ModelNotServedError', 'EndpointUnreachableError', 'UnsupportedConstraintError', 'ServerDiedError',
+           'MalformedResponseError', 'public_url', 'canonical_json', 'request_key', 'Constraint', 'parse_regex',
+           'regex_to_gbnf', 'constraint_gbnf', 'fill_constraint', 'vllm_version_tuple', 'constraint_body',
+           'process_alive', 'seal_response', 'open_response', 'ResponseCache', 'Usage', 'run_sync', 'is_retryable',
+           'backoff_delay', 'retrying', 'replace_surrogates', 'parse_response', 'progress_stream', 'check_sampling',
+           'tls_context', 'LLMClient', 'local_server_death', 'GroupCommit']
 
 # %% ../nbs/03_llm.ipynb #c005
 class CacheMissError(KeyError):
@@ -463,6 +464,28 @@ def _own_start_time() -> str | None:
     return _OWN_START[pid]
 
 # %% ../nbs/03_llm.ipynb #c010b
+def seal_response(response: dict) -> str:  # a response record (text, finish_reason, model, token counts)
+    "The stored form of a response: its canonical JSON with `_sha256` (of that JSON) added, so a changed byte is caught."
+    body = {k: v for k, v in response.items() if k not in ("_sha256", "cached")}
+    return canonical_json({**body, "_sha256": hashlib.sha256(canonical_json(body).encode()).hexdigest()[:16]})
+
+def open_response(stored: str) -> tuple[dict | None, str | None]:  # a stored row's `response` column
+    "`(record, None)` for a valid stored response, else `(None, what is wrong)`: cache hits are validated like fresh"
+    " answers (issue 25 item 10). Rows written before checksums existed have no `_sha256` and are checked for shape only."
+    try: rec = json.loads(stored)
+    except (TypeError, ValueError): return None, "the stored answer is not JSON"
+    if not isinstance(rec, dict): return None, f"the stored answer is a JSON {type(rec).__name__}, not an object"
+    if not isinstance(rec.get("text"), str): return None, f"its text is {type(rec.get('text')).__name__}, not a string"
+    for name in ("finish_reason", "model"):
+        if rec.get(name) is not None and not isinstance(rec[name], str): return None, f"its {name} is not a string"
+    for name in ("prompt_tokens", "completion_tokens"):
+        v = rec.get(name, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0: return None, f"its {name} is not a token count"
+    sha = rec.pop("_sha256", None)
+    if sha is not None and sha != hashlib.sha256(canonical_json(rec).encode()).hexdigest()[:16]:
+        return None, "its checksum does not match (a changed byte)"
+    return rec, None
+
 class ResponseCache:
     "SQLite store of LLM responses keyed by `request_key`; safe for concurrent writers from several processes."
     def __init__(self,
@@ -470,6 +493,7 @@ class ResponseCache:
                  busy_timeout_s: float = 60.0):  # how long a writer waits for the lock held by another process
         self.path, self.busy_timeout_s = Path(path), busy_timeout_s
         self._conn, self._lock = None, threading.Lock()
+        self.corrupt: dict[str, str] = {}  # key -> what is wrong with its stored answer (seen at lookup; asked again)
 
     def __repr__(self): return f"ResponseCache({str(self.path)!r})"
 
@@ -503,14 +527,17 @@ class ResponseCache:
         "The stored response for `key`, or None."
         with self._lock:
             row = self._connect().execute("SELECT response FROM responses WHERE key=?", (key,)).fetchone()
-        return None if row is None else json.loads(row[0])
+        if row is None: return None
+        rec, problem = open_response(row[0])
+        if problem: self.corrupt[key] = problem  # a damaged row counts as missing: it is asked again and replaced
+        return rec
 
     def put(self,
             key: str,  # `request_key` of the request
             response: dict,  # JSON-ready response record (text, finish_reason, token counts)
             request: dict | None = None):  # the request content, for audits (model, prompt, params; never a key or URL)
         "Store (or overwrite) one response and drop any claim on its key, in one transaction."
-        row = (key, None if request is None else canonical_json(request), canonical_json(response), time.time())
+        row = (key, None if request is None else canonical_json(request), seal_response(response), time.time())
         with self._lock:
             self._transaction(("INSERT OR REPLACE INTO responses VALUES (?,?,?,?)", row),
                               ("DELETE FROM claims WHERE key=?", (key,)))
@@ -540,7 +567,10 @@ def _claim_state(self: ResponseCache, key: str, owner: str, ttl_s: float):
     "('answered', response), ('busy', holder) or ('free', holder or None) for `key` as seen by `owner` (caller holds `_lock`)."
     conn = self._connect()
     row = conn.execute("SELECT response FROM responses WHERE key=?", (key,)).fetchone()
-    if row is not None: return "answered", json.loads(row[0])
+    if row is not None:
+        rec, problem = open_response(row[0])
+        if problem is None: return "answered", rec
+        self.corrupt[key] = problem  # damaged: claim it like a missing answer, so it is asked again and replaced
     held = conn.execute("SELECT owner, host, pid, started, claimed FROM claims WHERE key=?", (key,)).fetchone()
     if held is None or held[0] == owner: return "free", None
     owner_, host, pid, started, claimed = held
@@ -592,7 +622,7 @@ def _put_many(self: ResponseCache, items: list[tuple]):  # (key, response, reque
     stmts = []
     for key, response, request in items:
         stmts += [("INSERT OR REPLACE INTO responses VALUES (?,?,?,?)",
-                   (key, None if request is None else canonical_json(request), canonical_json(response), now)),
+                   (key, None if request is None else canonical_json(request), seal_response(response), now)),
                   ("DELETE FROM claims WHERE key=?", (key,))]
     if stmts:
         with self._lock: self._transaction(*stmts)
@@ -605,7 +635,10 @@ def _get_many(self: ResponseCache, keys: list[str]) -> dict:
         for i in range(0, len(keys), 500):
             part = keys[i:i + 500]
             rows = conn.execute(f"SELECT key, response FROM responses WHERE key IN ({','.join('?' * len(part))})", part)
-            out.update((k, json.loads(r)) for k, r in rows)
+            for k, r in rows:
+                rec, problem = open_response(r)
+                if problem: self.corrupt[k] = problem  # counts as missing: asked again and replaced (a warning says so)
+                else: out[k] = rec
     return out
 
 ResponseCache.claim, ResponseCache.release, ResponseCache.claim_holder = _claim, _release, _claim_holder
@@ -735,6 +768,20 @@ def progress_stream():
     "Where progress bars go: the terminal that started `kgrag reproduce` when it set KGRAG_PROGRESS_STREAM=terminal"
     " (a papermill kernel inherits that terminal as its original stderr), else the usual stderr (the notebook's output)."
     return sys.__stderr__ if os.environ.get("KGRAG_PROGRESS_STREAM") == "terminal" else sys.stderr
+
+def check_sampling(params: dict,  # the call's sampling parameters (max_tokens, seed, top_p, ...)
+                   temperatures: list):  # one temperature per prompt (None = the server's default)
+    "Refuse values a server would reject or loop on, before any request (issue 25 item 8): `max_tokens=0` made the"
+    " embedded server generate until its context was full, `-1` got an HTTP 500 retried five times."
+    mt = params.get("max_tokens")
+    if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
+        raise ValueError(f"max_tokens={mt!r}: use a whole number >= 1 (a token budget)")
+    seed = params.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ValueError(f"seed={seed!r}: use a whole number >= 0 (or None)")
+    for t in temperatures:
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0):
+            raise ValueError(f"temperature={t!r}: use a finite number >= 0 (0 = greedy)")
 
 def _per_item(value, count: int, name: str) -> list:
     if isinstance(value, (list, tuple)):
@@ -896,6 +943,8 @@ async def _backend_of(self: LLMClient, api) -> tuple[str, str | None]:
 LLMClient._vllm_version, LLMClient._backend_of = _vllm_version, _backend_of
 
 # %% ../nbs/03_llm.ipynb #c025
+MAX_CHARS_PER_TOKEN = 64  # no tokenizer's token is longer: an answer longer than this times max_tokens is refused
+
 def local_server_death(base_url: str | None,  # the client's endpoint
                        cfg: Config | None = None) -> str | None:  # None = get_config() (where server state files live)
     "Why the local server behind `base_url` is gone, or None: the cause its owner wrote into the server's state file"
@@ -925,9 +974,17 @@ async def _send(self: LLMClient, api, kind: str, model: str, payload, params: di
         attempts += 1; self._count(requests=1)
         try:
             kw = {**params, "extra_body": extra} if extra else params
-            if kind == "completion": raw = await api.completions.with_raw_response.create(model=model, prompt=payload, **kw)
-            else: raw = await api.chat.completions.with_raw_response.create(model=model, messages=payload, **kw)
-            return parse_response(kind, raw.content, raw.headers.get("content-type", ""))
+            if kind == "completion": call = api.completions.with_raw_response.create(model=model, prompt=payload, **kw)
+            else: call = api.chat.completions.with_raw_response.create(model=model, messages=payload, **kw)
+            try: raw = await asyncio.wait_for(call, self.timeout)  # a total deadline: httpx's timeout is per read
+            except asyncio.TimeoutError as e:  # (a server sending one byte every 2 s held a request forever)
+                raise openai.APITimeoutError(request=httpx.Request("POST", f"{self.base_url}/{path}")) from e
+            rec, replaced = parse_response(kind, raw.content, raw.headers.get("content-type", ""))
+            budget = params.get("max_tokens")
+            if budget and len(rec["text"]) > MAX_CHARS_PER_TOKEN * int(budget):  # never cache a runaway answer
+                raise MalformedResponseError(f"an answer of {len(rec['text']):,} characters for max_tokens={budget}: far longer "
+                                             f"than {budget} tokens can be ({MAX_CHARS_PER_TOKEN} characters per token at most)")
+            return rec, replaced
         except MalformedResponseError: self._count(errors=1, malformed=1); raise
         except openai.APIConnectionError as e:
             self._count(errors=1)
@@ -943,7 +1000,8 @@ async def _send(self: LLMClient, api, kind: str, model: str, payload, params: di
             rec, replaced = await retrying(self.max_retries - 1, self.backoff, on_retry=lambda rs: self._count(retries=1),
                                            done=1)(attempt)
     except openai.APITimeoutError as e:
-        raise TimeoutError(f"{self.endpoint}: no answer within timeout={self.timeout}s after {attempts} attempt(s); "
+        raise TimeoutError(f"{self.endpoint}: no complete answer within {self.timeout} s (the total deadline of each of "
+                           f"{attempts} attempt(s)); "
                            f"raise LLMClient(timeout=...) or lower max_concurrency") from e
     except openai.APIConnectionError as e: raise self._unreachable(e) from e
     except MalformedResponseError as e:
@@ -1021,6 +1079,7 @@ async def _generate(self: LLMClient, kind, payloads, n, temperature, params, des
         raise TypeError(f"constraint={constraint!r}: pass a Constraint, e.g. Constraint.json_schema({{...}}) or Constraint.choice([...])")
     payloads = list(payloads)
     temps = _per_item(temperature, len(payloads), "temperature")
+    check_sampling(params, temps)  # a value the server would refuse (or loop on) fails here, not after five retries
     if isinstance(params.get("stop"), str): params["stop"] = [params["stop"]]
     t0, api = time.perf_counter(), None
     try:
@@ -1041,6 +1100,11 @@ async def _generate(self: LLMClient, kind, payloads, n, temperature, params, des
             with open(self.key_log, "a") as f: f.write("".join(f"{k}\n" for k in jobs))
         results, misses = {}, []
         stored = self.cache.get_many(jobs) if self.cache is not None and self.mode != "record" else {}
+        bad = {k: self.cache.corrupt.pop(k) for k in list(self.cache.corrupt) if k in jobs} if self.cache is not None else {}
+        if bad:
+            warnings.warn(f"{self.cache.path}: {len(bad)} cached answer(s) failed validation ({next(iter(bad.values()))}); they "
+                          f"count as missing and are asked again (replay mode: fails). If this repeats the file is damaged: "
+                          f"move it away and rerun (every answer is asked again)")
         for key, (payload, prm, s) in jobs.items():
             hit = stored.get(key)
             if hit is not None: results[key] = {**hit, "cached": True}

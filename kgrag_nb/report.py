@@ -28,7 +28,7 @@ def list_runs(cfg: Config | None = None) -> list[Path]:
     found = []
     for m in sorted(cfg.runs_dir.glob("*/manifest.json")) if cfg.runs_dir.exists() else []:
         try: started = str(json.loads(m.read_text()).get("started") or "")
-        except json.JSONDecodeError: continue  # a damaged manifest is not a finished run
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError): continue  # a damaged manifest is not a finished run
         found.append((started, m.parent.name, m.parent))
     return [p for *_, p in sorted(found)]
 

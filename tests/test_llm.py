@@ -4,7 +4,7 @@ responses, usage up to a failure, and one request in flight per key across proce
 Tests marked `llm` talk to the real embedded llama.cpp server (session fixture `embedded_server` in conftest.py).
 Retry, header and concurrency tests use a tiny real HTTP server on 127.0.0.1 that speaks the OpenAI wire format.
 """
-import asyncio, hashlib, json, multiprocessing as mp, os, socket, subprocess, sys, threading, time
+import asyncio, hashlib, json, multiprocessing as mp, os, re, socket, subprocess, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -601,3 +601,70 @@ def test_per_prompt_temperatures_reach_the_key(embedded_server, tmp_path):
     k0, k1 = recs[0][0]["key"], recs[1][0]["key"]
     assert k0 != k1 and client.usage.requests == 2
     assert client.cache.request(k0)["params"]["temperature"] == 0.0 and client.cache.request(k1)["params"]["temperature"] == 0.8
+
+
+# ---------------------------------------------------------------- issue 25 items 4, 10, 14
+def test_a_server_that_drips_one_byte_at_a_time_hits_the_total_deadline(tmp_path):
+    "httpx's timeout is per read: a server sending a byte every second held a request for ever. Now each attempt has"
+    " a total deadline and the error says so (not 'cannot reach the endpoint')."
+    class Drip(BaseHTTPRequestHandler):
+        def log_message(self, *a): pass
+        def do_GET(self):
+            data = json.dumps({"object": "list", "data": [{"id": "drip", "object": "model", "owned_by": "me"}]}).encode()
+            self.send_response(200); self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data))); self.end_headers(); self.wfile.write(data)
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200); self.send_header("Content-Type", "application/json"); self.send_header("Content-Length", "100000")
+            self.end_headers()
+            try:
+                for _ in range(60): self.wfile.write(b" "); self.wfile.flush(); time.sleep(1)
+            except OSError: pass
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Drip); threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        client = LLMClient(f"http://127.0.0.1:{httpd.server_address[1]}/v1", cache=tmp_path / "c.sqlite", timeout=3,
+                           max_retries=0, progress=False)
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match="no complete answer within 3 s"): client.complete(["q"])
+        assert time.monotonic() - t0 < 10 and len(client.cache) == 0
+    finally: httpd.shutdown(); httpd.server_close()
+
+
+def test_damaged_cache_rows_are_never_served_and_are_asked_again(fake, tmp_path):
+    "A row {'text': 42} (caches from before the response check), invalid JSON, or a changed byte: each counts as"
+    " missing (a warning names the file), is asked again and replaced; in replay mode it is a miss."
+    import sqlite3
+    srv = fake()
+    client = LLMClient(srv.url, cache=tmp_path / "c.sqlite", progress=False)
+    assert client.complete(["q"]) == [["echo:q|t=0.0|s=None"]] and srv.posts == 1
+    stored = sqlite3.connect(tmp_path / "c.sqlite").execute("SELECT response FROM responses").fetchone()[0]
+    assert '"_sha256"' in stored and "_sha256" not in client.cache.get(KEY_Q)  # sealed on disk, plain to callers
+    for damaged in ('{"text": 42}', "{not json", stored.replace("echo:q", "echo:Q")):
+        with sqlite3.connect(tmp_path / "c.sqlite") as con: con.execute("UPDATE responses SET response=?", (damaged,))
+        posts = srv.posts
+        with pytest.warns(UserWarning, match=r"c\.sqlite: 1 cached answer\(s\) failed validation"):
+            assert client.complete(["q"]) == [["echo:q|t=0.0|s=None"]]
+        assert srv.posts == posts + 1 and client.cache.get(KEY_Q)["text"] == "echo:q|t=0.0|s=None"  # replaced by a valid one
+    with sqlite3.connect(tmp_path / "c.sqlite") as con: con.execute("UPDATE responses SET response=?", ('{"text": 42}',))
+    replay = LLMClient(None, model="fake-model", cache=tmp_path / "c.sqlite", mode="replay", progress=False)
+    with pytest.warns(UserWarning, match="failed validation"), pytest.raises(CacheMissError): replay.complete(["q"])
+
+
+def test_an_answer_far_longer_than_its_token_budget_is_refused_and_never_cached(fake, tmp_path):
+    huge = json.dumps({"model": "fake-model", "choices": [{"index": 0, "text": "x" * 1_000_000, "finish_reason": "length"}],
+                       "usage": {"prompt_tokens": 1, "completion_tokens": 8}}).encode()
+    srv = fake(raw=[("application/json", huge)] * 2)
+    client = LLMClient(srv.url, cache=tmp_path / "c.sqlite", max_retries=1, backoff=0.01, progress=False)
+    with pytest.raises(MalformedResponseError, match="an answer of 1,000,000 characters for max_tokens=8"):
+        client.complete(["q"], max_tokens=8)
+    assert len(client.cache) == 0
+
+
+@pytest.mark.parametrize("kw, problem", [(dict(max_tokens=0), "max_tokens=0"), (dict(max_tokens=-1), "max_tokens=-1"),
+                                         (dict(temperature=float("nan")), "temperature=nan"), (dict(temperature=-0.5), "temperature=-0.5"),
+                                         (dict(seed=-5), "seed=-5")])
+def test_sampling_values_a_server_would_refuse_fail_before_any_request(fake, tmp_path, kw, problem):
+    srv = fake()
+    client = LLMClient(srv.url, cache=tmp_path / "c.sqlite", progress=False)
+    with pytest.raises(ValueError, match=re.escape(problem)): client.complete(["q"], **kw)
+    assert srv.posts == 0
