@@ -520,8 +520,13 @@ class ResponseCache:
         try:
             for sql, args in statements: conn.execute(sql, args)
             conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK"); raise
+        except BaseException as e:
+            try: conn.execute("ROLLBACK")
+            except sqlite3.OperationalError: pass  # SQLite rolled back already (a full disk): keep the real error below
+            if isinstance(e, sqlite3.Error):  # name the file and the fix, not "cannot rollback - no transaction is active"
+                raise sqlite3.OperationalError(f"LLM response cache {self.path}: {e}; nothing of this write was stored. "
+                                               f"Free disk space there (or point KGRAG_CACHE elsewhere) and rerun") from e
+            raise
 
     def get(self, key: str) -> dict | None:
         "The stored response for `key`, or None."

@@ -668,3 +668,24 @@ def test_sampling_values_a_server_would_refuse_fail_before_any_request(fake, tmp
     client = LLMClient(srv.url, cache=tmp_path / "c.sqlite", progress=False)
     with pytest.raises(ValueError, match=re.escape(problem)): client.complete(["q"], **kw)
     assert srv.posts == 0
+
+
+def test_a_full_disk_names_the_cache_file_and_the_real_sqlite_error(tmp_path):
+    "Issue 25 item 9: a full cache disk surfaced as 'cannot rollback - no transaction is active'. A real process with"
+    " a 256 KiB file-size limit stands in for the full disk."
+    script = r'''
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of killing us
+from kgrag_nb.llm import ResponseCache
+cache = ResponseCache(sys.argv[1])
+cache.put("warm", {"text": "x"})
+resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, 256 * 1024))
+try:
+    for i in range(10_000): cache.put(f"k{i}", {"text": "y" * 4000})
+except Exception as e: print(type(e).__name__, e); sys.exit(0)
+sys.exit("no error at all")
+'''
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "llm_cache.sqlite")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "cannot rollback" not in out.stdout and f"LLM response cache {tmp_path / 'llm_cache.sqlite'}" in out.stdout, out.stdout
+    assert "Free disk space" in out.stdout
