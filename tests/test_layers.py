@@ -1,6 +1,6 @@
 """The package's layers read top-down: a static check of every `import` in `kgrag_nb/*.py` (issue 8, item 2).
 
-Every module of the package has a place in `LAYERS` (the order of /work/scratch/DESIGN.md, lowest first). A module may
+Every module of the package has a place in `LAYERS` (the order of CONTRIBUTING.md's "Layers" section, lowest first). A module may
 import only modules of a lower layer; the study layer is split into studies, each an ordered list of its own modules,
 and a study module may import an earlier module of its own study but never a module of another study. Both the imports
 at the top of a module and those hidden inside functions count, so the import graph is checked for cycles too.
@@ -38,11 +38,11 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "kgrag_nb"
 NOT_MODULES = {"__init__", "_modidx"}  # the package root (only `__version__`) and nbdev's index, below every layer
 
-# The layers, lowest first (DESIGN.md; new modules included before they exist). A layer is a list of modules of equal
+# The layers, lowest first (CONTRIBUTING.md, "Layers"; new modules included before they exist). A layer is a list of modules of equal
 # rank that may not import each other, except the study layer: a dict study -> its modules in import order.
-# Deviation from DESIGN.md: `backends` sits above `retrieval` (DESIGN: right above `kg`): its `RelationRetriever`
+# As CONTRIBUTING.md says: `backends` sits above `retrieval` (an early design put it right above `kg`): its `RelationRetriever`
 # (Awakening §5.2) embeds and indexes relation texts with `retrieval`, and its `kgrag bench relation-retrieval`
-# loads `datasets`; nothing below `retrieval` uses it. `baselines` (not in DESIGN) is the awakening paper's closed-book
+# loads `datasets`; nothing below `retrieval` uses it. `baselines` is the awakening paper's closed-book
 # protocol (App. E prompt, §4.2 Step 1, App. C sampling, Table 3 No-RAG row), used only by `awaken`, `unseen` and the
 # awakening artefact `closed_book_baseline`: it is the first module of the awakening study, not a shared layer.
 LAYERS = [
@@ -155,7 +155,7 @@ def hidden_imports() -> list[tuple[str, str, int]]:
 
 def test_every_module_has_a_layer():
     missing = [m for m in MODULES if m not in RANK]
-    assert not missing, f"modules without a layer: {missing}; add each to LAYERS in tests/test_layers.py (and DESIGN.md)"
+    assert not missing, f"modules without a layer: {missing}; add each to LAYERS in tests/test_layers.py (and to CONTRIBUTING.md's Layers section)"
     dup = [m for m, n in Counter(m for layer in LAYERS for m in (sum(layer.values(), []) if isinstance(layer, dict) else layer)).items() if n > 1]
     assert not dup, f"modules in two layers: {dup}"
 
@@ -222,7 +222,8 @@ def paper_defaults(mod: str) -> tuple[list[str], set[tuple[str, str]]]:
 
 @pytest.mark.parametrize("mod", NO_PAPER_DEFAULTS)
 def test_base_layers_hold_no_paper_defaults(mod):
-    if mod not in IMPORTS: pytest.skip(f"kgrag_nb/{mod}.py does not exist")
+    assert mod in IMPORTS, (f"kgrag_nb/{mod}.py does not exist: NO_PAPER_DEFAULTS names a renamed or removed module, "
+                            "which would turn this check off; update the list")
     defaults, consts = paper_defaults(mod)
     assert not defaults, f"kgrag_nb/{mod}.py: parameters default to a paper's value: {defaults}; default to a generic value (or None) and let the study pass its paper's"
     extra = sorted(consts - KNOWN_PAPER_CONSTANTS)
