@@ -4,7 +4,8 @@
 
 # %% ../nbs/20_plan.ipynb #p003
 from __future__ import annotations
-import json, math
+import json, math, re
+from importlib.resources import files
 from pathlib import Path
 
 import pandas as pd
@@ -16,8 +17,9 @@ from .reproduce import _read_registry, experiments_for, markdown_table, select_a
 from .serve import STUB_MODEL
 
 # %% auto #0
-__all__ = ['DEFAULT_PLAN_MODEL', 'DEFAULT_THROUGHPUT', 'EXACT_PROMPTS', 'STAND_IN_KEYS', 'GROWTH_FORMS', 'gpu_hours',
-           'rehearsal_records', 'price_keys', 'plan', 'rehearsal_table', 'fit_growth']
+__all__ = ['DEFAULT_PLAN_MODEL', 'DEFAULT_THROUGHPUT', 'EXACT_PROMPTS', 'H100_BF16_FLOPS', 'PREFILL_MFU', 'SIZE_CLASSES',
+           'STAND_IN_KEYS', 'COUNTS', 'GROWTH_FORMS', 'gpu_hours', 'size_class', 'phase_hours', 'throughput_model',
+           'rehearsal_records', 'price_keys', 'shipped_records', 'plan', 'rehearsal_table', 'fit_growth']
 
 # %% ../nbs/20_plan.ipynb #p004
 DEFAULT_PLAN_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -26,13 +28,42 @@ EXACT_PROMPTS = {  # notebooks whose requests depend only on the data, not on ea
     "closed_book_baseline": "Step-1 answers and the n samples per question: prompts from the questions only (awakening App. E)",
 }
 
-def gpu_hours(completion_tokens: float,  # output tokens to generate
-              throughput: float = DEFAULT_THROUGHPUT,  # output tokens/s of one replica
+def gpu_hours(tokens: float,  # tokens to process (prompt tokens for prefill, output tokens for decode)
+              throughput: float = DEFAULT_THROUGHPUT,  # tokens/s of one replica in that phase
               replicas: int = 1) -> float:  # data-parallel replicas behind one endpoint
     "Hours of serving time: tokens / (throughput x replicas)."
     if not throughput or throughput <= 0: raise ValueError(f"throughput={throughput}: give output tokens/s of one replica (> 0), e.g. 5000")
     if int(replicas) < 1: raise ValueError(f"replicas={replicas}: give the number of replicas (>= 1)")
-    return completion_tokens / (throughput * int(replicas)) / 3600
+    return tokens / (throughput * int(replicas)) / 3600
+
+# %% ../nbs/20_plan.ipynb #p005c
+H100_BF16_FLOPS = 989.4e12  # H100 SXM5 dense BF16 tensor-core peak (NVIDIA specs; https://glennklockwood.com/garden/processors/h100)
+PREFILL_MFU = 0.5  # ours: assumed fraction of that peak a batched prefill reaches
+_CLASS_PARAMS = {"7-8B": 8e9, "13B": 13e9, "32B": 32e9, "70B+": 70e9}  # parameters of each class's representative model
+SIZE_CLASSES = {  # class: (parameters, prefill tok/s per GPU, decode tok/s per GPU), one H100 SXM5
+    c: (n, round(PREFILL_MFU * H100_BF16_FLOPS / (2 * n)),  # prefill: compute-bound, 2 FLOPs per parameter and token
+        round(DEFAULT_THROUGHPUT * _CLASS_PARAMS["7-8B"] / n))  # decode: MLPerf v5.1 Llama-3.1-8B anchor, scaled by weights read
+    for c, n in _CLASS_PARAMS.items()}
+
+def size_class(model: str) -> str:  # a model id, e.g. "Qwen/Qwen2.5-72B-Instruct"
+    "Size class of a model from the largest parameter count in its name (`70B`, `13b`, `30B-A3B` counts 30); 7-8B when none."
+    sizes = [float(x) for x in re.findall(r"(?<![\d.])(\d+(?:\.\d+)?)[bB](?![a-zA-Z])", str(model))]
+    n = max(sizes, default=8.0)
+    return "7-8B" if n <= 9 else "13B" if n <= 16 else "32B" if n <= 40 else "70B+"
+
+def phase_hours(prompt_tokens: float,  # prompt tokens to prefill
+                completion_tokens: float,  # output tokens to decode (max_tokens budgets: an upper bound)
+                model: str,  # model id: its size class gives the rates
+                throughput: float | None = None,  # decode tok/s overriding the class's rate (None: the class's)
+                replicas: int = 1) -> tuple[float, float]:  # data-parallel replicas
+    "(prefill hours, decode hours) of serving `model`: each phase's tokens at its class's rate (`SIZE_CLASSES`)."
+    _, prefill, decode = SIZE_CLASSES[size_class(model)]
+    return gpu_hours(prompt_tokens, prefill, replicas), gpu_hours(completion_tokens, throughput or decode, replicas)
+
+def throughput_model(throughput: float | None = None) -> pd.DataFrame:  # decode override, as for `phase_hours`
+    "The rates `plan` uses, one row per size class."
+    return pd.DataFrame([dict(size_class=c, parameters=f"{n / 1e9:g}B", prefill_tok_s=p, decode_tok_s=throughput or d)
+                         for c, (n, p, d) in SIZE_CLASSES.items()])
 
 # %% ../nbs/20_plan.ipynb #p007
 def rehearsal_records(profile: str, cfg: Config | None = None) -> dict:
@@ -66,53 +97,93 @@ def price_keys(keys_path: Path,  # a key log (one request key a line; repeats al
                model: str) -> dict:  # model the real run uses (the stub's main id is re-keyed to it)
     "Requests, tokens and cache state of one notebook's logged requests, re-keyed for `model` (requests of the stub's"
     " main id; requests already made with `model` keep their keys; other ids, the stand-ins of model comparisons,"
-    " count as `other_models` and as still to send)."
+    " count as `other_models` and as still to send); `by_model`: what is still to send, per model id."
     keys = list(dict.fromkeys(keys_path.read_text().split())) if keys_path.exists() else []
-    out = dict(requests=len(keys), other_models=0, prompt_tokens=0, completion_tokens_max=0, in_cache=0, unknown=0, to_send_tokens_max=0)
+    out = dict(requests=len(keys), other_models=0, prompt_tokens=0, completion_tokens_max=0, in_cache=0, unknown=0,
+               to_send_tokens_max=0, to_send_prompt_tokens=0, by_model={})
     if not keys: return out
+    def send(m, prompt, budget):
+        b = out["by_model"].setdefault(m, dict(requests=0, prompt_tokens=0, completion_tokens_max=0))
+        b["requests"] += 1; b["prompt_tokens"] += prompt; b["completion_tokens_max"] += budget
+        out["to_send_tokens_max"] += budget; out["to_send_prompt_tokens"] += prompt
     with ResponseCache(rehearsal_cache) as src:
         answers = src.get_many(keys)
         target = {}
         for k in keys:
             req = src.request(k)
             if req is None: out["unknown"] += 1; continue
-            budget = int(req["params"].get("max_tokens") or 16)
-            out["prompt_tokens"] += int((answers.get(k) or {}).get("prompt_tokens", 0))
+            budget, prompt = int(req["params"].get("max_tokens") or 16), int((answers.get(k) or {}).get("prompt_tokens", 0))
+            out["prompt_tokens"] += prompt
             out["completion_tokens_max"] += budget
-            if req["model"] == model: target[k] = budget  # a run of the model itself: its own keys
+            if req["model"] == model: target[k] = (prompt, budget)  # a run of the model itself: its own keys
             elif req["model"] == STUB_MODEL:
                 target[request_key(req["kind"], model, req["payload"], req["params"], req.get("sample_index", 0),
-                              req.get("constraint"))] = budget
-            else: out["other_models"] += 1; out["to_send_tokens_max"] += budget  # stand-ins for the other models of a comparison
+                              req.get("constraint"))] = (prompt, budget)
+            else: out["other_models"] += 1; send(req["model"], prompt, budget)  # stand-ins for the other models of a comparison
     held = {}
     if target_cache is not None and Path(target_cache).exists() and target:
         with ResponseCache(target_cache) as dst: held = dst.get_many(list(target))
     out["in_cache"] = len(held)
-    out["to_send_tokens_max"] += sum(b for k, b in target.items() if k not in held)
+    for k, (prompt, budget) in target.items():
+        if k not in held: send(model, prompt, budget)
     return out
+
+# %% ../nbs/20_plan.ipynb #p009c
+def shipped_records(profile: str = "full") -> pd.DataFrame:  # profile the records are for (only `full` is shipped)
+    "The rehearsal records shipped as package data (`kgrag_nb/rehearsal/<profile>.csv`); empty when none is shipped."
+    path = Path(str(files("kgrag_nb") / "rehearsal" / f"{profile}.csv"))  # package data
+    cols = ["id", "kind", "model", "role", "requests", "prompt_tokens", "completion_tokens_max", "n_samples", "status", "source", "note"]
+    return pd.read_csv(path) if path.exists() else pd.DataFrame(columns=cols)
 
 # %% ../nbs/20_plan.ipynb #p010
 STAND_IN_KEYS = ("models", "judge_model", "judge_url", "model")  # --set keys that name stand-ins, not sizes
+COUNTS = ["requests", "other_models", "prompt_tokens", "completion_tokens_max", "in_cache", "to_send"]
+
+def _price(row: dict, sends: dict, throughput, replicas, per_model: dict):
+    "Adds prefill/decode hours of `sends` ({model: tokens to send}) to `row` and to `per_model`."
+    row.update(prefill_hours=0.0, decode_hours=0.0)
+    for m, s in sends.items():
+        pre, dec = phase_hours(s["prompt_tokens"], s["completion_tokens_max"], m, throughput, replicas)
+        row["prefill_hours"] += pre; row["decode_hours"] += dec
+        b = per_model.setdefault(m, dict(model=m, size_class=size_class(m), requests=0, prompt_tokens=0, completion_tokens_max=0,
+                                         prefill_hours=0.0, decode_hours=0.0))
+        for k, v in (("requests", s["requests"]), ("prompt_tokens", s["prompt_tokens"]),
+                     ("completion_tokens_max", s["completion_tokens_max"]), ("prefill_hours", pre), ("decode_hours", dec)): b[k] += v
+    row["gpu_hours"] = row["prefill_hours"] + row["decode_hours"]
 
 def plan(profile: str = "full",  # profile the run will use
          only: str | None = None,  # artefact glob patterns, as for `kgrag reproduce --only`
-         model: str = DEFAULT_PLAN_MODEL,  # model the run will use (cache keys)
-         throughput: float = DEFAULT_THROUGHPUT,  # output tokens/s of one replica
+         model: str = DEFAULT_PLAN_MODEL,  # model the run will use (cache keys; `{model}` of the shipped records)
+         throughput: float | None = None,  # decode tokens/s of one replica for every model (None: `SIZE_CLASSES`)
          replicas: int = 1,  # data-parallel replicas behind one endpoint
          cfg: Config | None = None) -> pd.DataFrame:
-    "One row per experiment and artefact the selection runs, then a total row: requests, tokens, cache state, GPU hours."
+    "One row per experiment and artefact the selection runs, then a total row: requests, tokens, cache state, prefill,"
+    " decode and GPU hours; `.attrs['by_model']` the same per model the run calls. A local rehearsal of a notebook"
+    " prices it; without one, the shipped record of the profile does (`basis` says which)."
     cfg = cfg or get_config()
-    gpu_hours(0, throughput, replicas)  # checks the arguments
+    gpu_hours(0, throughput or DEFAULT_THROUGHPUT, replicas)  # checks the arguments
     exps_all, registry = _read_registry(cfg=cfg)
     arts = select_artifacts(registry, only)
-    records, rows = rehearsal_records(profile, cfg), []
+    records, ship, rows, per_model = rehearsal_records(profile, cfg), shipped_records(profile), [], {}
     for s in [*experiments_for(arts, exps_all), *arts]:
         row = dict(id=s.id, kind=s.kind, basis="", rehearsal="", requests=0, other_models=0, prompt_tokens=0,
-                   completion_tokens_max=0, in_cache=0, to_send=0, gpu_hours=0.0)
-        rec = records.get(s.id)
+                   completion_tokens_max=0, in_cache=0, to_send=0, prefill_hours=0.0, decode_hours=0.0, gpu_hours=0.0)
+        rec, shipped = records.get(s.id), ship[ship["id"] == s.id]
         if not s.needs_llm: row["basis"] = "no LLM"
+        elif (rec is None or not (rec["keys"].exists() or rec["complete"])) and len(shipped):
+            sends = {}
+            for r in shipped.itertuples():
+                m = model if r.model == "{model}" else r.model
+                b = sends.setdefault(m, dict(requests=0, prompt_tokens=0, completion_tokens_max=0))
+                b["requests"] += int(r.requests); b["prompt_tokens"] += int(r.prompt_tokens); b["completion_tokens_max"] += int(r.completion_tokens_max)
+            row.update(basis=f"shipped record ({', '.join(dict.fromkeys(shipped['status']))}): {'; '.join(dict.fromkeys(shipped['source']))}",
+                       rehearsal="shipped", requests=int(shipped["requests"].sum()),
+                       other_models=int(shipped.loc[shipped["model"] != "{model}", "requests"].sum()),
+                       prompt_tokens=int(shipped["prompt_tokens"].sum()), completion_tokens_max=int(shipped["completion_tokens_max"].sum()),
+                       to_send=int(shipped["requests"].sum()))
+            _price(row, sends, throughput, replicas, per_model)
         elif rec is None or not (rec["keys"].exists() or rec["complete"]):
-            row.update(basis="no rehearsal", requests=math.nan, to_send=math.nan, gpu_hours=math.nan)
+            row.update(basis="no rehearsal", requests=math.nan, to_send=math.nan, prefill_hours=math.nan, decode_hours=math.nan, gpu_hours=math.nan)
         else:
             p = price_keys(rec["keys"], rec["cache"], cfg.llm_cache_path, model)
             kind = "exact" if s.id in EXACT_PROMPTS else "estimate"
@@ -121,34 +192,49 @@ def plan(profile: str = "full",  # profile the run will use
                 "--set " + ", ".join(f"{k}={v}" for k, v in sets.items())] * bool(sets))  # reduced or substituted: not the profile as is
             row.update(basis=kind, rehearsal=rec["run_id"],
                        requests=p["requests"], other_models=p["other_models"], prompt_tokens=p["prompt_tokens"],
-                       completion_tokens_max=p["completion_tokens_max"], in_cache=p["in_cache"],
-                       to_send=p["requests"] - p["in_cache"], gpu_hours=round(gpu_hours(p["to_send_tokens_max"], throughput, replicas), 4))
+                       completion_tokens_max=p["completion_tokens_max"], in_cache=p["in_cache"], to_send=p["requests"] - p["in_cache"])
+            _price(row, p["by_model"], throughput, replicas, per_model)
         rows.append(row)
     df = pd.DataFrame(rows)
     total = {c: df[c].sum(min_count=1) if c not in ("id", "kind", "basis", "rehearsal") else "" for c in df.columns}
-    total.update(id="TOTAL", basis="no rehearsal for some" if df["basis"].eq("no rehearsal").any() else "")
-    out = pd.concat([df, pd.DataFrame([total])], ignore_index=True)
-    counts = ["requests", "other_models", "prompt_tokens", "completion_tokens_max", "in_cache", "to_send"]
-    return out.astype({c: "Int64" for c in counts})  # whole numbers; <NA> where no rehearsal tells
+    total.update(id="TOTAL", basis="no rehearsal for some" if df["basis"].eq("no rehearsal").any() else
+                 "shipped records for some" if df["rehearsal"].eq("shipped").any() else "")
+    out = pd.concat([df, pd.DataFrame([total])], ignore_index=True).astype({c: "Int64" for c in COUNTS})  # <NA> where nothing tells
+    hours = ["prefill_hours", "decode_hours", "gpu_hours"]
+    by = pd.DataFrame(list(per_model.values()), columns=["model", "size_class", "requests", "prompt_tokens", "completion_tokens_max", *hours])
+    by["gpu_hours"] = by["prefill_hours"] + by["decode_hours"]
+    by = by.sort_values("gpu_hours", ascending=False, ignore_index=True)
+    by = pd.concat([by, pd.DataFrame([dict(model="TOTAL", size_class="", **by[["requests", "prompt_tokens", "completion_tokens_max", *hours]].sum())])],
+                   ignore_index=True).astype({c: "int64" for c in ("requests", "prompt_tokens", "completion_tokens_max")})
+    out.attrs.update(by_model=by, throughput_model=throughput_model(throughput), model=model, throughput=throughput, replicas=replicas)
+    return out
 
 # %% ../nbs/20_plan.ipynb #p012
 @subcommand
 def _plan(sub):
-    p = sub.add_parser("plan", help="LLM requests, tokens, cache state and GPU hours per notebook of a run, from a stub rehearsal")
+    p = sub.add_parser("plan", help="LLM requests, tokens, cache state and GPU hours (prefill and decode) per notebook of a run, "
+                                    "from a local stub rehearsal or the shipped records")
     p.add_argument("--profile", default="full", help="profile the run will use (default: full)")
     p.add_argument("--only", default=None, help="comma-separated glob patterns of artefact ids")
     p.add_argument("--model", default=DEFAULT_PLAN_MODEL, help=f"model the run will use (default: {DEFAULT_PLAN_MODEL})")
-    p.add_argument("--throughput", type=float, default=DEFAULT_THROUGHPUT,
-                   help="output tokens/s of one replica (default 5000: Llama-3.1-8B, one H100, MLPerf Inference v5.1 Server)")
+    p.add_argument("--throughput", type=float, default=None,
+                   help="decode (output) tokens/s of one replica, for every model (default: per size class, see the printed model)")
     p.add_argument("--replicas", type=int, default=1, help="data-parallel replicas behind the endpoint (default 1)")
     p.add_argument("--json", action="store_true", help="print the table as JSON records")
     def run(args):
         df = plan(args.profile, args.only, args.model, args.throughput, args.replicas)
         if args.json: print(df.to_json(orient="records")); return 0
-        print(f"plan for profile {args.profile!r}, model {args.model}, {args.throughput:g} output tok/s per replica x {args.replicas} "
-              f"replica(s); requests from stub rehearsals (kgrag serve stub, a test instrument); completion tokens are "
-              f"max_tokens budgets (upper bound); prompt tokens by the stub's rule (4 characters per token)")
+        print(f"plan for profile {args.profile!r}, model {args.model}, x {args.replicas} replica(s); requests from stub rehearsals "
+              f"(kgrag serve stub, a test instrument): a local one where present, else the shipped records "
+              f"(kgrag_nb/rehearsal/{args.profile}.csv); completion tokens are max_tokens budgets (upper bound); prompt tokens "
+              f"by the stub's rule (4 characters per token), every request counted (prefix caching would read fewer)")
+        print("throughput model (tokens/s per H100 SXM5 GPU): prefill = 50% of 989.4 TFLOPS dense BF16 / (2 x parameters); decode = "
+              + (f"{args.throughput:g} (--throughput) for every model" if args.throughput else
+                 "MLPerf Inference v5.1 Llama-3.1-8B on one H100 (5,103, rounded to 5,000), scaled by parameters"))
+        print(markdown_table(df.attrs["throughput_model"]))
         print(markdown_table(df, floatfmt=".3f"))
+        print("GPU-hours per model:")
+        print(markdown_table(df.attrs["by_model"], floatfmt=".3f"))
         missing = df.loc[df["basis"] == "no rehearsal", "id"].tolist()
         if missing: print(f"no rehearsal yet for {missing}: run `kgrag serve stub` and `kgrag reproduce --profile {args.profile} "
                           f"--llm-url http://127.0.0.1:8766/v1 --model stub --only <artefact>`")

@@ -1,4 +1,4 @@
-"""`kgrag plan`: GPU-time arithmetic, and on the tiny profile the plan's request count equals what a real run sends."""
+"""`kgrag plan`: GPU-time arithmetic, the bill of a fresh clone from the shipped records, and on the tiny profile the plan's request count equals what a real run sends."""
 import json
 
 import pytest
@@ -33,7 +33,9 @@ def test_price_keys_rekeys_for_the_target_model(tmp_path):
     src.close(); dst.close()
     p = price_keys(log, tmp_path / "rehearsal.sqlite", tmp_path / "real.sqlite", "M")
     assert p == dict(requests=3, other_models=1, prompt_tokens=9, completion_tokens_max=37, in_cache=1, unknown=0,
-                     to_send_tokens_max=8 + 5)
+                     to_send_tokens_max=8 + 5, to_send_prompt_tokens=3 + 3,
+                     by_model={"stub-2": dict(requests=1, prompt_tokens=3, completion_tokens_max=5),
+                               "M": dict(requests=1, prompt_tokens=3, completion_tokens_max=8)})
 
 
 @pytest.mark.llm
@@ -78,3 +80,71 @@ def test_embed_device_is_configurable_for_gpu_nodes(monkeypatch):
     assert get_config().embed_device in ("cpu", __import__("os").environ.get("KGRAG_EMBED_DEVICE"))
     monkeypatch.setenv("KGRAG_EMBED_DEVICE", "cuda:1")
     assert get_config().embed_device == "cuda:1" and get_config(embed_device="cpu").embed_device == "cpu"
+
+
+# --- issue 23 item 4: a bill on a fresh clone (shipped records, prefill and decode priced apart) ---
+import os, subprocess, sys
+from pathlib import Path
+
+from kgrag_nb.plan import SIZE_CLASSES, phase_hours, shipped_records, size_class
+from kgrag_nb.reproduce import _read_registry
+
+
+def test_phase_hours_hand_computed():
+    assert SIZE_CLASSES["7-8B"] == (8e9, 30919, 5000)  # 0.5 x 989.4e12 / (2 x 8e9) = 30,918.75
+    assert SIZE_CLASSES["13B"][1:] == (19027, 3077) and SIZE_CLASSES["32B"][1:] == (7730, 1250) and SIZE_CLASSES["70B+"][1:] == (3534, 571)
+    assert phase_hours(30919 * 3600, 5000 * 7200, "meta-llama/Llama-3.1-8B-Instruct") == (1.0, 2.0)
+    assert phase_hours(3534 * 1800, 571 * 3600, "Qwen/Qwen2.5-72B-Instruct", replicas=2) == (0.25, 0.5)
+    assert phase_hours(0, 9_000, "meta-llama/Llama-2-13b-chat-hf", throughput=2.5) == (0.0, 1.0)  # --throughput: decode rate
+    assert [size_class(m) for m in ("Qwen/Qwen3-30B-A3B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", "stub-3")] == ["32B", "32B", "7-8B"]
+
+
+def test_shipped_records_cover_every_llm_notebook_of_studies_yaml():
+    exps, arts = _read_registry()
+    llm = {s.id for s in [*exps.values(), *arts.values()] if s.needs_llm}
+    rec = shipped_records("full")
+    assert set(rec["id"]) == llm
+    assert rec[["requests", "prompt_tokens", "completion_tokens_max", "n_samples"]].gt(0).all().all()
+    assert set(rec["status"]) <= {"measured", "extrapolated", "estimated"} and rec["source"].str.len().gt(0).all()
+    full = {**{k: e.profiles["full"] for k, e in exps.items()}, **{k: a.profiles["full"] for k, a in arts.items()}}
+    for sid in ("awaken_task1", "coe_runs"):  # every model the full profile names, and the run's own
+        named = set(full[sid]["models"]) | ({full[sid]["judge_model"]} if full[sid].get("judge_model") else set())
+        got = set(rec.loc[rec["id"] == sid, "model"])
+        assert "{model}" in got and named - {"meta-llama/Llama-3.1-8B-Instruct"} <= got, (sid, named - got)
+
+
+def _check_fresh_bill(df):
+    llm = df[(df["basis"] != "no LLM") & (df["id"] != "TOTAL")]
+    assert len(llm) == len(set(shipped_records("full")["id"]))
+    assert llm["basis"].str.startswith("shipped record").all()
+    assert {"prefill_hours", "decode_hours", "gpu_hours"} <= set(df.columns)
+    assert not llm[["requests", "prefill_hours", "decode_hours", "gpu_hours"]].isna().any().any()
+    assert (llm["prefill_hours"] > 0).all() and (llm["decode_hours"] > 0).all()
+    assert df["gpu_hours"].iloc[-1] > 0
+
+
+def test_full_plan_in_a_clean_checkout_prices_every_llm_notebook(tmp_path):
+    df = plan(profile="full", cfg=get_config(runs_dir=tmp_path / "runs", cache_dir=tmp_path / "cache"))
+    _check_fresh_bill(df)
+    by = df.attrs["by_model"].set_index("model")
+    assert abs(by.loc["TOTAL", "gpu_hours"] - df["gpu_hours"].iloc[-1]) < 1e-9
+    assert by.loc["TOTAL", "gpu_hours"] == pytest.approx(by.drop("TOTAL")["gpu_hours"].sum())
+    assert {"meta-llama/Llama-3.1-70B-Instruct", "Qwen/Qwen2.5-72B-Instruct", "deepseek-ai/DeepSeek-R1-Distill-Llama-70B"} <= set(by.index)
+    # --model names the run's model; --throughput replaces every decode rate (prefill unchanged)
+    other = plan(profile="full", model="Qwen/Qwen2.5-72B-Instruct", throughput=1000.0, cfg=get_config(runs_dir=tmp_path / "runs", cache_dir=tmp_path / "cache"))
+    assert "meta-llama/Llama-3.1-8B-Instruct" not in set(other.attrs["by_model"]["model"])
+    assert other["decode_hours"].iloc[-1] == pytest.approx(df["completion_tokens_max"].iloc[-1] / 1000 / 3600)
+
+
+def test_kgrag_plan_cli_on_a_fresh_clone(tmp_path):
+    (tmp_path / "runs").mkdir()
+    env = dict(os.environ, KGRAG_RUNS=str(tmp_path / "runs"), KGRAG_CACHE=str(tmp_path / "cache"))
+    cli = [sys.executable, "-c", "import sys; from kgrag_nb.cli import main; sys.exit(main())", "plan", "--profile", "full"]
+    out = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "prefill_hours" in out.stdout and "decode_hours" in out.stdout and "GPU-hours per model" in out.stdout
+    assert "throughput model" in out.stdout and "MLPerf Inference v5.1" in out.stdout and "no rehearsal yet" not in out.stdout
+    js = subprocess.run(cli + ["--json", "--replicas", "2"], env=env, capture_output=True, text=True, timeout=300)
+    import pandas as pd
+    df = pd.DataFrame(json.loads(js.stdout))
+    _check_fresh_bill(df)
