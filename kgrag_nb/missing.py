@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 
 from .config import EMBEDDED_MODEL_ALIAS, Config, get_config
 from .datasets import fetch
-from .llm import LLMClient
+from .llm import LLMClient, Constraint
 from .serve import LOOPBACK, free_port, served_models
 from . import papers
 from .reproduce import StudyRun
@@ -26,18 +26,20 @@ from .metrics import (exact_match, token_f1, squad_normalize, rouge_scores, Char
                               bootstrap_ci)
 
 # %% auto #0
-__all__ = ['DEVIATIONS', 'NQ_MISSING_PROMPT', 'MED_MISSING_PROMPT', 'NQ_ANSWER_PROMPT', 'MED_ANSWER_PROMPT', 'MISSING_SECTION',
-           'PARSE_STATUSES', 'BGE_QUERY_PREFIX', 'RAG_ROWS', 'MISK_ROWS', 'ROWS', 'BUDGET_RULE', 'SPLIT_POLICY',
-           'FALLBACK_POLICY', 'PSEUDO_QA_PROMPT', 'JUDGE_GT_PROMPT', 'JUDGE_ATTR_PROMPT', 'PAPER', 'fill',
-           'standard_prompt', 'direct_prompt', 'Chunk', 'format_contexts', 'clip_chunks', 'balanced_objects',
-           'parse_json_verdict', 'jieba_words', 'KnowledgeBase', 'kb_statistics', 'load_nq_oracle', 'load_distractors',
-           'load_medical', 'qa_text', 'leaks', 'cmekg_texts', 'cmekg_subjects', 'nq_setup', 'medical_setup',
-           'second_retrieval', 'clean_answer', 'run_pipeline', 'parse_pseudo_qa', 'pseudo_qa_pairs', 'attributed_det',
+__all__ = ['DEVIATIONS', 'DECODING_DEVIATIONS', 'NQ_MISSING_PROMPT', 'MED_MISSING_PROMPT', 'NQ_ANSWER_PROMPT',
+           'MED_ANSWER_PROMPT', 'MISSING_SECTION', 'PARSE_STATUSES', 'DECODINGS', 'MISSING_SCHEMA', 'MISSING_JSON',
+           'MISSING_BLOCK_OPEN', 'MISSING_REASON_STOP', 'MISSING_RESTATE', 'BGE_QUERY_PREFIX', 'RAG_ROWS', 'MISK_ROWS',
+           'ROWS', 'BUDGET_RULE', 'SPLIT_POLICY', 'FALLBACK_POLICY', 'PSEUDO_QA_PROMPT', 'JUDGE_GT_PROMPT',
+           'JUDGE_ATTR_PROMPT', 'ATTRIBUTION', 'ATTRIBUTION_RESTATE', 'PAPER', 'fill', 'standard_prompt',
+           'direct_prompt', 'Chunk', 'format_contexts', 'clip_chunks', 'balanced_objects', 'parse_json_verdict',
+           'jieba_words', 'KnowledgeBase', 'kb_statistics', 'load_nq_oracle', 'load_distractors', 'load_medical',
+           'qa_text', 'leaks', 'cmekg_texts', 'cmekg_subjects', 'nq_setup', 'medical_setup', 'second_retrieval',
+           'clean_answer', 'complete_as', 'run_pipeline', 'parse_pseudo_qa', 'pseudo_qa_pairs', 'attributed_det',
            'recall_eq3', 'parse_facts', 'parse_attribution', 'add_recall', 'llm_judge', 'containment_em',
            'JiebaTokenizer', 'nq_scores', 'med_scores', 'corpus_bleu', 'bleu_resamples', 'table1', 'table3', 'table4',
-           'fig3_data', 'generator', 'judge_client', 'run_settings', 'run_nq', 'run_med', 'setting_label', 'vs_paper',
-           'table2_vs_paper', 'table4_vs_paper', 'fig3_figure', 'settings_lines', 'open_artefact', 'caption',
-           'load_predictions', 'save_predictions']
+           'fig3_data', 'generator', 'judge_client', 'format_rates', 'run_settings', 'run_nq', 'run_med',
+           'setting_label', 'vs_paper', 'table2_vs_paper', 'table4_vs_paper', 'fig3_figure', 'settings_lines',
+           'open_artefact', 'caption', 'deviations', 'load_predictions', 'save_predictions']
 
 # %% ../nbs/18_missing.ipynb #m005
 DEVIATIONS = [
@@ -69,6 +71,15 @@ DEVIATIONS = [
     "Context window: the embedded server runs with n_ctx from the profile; chunks are clipped to fit and every clip is "
     "counted per row.",
 ]
+DECODING_DEVIATIONS = {  # listed by `deviations(settings)` only when the run's decoding is not "free" (issue 21)
+    "constrained": "Decoding: the paper decodes freely; this run (tiny/smoke default) decodes constrained: the Fig. 4/5 "
+    "call writes its reasoning freely (bounded, stopped at the JSON block) and then the ```json block under a JSON schema "
+    "(judge=true -> 1-3 queries, judge=false -> empty lists; bounded strings; keys in alphabetical order, so judge comes "
+    "before thought inside the block), and the context-recall judge's verdict is constrained to true/false.",
+    "decoupled": "Decoding: the paper decodes freely; this run decodes decoupled: every parsed call is first decoded "
+    "freely as in the paper, then a second, constrained pass (prompt + free answer + a one-line instruction of ours to "
+    "restate it) only reformats the free answer into the required structure, which is what gets parsed.",
+}
 
 # %% ../nbs/18_missing.ipynb #m007
 # missing_knowledge_rag.txt App. A, Fig. 4 (Natural Questions), verbatim
@@ -279,7 +290,9 @@ _ATTEMPTS = [(), ("trailing comma",), ("full-width punctuation",), ("full-width 
 
 def _load(s: str) -> tuple[object, list[str]]:
     "The object in `s` and the repairs it needed (least invasive first); raises ValueError when none works."
-    for loader, extra in ((json.loads, []), (_py_literal, ["python literal"])):
+    # a raw newline or tab inside a string (a grammar's JSON string admits them) is read with strict=False, recorded
+    for loader, extra in ((json.loads, []), (lambda t: json.loads(t, strict=False), ["control character in string"]),
+                          (_py_literal, ["python literal"])):
         for names in _ATTEMPTS:
             t = s
             for n in names: t = _REPAIRS[n](t)
@@ -327,6 +340,29 @@ def parse_json_verdict(completion: str,  # the model's completion only (never pr
         reasons.append(f"{k!r} is not a list of strings")
     out["reason"] = reasons[0] if reasons else "no usable object"
     return out
+
+# %% ../nbs/18_missing.ipynb #d17e6ec6
+DECODINGS = ("free", "constrained", "decoupled")  # issue 21; "free" = the paper's protocol
+
+def _strings(min_items: int, max_items: int, max_len: int = 60) -> dict:
+    return {"type": "array", "items": {"type": "string", "minLength": 2, "maxLength": max_len},
+            "minItems": min_items, "maxItems": max_items}
+
+_MISSING_KEYS = ["thought", "judge", "missing_knowledge", "query"]
+# missing_knowledge_rag.txt App. A, Fig. 4 / Fig. 5 "## Output Format": {"thought": str, "judge": bool,
+# "missing_knowledge": list, "query": list}; Fig. 4 Requirements "Second, if true, list the missing knowledge and generate
+# the corresponding query" and Fig. 5's two examples -> judge=true: 1-3 queries, judge=false: empty lists. Bounds ours.
+MISSING_SCHEMA = {"anyOf": [
+    {"type": "object", "additionalProperties": False, "required": _MISSING_KEYS,
+     "properties": {"thought": {"type": "string", "maxLength": 120}, "judge": {"const": True},
+                    "missing_knowledge": _strings(1, 3), "query": _strings(1, 3)}},
+    {"type": "object", "additionalProperties": False, "required": _MISSING_KEYS,
+     "properties": {"thought": {"type": "string", "maxLength": 120}, "judge": {"const": False},
+                    "missing_knowledge": _strings(0, 0), "query": _strings(0, 0)}}]}
+MISSING_JSON = Constraint.json_schema(MISSING_SCHEMA)  # parsed by `parse_json_verdict`
+MISSING_BLOCK_OPEN = "\n```json\n"  # Fig. 4's fence: the constrained block starts after it
+MISSING_REASON_STOP = ["{", "```", "\n## ", "\n\n\n"]  # the free reasoning ends where the model opens the block
+MISSING_RESTATE = "\nRestate the output above as the JSON dict of the Output Format.\n```json\n"  # ours (decoupled)
 
 # %% ../nbs/18_missing.ipynb #m019
 BGE_QUERY_PREFIX = {"en": "Represent this sentence for searching relevant passages: ",  # BGE model cards (§3.1 fn. 2)
@@ -525,13 +561,40 @@ def clean_answer(text: str, dataset: str = "nq") -> str:
     if lines: lines[0] = _HEADING.sub("", lines[0])
     return (lines[0].strip() if dataset == "nq" else "\n".join(lines).strip()) if lines else ""
 
-def _complete(client, prompts: list[str], max_tokens: int, stop: list[str]) -> list[tuple[str, str]]:
-    "(text, finish_reason) per prompt; identical prompts are sent once (greedy decoding)."
+def _complete(client, prompts: list[str], max_tokens: int, stop: list[str] | None,
+              constraint: Constraint | None = None) -> list[tuple[str, str]]:
+    "(text, finish_reason) per prompt; identical prompts are sent once (greedy decoding); `constraint` applies to all."
     uniq = list(dict.fromkeys(prompts))
     if not uniq: return []
-    texts, recs = client.complete(uniq, max_tokens=max_tokens, stop=stop, temperature=0.0, return_records=True)
+    kw = {} if constraint is None else dict(constraint=constraint)  # unconstrained requests keep their cache keys
+    texts, recs = client.complete(uniq, max_tokens=max_tokens, stop=stop, temperature=0.0, return_records=True, **kw)
     got = {p: (t[0], r[0].get("finish_reason") or "") for p, t, r in zip(uniq, texts, recs)}
     return [got[p] for p in prompts]
+
+def complete_as(client,  # LLMClient
+                prompts: list[str],  # the paper's prompts, filled
+                max_tokens: int,  # tokens of the answer (of the block, when constrained)
+                stop: list[str],  # stop strings of the free call
+                constraint: Constraint,  # the structure the parser needs
+                decoding: str = "free",  # "free" (the paper), "constrained" or "decoupled"
+                reason_tokens: int = 0,  # constrained: > 0 = free reasoning first (bounded), then `lead` + the block
+                reason_stop: Sequence[str] = (),  # where the free reasoning ends
+                lead: str = "",  # text between the reasoning and the constrained block (e.g. a ```json fence)
+                restate: str = "",  # decoupled: the line (ours) asking to restate the free answer in the format
+               ) -> list[dict]:
+    "Per prompt {text (what the parser reads), finish_reason, free (the free part: reasoning or the free answer)}."
+    if decoding not in DECODINGS: raise ValueError(f"decoding={decoding!r}: use one of {DECODINGS}")
+    if decoding == "free":
+        return [dict(text=t, finish_reason=fr, free=t) for t, fr in _complete(client, prompts, max_tokens, stop)]
+    if decoding == "constrained":
+        first = (_complete(client, prompts, reason_tokens, list(reason_stop)) if reason_tokens > 0
+                 else [("", "")] * len(prompts))
+        heads = [t.rstrip() + lead if reason_tokens > 0 else "" for t, _ in first]
+        outs = _complete(client, [p + h for p, h in zip(prompts, heads)], max_tokens, None, constraint)
+        return [dict(text=h + t, finish_reason=fr, free=f) for h, (t, fr), (f, _) in zip(heads, outs, first)]
+    first = _complete(client, prompts, max_tokens, stop)  # the free arm's own requests (shared in the cache)
+    outs = _complete(client, [p + f.rstrip() + restate for p, (f, _) in zip(prompts, first)], max_tokens, None, constraint)
+    return [dict(text=t, finish_reason=fr, free=f) for (t, fr), (f, _) in zip(outs, first)]
 
 def _fit(template: str, chunks: list[Chunk], mis: list[Chunk] | None, values: dict, dataset: str,
          room_chars: int) -> tuple[str, int]:
@@ -555,9 +618,11 @@ def run_pipeline(client,  # LLMClient (generator)
                  chars_per_token: float = 3.0,  # conservative characters per token (clipping estimate)
                  max_tokens: int = 32,  # answer tokens
                  max_tokens_missing: int = 192,  # tokens of the missing-knowledge call
+                 decoding: str = "free",  # the Fig. 4/5 call: "free" (the paper), "constrained" or "decoupled"
                 ) -> pd.DataFrame:
     "Every row of Tables 1/3 for every question and TopK: prediction, contexts, parse status and fallbacks."
     if dataset not in ("nq", "med"): raise ValueError(f"dataset={dataset!r}: use 'nq' or 'med'")
+    if decoding not in DECODINGS: raise ValueError(f"decoding={decoding!r}: use one of {DECODINGS}")
     bad = [k for k in topks if k < 2 or k % 2]
     if bad: raise ValueError(f"topks {bad}: each TopK must be even and >= 2 (Misk and 2-way take K/2 + K/2)")
     missing_kbs = {"wiki", "qa", "merged"} - set(kbs)
@@ -590,7 +655,11 @@ def run_pipeline(client,  # LLMClient (generator)
                 mjobs[(qi, a, K)] = _fit(mprompt, list(first), None, dict(query=qs[qi], first_round_prediction=fr),
                                          dataset, room(max_tokens_missing))
     mkeys = list(mjobs)
-    mout = dict(zip(mkeys, _complete(client, [mjobs[k][0] for k in mkeys], max_tokens_missing, ["\n## ", "\n\n\n"])))
+    mres = complete_as(client, [mjobs[k][0] for k in mkeys], max_tokens_missing, ["\n## ", "\n\n\n"], MISSING_JSON, decoding,
+                       reason_tokens=max_tokens_missing // 4, reason_stop=MISSING_REASON_STOP, lead=MISSING_BLOCK_OPEN,
+                       restate=MISSING_RESTATE)
+    mout = {k: (m["text"], m["finish_reason"]) for k, m in zip(mkeys, mres)}
+    mfree = {k: m["free"] for k, m in zip(mkeys, mres)}
     parsed = {k: parse_json_verdict(t, finish_reason=fr) for k, (t, fr) in mout.items()}
     # second retrieval and the final prompt (Fig. 6)
     fjobs, rows = {}, []
@@ -608,7 +677,8 @@ def run_pipeline(client,  # LLMClient (generator)
                     fjobs[(qi, row, K)] = _fit(full, list(first), second, dict(query=qs[qi], thought=v.get("thought", "")),
                                                dataset, room(max_tokens))
                 rows.append(dict(qi=qi, row=row, topk=K, kb_a=a, kb_b=b, first=first, second=second, fallback_reason=reason,
-                                 parse=p, missing_text=mout[(qi, a, K)][0], missing_clipped=mjobs[(qi, a, K)][1]))
+                                 parse=p, missing_text=mout[(qi, a, K)][0],
+                                 missing_free=mfree[(qi, a, K)], missing_clipped=mjobs[(qi, a, K)][1]))
     fkeys = list(fjobs)
     fout = dict(zip(fkeys, _complete(client, [fjobs[k][0] for k in fkeys], max_tokens, ans_stop)))
     out = []
@@ -638,6 +708,7 @@ def run_pipeline(client,  # LLMClient (generator)
                     "parse_status": p["status"], "parse_reason": p["reason"], "parse_repairs": p["repairs"],
                     "missing_truncated": p["truncated"], "judge": v.get("judge"), "thought": v.get("thought", ""),
                     "mis_queries": list(v.get("query", [])), "missing_text": r["missing_text"],
+                    "missing_free": r["missing_free"], "decoding": decoding,
                     "fallback": bool(r["fallback_reason"]), "fallback_reason": r["fallback_reason"]})
     df = pd.DataFrame(out)
     order = {r: i for i, r in enumerate(ROWS)}
@@ -678,6 +749,10 @@ JUDGE_GT_PROMPT = ("Question: {query}\nAnswer: {answer}\nList the facts, one per
 JUDGE_ATTR_PROMPT = ("Ground-truth context:\n{gt}\nRetrieved context:\n{context}\nCan the retrieved context be attributed "
                      "to the ground-truth context? Reply in JSON {\"context\": string, \"attributed\": boolean, "
                      "\"reason\": string}.\nJSON: {\"attributed\":")  # ours; output format of §3.1
+# the judge's output (§3.1 "context, attributed, reason", our JUDGE_ATTR_PROMPT primed at "attributed"): the boolean and
+# the closing brace, all that `parse_attribution` reads (the reason is not used, so not generated under a constraint)
+ATTRIBUTION = Constraint.regex(r" ?(true|false)\}")
+ATTRIBUTION_RESTATE = "\nThe verdict again, as JSON.\nJSON: {\"attributed\":"  # ours (decoupled)
 
 def parse_facts(completion: str, max_facts: int = 5) -> list[str]:
     "The facts of a GT_C completion (lines, leading '-' removed); [] when none."
@@ -707,7 +782,8 @@ def add_recall(preds: pd.DataFrame,  # run_pipeline output
     for tag in ("qa", "wiki"): df[f"cr_det_{tag}"] = [rec(c, q, tag) for c, q in zip(df["contexts"], df["qid"])]
     return df
 
-def llm_judge(client, preds: pd.DataFrame, n_questions: int, max_chars: int = 600) -> pd.DataFrame:
+def llm_judge(client, preds: pd.DataFrame, n_questions: int, max_chars: int = 600,
+              decoding: str = "free") -> pd.DataFrame:  # the verdicts: "free", "constrained" (ATTRIBUTION) or "decoupled"
     "LLM-judged context recall (cr_llm, cr_llm_origq) on the first `n_questions` questions; counts of failed parses."
     df = preds.copy()
     qids = sorted(df["qid"].unique())[:n_questions]
@@ -721,8 +797,9 @@ def llm_judge(client, preds: pd.DataFrame, n_questions: int, max_chars: int = 60
             for c in (r.get(col) if isinstance(r.get(col), list) else []): pairs[(r["qid"], c["text"])] = None
     keys = list(pairs)
     gt_text = {qi: "\n".join(f or ["(none)"]) for qi, f in facts.items()}
-    outs = _complete(client, [fill(JUDGE_ATTR_PROMPT, gt=gt_text[qi], context=t[:max_chars]) for qi, t in keys], 24, ["\n"])
-    verdict = {k: parse_attribution(t, fr) for k, (t, fr) in zip(keys, outs)}
+    outs = complete_as(client, [fill(JUDGE_ATTR_PROMPT, gt=gt_text[qi], context=t[:max_chars]) for qi, t in keys], 24, ["\n"],
+                       ATTRIBUTION, decoding, restate=ATTRIBUTION_RESTATE)
+    verdict = {k: parse_attribution(o["text"], o["finish_reason"]) for k, o in zip(keys, outs)}
     def rec(cs, qi):
         if qi not in facts or not isinstance(cs, list) or not cs: return np.nan
         return recall_eq3([verdict[(qi, c["text"])]["attributed"] for c in cs], max(1, len(facts[qi])))
@@ -730,7 +807,8 @@ def llm_judge(client, preds: pd.DataFrame, n_questions: int, max_chars: int = 60
     oq = df["contexts_origq"] if "contexts_origq" in df else pd.Series([None] * len(df))
     df["cr_llm_origq"] = [rec(c, q) if isinstance(c, list) else r for c, q, r in zip(oq, df["qid"], df["cr_llm"])]
     df.attrs["llm_judge"] = dict(questions=len(qids), gt_failed=sum(not f for f in facts.values()),
-                                 verdicts=len(verdict), verdicts_failed=sum(v["status"] == "failed" for v in verdict.values()))
+                                 verdicts=len(verdict), verdicts_failed=sum(v["status"] == "failed" for v in verdict.values()),
+                                 verdicts_repaired=sum(v["status"] == "repaired" for v in verdict.values()), decoding=decoding)
     return df
 
 # %% ../nbs/18_missing.ipynb #m039
@@ -887,10 +965,24 @@ def judge_client(run, gen_client, judge_url: str | None, judge_model: str | None
     return gen_client, f"{gen_client.model} (the generator; {profile} profile)"
 
 # %% ../nbs/18_missing.ipynb #m044
-def run_settings(n_ctx, topks, tau, chars_per_token_en=3.0, chars_per_token_zh=0.8) -> dict:
-    "The policies and settings every table prints: budget rule, K/2 split, fallback, n_ctx, TopK, tau."
+def format_rates(preds: pd.DataFrame) -> dict:
+    "Issue 21 rates of the Fig. 4/5 calls (one per question, first KB and TopK): calls, parsed (ok + repaired), judge=true,"
+    " second retrieval fired, and fired among the parsed judge=true (target: all of them)."
+    m = preds[preds["row"].isin(MISK_ROWS)]
+    m = m.assign(kb_a=m["row"].map(lambda r: MISK_ROWS[r][0])).drop_duplicates(["qid", "topk", "kb_a"])  # one call each
+    misk = preds[preds["row"].isin(MISK_ROWS)]
+    yes = misk["judge"] == True  # noqa: E712
+    return dict(missing_calls=len(m), missing_parsed=int((m["parse_status"] != "failed").sum()),
+                missing_judge_true=int((m["judge"] == True).sum()),  # noqa: E712
+                misk_rows=len(misk), misk_rows_fired=int((~misk["fallback"].astype(bool)).sum()),
+                misk_rows_judge_true=int(yes.sum()), misk_rows_judge_true_fired=int((yes & ~misk["fallback"].astype(bool)).sum()))
+
+def run_settings(n_ctx, topks, tau, chars_per_token_en=3.0, chars_per_token_zh=0.8, decoding="free") -> dict:
+    "The policies and settings every table prints: budget rule, K/2 split, fallback, n_ctx, TopK, tau, decoding."
+    if decoding not in DECODINGS: raise ValueError(f"decoding={decoding!r}: use one of {DECODINGS}")
     return dict(budget_rule=BUDGET_RULE, split_policy=SPLIT_POLICY, fallback_policy=FALLBACK_POLICY, n_ctx=n_ctx,
-                topks=list(topks), tau=tau, chars_per_token_en=chars_per_token_en, chars_per_token_zh=chars_per_token_zh)
+                topks=list(topks), tau=tau, chars_per_token_en=chars_per_token_en, chars_per_token_zh=chars_per_token_zh,
+                decoding=decoding)
 
 def run_nq(client,  # generator LLMClient
            judge,  # judge LLMClient (may be the generator below full)
@@ -898,7 +990,9 @@ def run_nq(client,  # generator LLMClient
            n_nq: int = 24, n_pool_nq: int = 200, n_distractors: int = 300, n_pseudo: int | None = None,
            topks: Sequence[int] = (2, 4), n_ctx: int = 4096, max_tokens_nq: int = 24, max_tokens_missing: int = 192,
            llm_judge_questions: int = 4, tau: float = 0.5, embedder_en: str | None = None,
-           chars_per_token_en: float = 3.0, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+           chars_per_token_en: float = 3.0, seed: int = 0,
+           decoding: str = "free",  # parsed calls (Fig. 4 JSON, judge verdicts): "free" (the paper), "constrained", "decoupled"
+          ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     "NQ end to end (§3.1, §3.3): (predictions with recall columns, KB statistics, settings)."
     cfg = cfg or get_config()
     # Wiki = pool gold passages + distractors; QA = other pool QA pairs + pseudo QA pairs of the evaluated passages
@@ -912,18 +1006,23 @@ def run_nq(client,  # generator LLMClient
     wiki = KnowledgeBase("Wikipedia", s["wiki"], "wiki", "dense", emb, "en")
     qakb = KnowledgeBase("History QA Pairs", qa, "qa", "dense", emb, "en")
     kbs = dict(wiki=wiki, qa=qakb, merged=KnowledgeBase.merged("Merged KB", [wiki, qakb]))
-    preds = run_pipeline(client, "nq", s["questions"], kbs, topks, n_ctx, chars_per_token_en, max_tokens_nq, max_tokens_missing)
-    preds = llm_judge(judge, add_recall(preds, [[q["passage"]] for q in s["questions"]], "en", tau), llm_judge_questions)
+    preds = run_pipeline(client, "nq", s["questions"], kbs, topks, n_ctx, chars_per_token_en, max_tokens_nq, max_tokens_missing,
+                         decoding)
+    preds = llm_judge(judge, add_recall(preds, [[q["passage"]] for q in s["questions"]], "en", tau), llm_judge_questions,
+                      decoding=decoding)
     settings = dict(questions=n_nq, pool=n_pool_nq, distractors=n_distractors, qa_real=len(s["qa"]),
                     qa_real_dropped=s["qa_dropped"], pseudo_written=len(pseudo), pseudo_failed=pseudo_failed,
-                    pseudo_dropped_leak=len(leaked), embedder=embedder_name(emb), llm_judge=preds.attrs["llm_judge"])
+                    pseudo_dropped_leak=len(leaked), embedder=embedder_name(emb), decoding=decoding,
+                    **format_rates(preds), llm_judge=preds.attrs["llm_judge"])
     return preds, kb_statistics(kbs.values(), "NQ"), settings
 
 def run_med(client, judge, cfg: Config | None = None,
             n_med: int = 16, n_qa_med: int = 600, n_wiki_subjects: int = 60, topks: Sequence[int] = (2, 4),
             n_ctx: int = 4096, max_tokens_med: int = 96, max_tokens_missing: int = 192, llm_judge_questions: int = 4,
             tau: float = 0.5, zh_backend: str = "bm25", embedder_zh: str | None = None,
-            chars_per_token_zh: float = 0.8, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+            chars_per_token_zh: float = 0.8, seed: int = 0,
+            decoding: str = "free",  # parsed calls (Fig. 5 JSON, judge verdicts): "free" (the paper), "constrained", "decoupled"
+           ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     "The medical set end to end (§3.4): (predictions with recall columns, KB statistics, settings)."
     cfg = cfg or get_config()
     # history QA (test questions and answers removed) + CMeKG encyclopedia chunks
@@ -933,12 +1032,14 @@ def run_med(client, judge, cfg: Config | None = None,
     wiki = KnowledgeBase("Wikipedia", m["wiki"], "wiki", **kw)
     qakb = KnowledgeBase("History QA Pairs", m["qa"], "qa", **kw)
     kbs = dict(wiki=wiki, qa=qakb, merged=KnowledgeBase.merged("Merged KB", [wiki, qakb]))
-    preds = run_pipeline(client, "med", m["questions"], kbs, topks, n_ctx, chars_per_token_zh, max_tokens_med, max_tokens_missing)
-    preds = llm_judge(judge, add_recall(preds, [[q["answers"][0]] for q in m["questions"]], "zh", tau), llm_judge_questions)
+    preds = run_pipeline(client, "med", m["questions"], kbs, topks, n_ctx, chars_per_token_zh, max_tokens_med, max_tokens_missing,
+                         decoding)
+    preds = llm_judge(judge, add_recall(preds, [[q["answers"][0]] for q in m["questions"]], "zh", tau), llm_judge_questions,
+                      decoding=decoding)
     settings = dict(questions=n_med, qa_pool=n_qa_med, qa_kept=len(m["qa"]), qa_dropped_leak=m["qa_dropped"],
                     cmekg_subjects=len(m["subjects"]), cmekg_subjects_named_in_queries=m["subjects_named"],
                     backend=zh_backend, embedder=embedder_name(kw["embedder"]) if kw["embedder"] else "BM25 (jieba)",
-                    llm_judge=preds.attrs["llm_judge"])
+                    decoding=decoding, **format_rates(preds), llm_judge=preds.attrs["llm_judge"])
     return preds, kb_statistics(kbs.values(), "Huatuo-26M"), settings
 
 # %% ../nbs/18_missing.ipynb #m046
@@ -985,7 +1086,9 @@ def settings_lines(settings: dict) -> list[str]:
     flat = lambda d: ", ".join(f"{k}={v}" for k, v in d.items() if not isinstance(v, dict))
     lines = [f"budget rule: {settings['budget_rule']}", f"K/2 split between queries: {settings['split_policy']}; "
              f"no second retrieval (failed parse, judge=false, no query): {settings['fallback_policy']}",
-             f"n_ctx={settings['n_ctx']}, TopK={settings['topks']}, deterministic judge tau={settings['tau']}"]
+             f"n_ctx={settings['n_ctx']}, TopK={settings['topks']}, deterministic judge tau={settings['tau']}",
+             f"decoding: {settings.get('decoding', 'free')}" + ("" if settings.get("decoding", "free") == "free" else
+                                                                 " (the paper decodes freely; see deviations)")]
     for ds in ("nq", "med"):
         if ds in settings:
             lines.append(f"{ds}: {flat(settings[ds])}; LLM judge: {flat(settings[ds].get('llm_judge', {}))}")
@@ -1004,6 +1107,11 @@ def open_artefact(g: dict,  # the artefact notebook's globals()
 def caption(text: str, settings: dict) -> str:
     "A table caption followed by the experiment's provenance lines (budget rule, policies, n_ctx, pools, judges)."
     return text + ". Provenance: " + " | ".join(settings_lines(settings))
+
+def deviations(settings: dict) -> list[str]:
+    "`DEVIATIONS`, plus the decoding line when the experiment did not decode freely (what artefacts list)."
+    d = settings.get("decoding", "free")
+    return DEVIATIONS + ([DECODING_DEVIATIONS[d]] if d != "free" else [])
 
 def load_predictions(xp, name: str) -> pd.DataFrame:
     "The `nq` or `med` prediction frame of the experiment (stored as JSON records: nested lists survive)."

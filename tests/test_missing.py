@@ -216,3 +216,87 @@ def test_miss_rate_and_rates_per_row():
     t1 = M.table1(pd.DataFrame(rows))
     r = t1.iloc[0]
     assert (r["Miss_rate"], r["parse failed %"], r["parse repaired %"], r["truncated %"], r["fallback %"]) == (25, 50, 25, 25, 75)
+
+
+# ---------------------------------------------------------------- decoding (issue 21): constraints and their parsers
+from kgrag_nb.llm import Constraint, fill_constraint  # noqa: E402
+
+CONSTRAINTS = {"MISSING_JSON": (M.MISSING_JSON, lambda t: M.parse_json_verdict(t)["status"]),
+               "ATTRIBUTION": (M.ATTRIBUTION, lambda t: M.parse_attribution(t)["status"])}
+
+
+@pytest.mark.parametrize("name", CONSTRAINTS)
+def test_every_constraint_filled_by_the_stub_parses(name):
+    "Every prompt sent with a constraint is parseable by its parser when the stub fills the constraint (issue 21)."
+    c, status = CONSTRAINTS[name]
+    assert isinstance(c, Constraint)
+    for seed in range(3):
+        text = fill_constraint(c.spec(), seed=seed)
+        assert status(text) == "ok", (name, text)
+    if name == "MISSING_JSON":  # as the constrained pipeline sends it: reasoning, the fence, then the block
+        assert status("Some reasoning." + M.MISSING_BLOCK_OPEN + fill_constraint(c.spec())) == "ok"
+
+
+def test_missing_schema_branches_follow_fig4():
+    "judge=true -> 1-3 queries (the stub's minimal fill has one: the second retrieval fires); judge=false -> empty lists."
+    yes = M.parse_json_verdict(fill_constraint(M.MISSING_JSON.spec()))["value"]
+    no = M.parse_json_verdict(fill_constraint({"json": M.MISSING_SCHEMA["anyOf"][1]}))["value"]
+    assert yes["judge"] is True and 1 <= len(yes["query"]) <= 3 and all(q.strip() for q in yes["query"])
+    assert no["judge"] is False and no["query"] == [] and no["missing_knowledge"] == []
+
+
+class _StubClient:
+    "A client answering unconstrained calls with free text and constrained ones with `fill_constraint` (the stub's rule)."
+    model = "stub"
+
+    def __init__(self): self.calls = []
+
+    def complete(self, prompts, max_tokens=16, stop=None, temperature=0.0, return_records=False, constraint=None):
+        self.calls.append(constraint)
+        texts = [[fill_constraint(constraint.spec()) if constraint is not None else " Paris is the answer"] for _ in prompts]
+        return texts, [[{"finish_reason": "stop"}] for _ in prompts]
+
+
+def _toy_kbs():
+    wiki = M.KnowledgeBase("Wiki", ["paris capital france", "nile river egypt", "jefferson declaration"], "wiki", backend="bm25")
+    qa = M.KnowledgeBase("QA Pairs", ["Q: capital of france A: paris", "Q: river of egypt A: nile"], "qa", backend="bm25")
+    return dict(wiki=wiki, qa=qa, merged=M.KnowledgeBase.merged("Merged KB", [wiki, qa]))
+
+
+@pytest.mark.parametrize("decoding", ["constrained", "decoupled"])
+def test_constrained_pipeline_fires_on_every_parsed_judge_true(decoding):
+    qs = [dict(question="capital of france", answers=["Paris"]), dict(question="river of egypt", answers=["Nile"])]
+    cl = _StubClient()
+    preds = M.run_pipeline(cl, "nq", qs, _toy_kbs(), topks=(2,), decoding=decoding)
+    misk = preds[preds["row"].str.startswith("Misk")]
+    assert (misk["parse_status"] == "ok").all() and (misk["judge"] == True).all()  # noqa: E712
+    assert not misk["fallback"].any() and (misk["decoding"] == decoding).all()
+    assert M.MISSING_JSON in cl.calls and (M.format_rates(preds)["misk_rows_judge_true_fired"] == len(misk))
+    free = M.run_pipeline(_StubClient(), "nq", qs, _toy_kbs(), topks=(2,))  # free: the paper's, nothing constrained
+    assert free.loc[free["row"].str.startswith("Misk"), "fallback"].all()
+    with pytest.raises(ValueError, match="decoding"):
+        M.run_pipeline(cl, "nq", qs, _toy_kbs(), topks=(2,), decoding="json")
+
+
+def test_deviations_list_decoding_only_when_not_free():
+    assert M.deviations({"decoding": "free"}) == M.DEVIATIONS and M.deviations({}) == M.DEVIATIONS
+    assert M.deviations({"decoding": "constrained"})[-1].startswith("Decoding: the paper decodes freely")
+    assert any("decoding: decoupled" in l for l in M.settings_lines(M.run_settings(2048, [2], 0.5, decoding="decoupled")))
+
+
+@pytest.mark.llm
+def test_constrained_fig4_step_embedded(embedded_server):
+    "The constrained Fig. 4 call (free reasoning, then the schema-constrained block) on the real server parses."
+    from kgrag_nb.config import get_config
+    from kgrag_nb.llm import LLMClient
+    client = LLMClient.from_config(get_config(), base_url=embedded_server.url)
+    prompt = M.fill(M.NQ_MISSING_PROMPT, query="who wrote the declaration of independence",
+                    contexts=M.format_contexts([M.Chunk("The Nile is a river in Africa.", "wiki")]), first_round_prediction="the Nile")
+    out = M.complete_as(client, [prompt], 192, ["\n## ", "\n\n\n"], M.MISSING_JSON, "constrained", reason_tokens=48,
+                        reason_stop=M.MISSING_REASON_STOP, lead=M.MISSING_BLOCK_OPEN)[0]
+    r = M.parse_json_verdict(out["text"], finish_reason=out["finish_reason"])
+    assert r["status"] in ("ok", "repaired"), (r, out)
+    assert isinstance(r["value"]["judge"], bool) and (bool(r["value"]["query"]) == r["value"]["judge"]), r
+    attr = M.complete_as(client, [M.fill(M.JUDGE_ATTR_PROMPT, gt="Jefferson wrote it.", context="The Nile is a river.")], 24, ["\n"],
+                         M.ATTRIBUTION, "constrained")[0]
+    assert M.parse_attribution(attr["text"])["status"] == "ok", attr
