@@ -276,7 +276,8 @@ def test_minimal_coverage_properties(nr, nk, data):
     for kind in ("relations", "keywords"):
         for f in range(len(js[0][kind])):
             if any(j[kind][f] for j in js): assert any(js[i][kind][f] for i in S)
-    assert set(recheck(js)) <= set(S)
+    # (no subset check against `recheck`: the re-checking variant can reach phase 3 with a keyword uncovered that
+    # Algorithm 1 has covered already, and then add a snippet Algorithm 1 does not; the hand cases above show both ways)
 
 
 # ------------------------------------------------------------------------------------------------ released data
@@ -385,3 +386,67 @@ def test_rebuild_summary_states_both_denominators():
     assert s["records"] == 4 and s["CoE accepted"] == 2 and s["features unreadable"] == 1
     assert s["acceptance % of candidates"] == 50.0 and abs(s["acceptance % of verdicts"] - 200 / 3) < 1e-9
     assert s["SenP ok"] == 1 and s["SenP cannot be perturbed"] == 1 and s["WordP rejected (Non-CoE)"] == 1
+
+
+# ------------------------------------------------------------------------------------------------ constrained decoding (issue 21)
+CONSTRAINTS = {"FEATURES": coe.parse_features, "RELATIONS": coe.parse_relations, "VERDICT": coe.parse_verdict,
+               "JUDGE_VERDICT": coe.parse_verdict, "PHRASE": coe.parse_phrase, "SENTENCE": coe.parse_phrase}
+
+
+@pytest.mark.parametrize("name", sorted(CONSTRAINTS))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_every_constraint_filled_by_the_stub_parses(name, seed):
+    from kgrag_nb.llm import Constraint, fill_constraint
+    c = getattr(coe, name)
+    assert isinstance(c, Constraint)
+    text = fill_constraint(c.spec(), seed=seed)
+    assert CONSTRAINTS[name](text) is not None, (name, text)  # parsed ok, by the very parser of the unconstrained output
+
+
+def test_decoding_modes_send_the_constraint_and_count_the_same():
+    class Rec:
+        def __init__(self, reply): self.reply, self.calls = reply, []
+        def complete(self, prompts, **kw):
+            self.calls.append((list(prompts), kw)); return [[self.reply] for _ in prompts]
+    f = {"intent": "Birth year", "keywords": ["Paul"], "relations": []}
+    free, con = Rec(" Yes, it is"), Rec(" yes")
+    assert coe.discriminate(free, [("q", f, "K")])[0]["is_coe"] == coe.discriminate(con, [("q", f, "K")], decoding="constrained")[0]["is_coe"]
+    assert "constraint" not in free.calls[0][1] and con.calls[0][1]["constraint"] == coe.VERDICT and con.calls[0][1]["stop"] is None
+    dec, tw = Rec(" no"), TraceWriter()
+    (r,) = coe.discriminate(dec, [("q", f, "K")], tw, decoding="decoupled")
+    assert len(dec.calls) == 2 and "constraint" not in dec.calls[0][1] and dec.calls[1][1]["constraint"] == coe.VERDICT
+    assert all(p.endswith(" no\n" + coe.REFORMAT["verdict"]) for p in dec.calls[1][0]) and r["is_coe"] is False
+    assert [t["stage"] for t in tw.records] == ["discriminate/intent/free", "discriminate/keywords/free", "discriminate/intent", "discriminate/keywords"]
+    with pytest.raises(ValueError, match="free"): coe.discriminate(con, [("q", f, "K")], decoding="json")
+    assert coe.deviations("free") == coe.DEVIATIONS and "decoupled" in coe.deviations("decoupled")[-1]
+
+
+def test_misinformation_decoupled_regroups_n_samples():
+    class Rec:
+        def __init__(self): self.n = 0
+        def complete(self, prompts, n=1, **kw):
+            out = [[f" It is in Paris {self.n + i * n + k}." for k in range(n)] for i in range(len(prompts))]
+            self.n += len(prompts) * n
+            return out
+    rec = pd.DataFrame([dict(id="r", question="Where?", answer="Rome", wrong_ans="Paris", CoE="He was born in Rome.")])
+    for n in (1, 2):
+        c = Rec()
+        (mis,) = coe.make_misinformation(c, rec, n_generated=n, decoding="decoupled")
+        assert mis[0] == "He was born in Paris." and len(mis) == 1 + n and c.n == 2 * n  # n free + n restated
+
+
+@pytest.mark.llm
+def test_constrained_steps_embedded(embedded_server, tmp_path):
+    "Constrained App. A features and App. B / judge verdicts on the real embedded model, read by the study's parsers."
+    from kgrag_nb.llm import LLMClient
+    client = LLMClient(embedded_server.url, cache=tmp_path / "llm.sqlite", progress=False)
+    rec = coe.sample_records(coe.load_released("hotpotqa"), 1, seed=0)
+    tw = TraceWriter()
+    (f,) = coe.extract_features(client, rec["question"], rec["id"], tw, decoding="constrained")
+    assert f is not None and f["relations_ok"], tw.records  # the grammar makes the JSON; only max_tokens could cut it
+    (j,) = coe.discriminate(client, [(rec["id"][0], f, rec["CoE"][0])], tw, decoding="constrained")
+    assert j["unreadable"] == 0 and j["calls"] == 1 + len(f["keywords"]) + len(f["relations"])
+    jp = [coe.fill(coe.CORRECTNESS_JUDGE_PROMPT, Question=rec["question"][0], Reference_answer=rec["answer"][0], Model_response=a)
+          for a in (rec["answer"][0], "I do not know")]
+    out = client.complete(jp, max_tokens=coe.JUDGE_TOKENS, constraint=coe.JUDGE_VERDICT)
+    assert all(o[0] in coe.JUDGE_VERDICT.value and coe.parse_verdict(o[0]) is not None for o in out), out
