@@ -14,21 +14,23 @@ from .baselines import closed_book, no_rag_prompt
 from .datasets import load_qa, load_kg, topic_in_kg, mid_to_fb15k
 from .retrieval import embed
 from .backends import LocalBackend
+from .llm import Constraint
 
 
 # %% auto #0
-__all__ = ['AWAKENING_TEMPLATE', 'PROBE_TEMPLATE', 'Triple', 'KNOWLEDGE_TYPES', 'MAIN_TYPES', 'BGE_RERANKER',
-           'GENERIC_TYPE_PREFIXES', 'TABLES', 'DEVIATIONS', 'PAPER', 'PLOT_MODEL', 'awakening_prompt',
-           'parse_awakening_answer', 'probe_prompt', 'parse_probe', 'gold_relations', 'relation_parts',
-           'relation_matches', 'find_gold_path', 'knowledge_candidates', 'verbalize_knowledge', 'relation_text',
-           'type_label', 'qa_probe_question', 'leaks_answer', 'distances_to', 'knowledge_distance', 'minilm_scorer',
-           'make_scorer', 'ranking_query', 'rank_top1', 'extract_knowledge', 'probe_rule', 'item_temperatures', 'probe',
+__all__ = ['AWAKENING_TEMPLATE', 'SHORT_ANSWER', 'PROBE_TEMPLATE', 'PROBE_VERDICT', 'Triple', 'KNOWLEDGE_TYPES', 'MAIN_TYPES',
+           'BGE_RERANKER', 'GENERIC_TYPE_PREFIXES', 'DECODINGS', 'REFORMAT', 'TABLES', 'DEVIATIONS',
+           'DECODING_DEVIATION', 'PAPER', 'PLOT_MODEL', 'awakening_prompt', 'parse_awakening_answer', 'probe_prompt',
+           'parse_probe', 'parse_status', 'gold_relations', 'relation_parts', 'relation_matches', 'find_gold_path',
+           'knowledge_candidates', 'verbalize_knowledge', 'relation_text', 'type_label', 'qa_probe_question',
+           'leaks_answer', 'distances_to', 'knowledge_distance', 'minilm_scorer', 'make_scorer', 'ranking_query',
+           'rank_top1', 'extract_knowledge', 'check_decoding', 'decode', 'probe_rule', 'item_temperatures', 'probe',
            'awaken', 'task1_data', 'save_run', 'run_awakening', 'intersect_ids', 'passing_ids', 'base_ids', 'hits_row',
-           'awakening_table', 'filter_counts', 'distance_table', 'paper_rows', 'plot_comparison', 'save_task1',
-           'task1_models', 'load_task1', 'knowledge_label', 'setting_of', 'task1_table', 'report_counts',
-           'paper_select', 'plot_panels', 'report_vs_paper', 'task1_artefact', 'probing_table', 'temperature_sweep',
-           'sweep_summary', 'size_table', 'mean_over_types', 'selected_knowledge', 'changed_by_query', 'distance_rows',
-           'plot_sweep']
+           'awakening_table', 'filter_counts', 'distance_table', 'probe_counts', 'paper_rows', 'plot_comparison',
+           'decoding_of', 'decoding_note', 'study_deviations', 'save_task1', 'task1_models', 'load_task1',
+           'knowledge_label', 'setting_of', 'task1_table', 'report_counts', 'paper_select', 'plot_panels',
+           'report_vs_paper', 'task1_artefact', 'probing_table', 'temperature_sweep', 'sweep_summary', 'size_table',
+           'mean_over_types', 'selected_knowledge', 'changed_by_query', 'distance_rows', 'plot_sweep']
 
 # %% ../nbs/14_awaken.ipynb #c005
 # awakening_unseen_entity_kgqa.txt, App. E, "The prompt template used in Awakening LLMs" (verbatim, + answer cue)
@@ -65,6 +67,11 @@ def parse_awakening_answer(completion: str) -> str:
     "The short answer in a completion of `awakening_prompt` (first non-empty line, label and final period removed)."
     return parse_short_answer(completion)
 
+# The output format of App. E's "Short Answer" prompts (awakening, and the closed-book prompt that QA-probing, App. B.4,
+# asks): their example answers " Paris." on the cue's line. A non-empty answer on that line (the leading space optional;
+# it may end with the newline the calls stop at); `max_tokens` bounds its length. Parsed by `parse_short_answer`.
+SHORT_ANSWER = Constraint.regex(r" ?[^ \t\n\r][^\n]*\n?")
+
 # %% ../nbs/14_awaken.ipynb #c007
 # awakening_unseen_entity_kgqa.txt, App. E, "The prompt template used in Knowledge Probing" (verbatim, + answer cue)
 PROBE_TEMPLATE = """Determine the truthfulness of a given claim using logical reasoning and evidence-based evaluation.
@@ -96,6 +103,23 @@ def parse_probe(completion: str) -> bool | None:
     "True/False verdict of a probing completion: the first of the words true/false it contains (None when neither)."
     m = re.search(r"\b(true|false)\b", str(completion), flags=re.I)
     return None if m is None else m.group(1).lower() == "true"
+
+# The output format of the probing prompt: §4.2 Stage 3 and Eq. 7 count the answers that are "True"; App. E's example
+# answers the cue with " False. ..." (a space after `- **Conclusion**:`). So a verdict is one of the two words, with the
+# space the example puts before it (a token the model would pick after the cue); parsed by `parse_probe`.
+PROBE_VERDICT = Constraint.choice([" True", " False"])
+
+def parse_status(completion: str,  # one raw completion
+                 method: str = "nli") -> str:  # "nli" (a True/False verdict) or "qa" (a short answer)
+    "How a probing answer parses: `ok` (the verdict / answer where the format puts it), `repaired` (found further on, or"
+    " after a repeated label), `failed` (`parse_probe` finds no verdict, or `parse_short_answer` no answer)."
+    text = str(completion)
+    if method == "nli":
+        if parse_probe(text) is None: return "failed"
+        return "ok" if re.match(r"\s*[\W_]*(true|false)\b", text, flags=re.I) else "repaired"
+    if not parse_short_answer(text): return "failed"
+    first = text.split("\n", 1)[0].strip()
+    return "ok" if first and first.rstrip(".").strip() == parse_short_answer(text) else "repaired"
 
 # %% ../nbs/14_awaken.ipynb #c010
 Triple = tuple  # (head, relation, tail) ids
@@ -341,6 +365,38 @@ def extract_knowledge(record,  # a `kgrag_nb.datasets.QARecord` with answers, to
             know_rows.append(row)
     return dict(question=q, candidates=cand_rows, knowledge=know_rows)
 
+# %% ../nbs/14_awaken.ipynb #d001
+DECODINGS = ("free", "constrained", "decoupled")
+# decoupled's second pass: one line after the free answer asking to restate it in the format the constraint then enforces
+REFORMAT = {"nli": "\n- Restate the conclusion above as one word, True or False:",
+            "qa": "\n- Restate the short answer above on one line:"}
+
+def check_decoding(decoding: str) -> str:
+    "`decoding` if it is one of `DECODINGS`, else a ValueError naming them."
+    if decoding not in DECODINGS:
+        raise ValueError(f"decoding={decoding!r}: use 'free' (the paper's protocol), 'constrained' (every output bound by its "
+                         f"declared format) or 'decoupled' (free answer, then a constrained restatement)")
+    return decoding
+
+def decode(client,  # `kgrag_nb.llm.LLMClient`
+           prompts: list[str],  # completion prompts
+           constraint: Constraint,  # the output's declared format (`PROBE_VERDICT`, `SHORT_ANSWER`)
+           decoding: str = "free",  # "free" (the paper's) | "constrained" | "decoupled"
+           reformat: str = "",  # decoupled: the line appended after the free answer (`REFORMAT[...]`)
+           n: int = 1, temperature=0.0, max_tokens: int = 24, stop=("\n",), seed: int | None = None,
+           desc: str | None = None) -> tuple[list[list[str]], list[list[str]] | None]:
+    "`client.complete` under `decoding`: (outputs to parse, `n` per prompt; the free answers they restate, or None unless decoupled)."
+    check_decoding(decoding)
+    kw = dict(max_tokens=max_tokens, stop=list(stop) if stop else None, seed=seed)
+    if decoding != "decoupled":
+        outs = client.complete(prompts, n=n, temperature=temperature, desc=desc,
+                               constraint=constraint if decoding == "constrained" else None, **kw)
+        return outs, None
+    free = client.complete(prompts, n=n, temperature=temperature, desc=desc, **kw)
+    again = [p + a + reformat for p, row in zip(prompts, free) for a in row]  # greedy: it restates, it does not sample
+    flat = client.complete(again, temperature=0.0, constraint=constraint, desc=f"{desc or 'answers'}: restated", **kw)
+    return [[flat[i * n + s][0] for s in range(n)] for i in range(len(prompts))], free
+
 # %% ../nbs/14_awaken.ipynb #c028
 def probe_rule(verdicts: list,  # parsed probing answers (True / False / None)
                min_true: int | None = None,  # None = Eq. 7 (all True); k = at least k True (a relaxation, not the paper's)
@@ -367,22 +423,28 @@ def probe(client,  # `kgrag_nb.llm.LLMClient`
           n_probe: int = 3,  # repetitions (Eq. 7: three)
           max_tokens: int = 8,  # enough for "True."/"False." (NLI); QA uses 24
           min_true: int | None = None,  # None = Eq. 7 (all True); see `probe_rule`
-          seed: int = 0) -> list[dict]:
-    "Probe each item `n_probe` times at temperatures drawn from [0, 1] (App. C): raw answers, verdicts, `in_model` (Eq. 7)."
+          seed: int = 0,
+          decoding: str = "free") -> list[dict]:  # "free" (the paper's) | "constrained" | "decoupled" (see `decode`)
+    "Probe each item `n_probe` times at temperatures drawn from [0, 1] (App. C): raw answers, how each parsed"
+    " (`parse_status`), verdicts, `in_model` (Eq. 7); decoupled also keeps the free answers (`probe_free`)."
     if method not in ("nli", "qa"): raise ValueError(f"probe: method={method!r}; use 'nli' (True/False, Eq. 7) or 'qa' (App. B.4)")
     if method == "qa" and (expected is None or len(expected) != len(texts)):
         raise ValueError("probe: QA-probing needs `expected`, one answer per text (see qa_probe_question)")
+    check_decoding(decoding)
     if not texts: return []
     prompts = [probe_prompt(t) for t in texts] if method == "nli" else [no_rag_prompt(t) for t in texts]
     temps = item_temperatures(texts, n_probe, seed=seed)
-    outs = [client.complete(prompts, temperature=[float(x) for x in temps[:, j]], max_tokens=max_tokens if method == "nli" else 24,
-                            stop=["\n"], seed=seed + j, desc=f"{method}-probing {j + 1}/{n_probe}") for j in range(n_probe)]
+    fmt = PROBE_VERDICT if method == "nli" else SHORT_ANSWER  # the declared format of this probing answer
+    outs, free = zip(*[decode(client, prompts, fmt, decoding, REFORMAT[method], temperature=[float(x) for x in temps[:, j]],
+                              max_tokens=max_tokens if method == "nli" else 24, stop=["\n"], seed=seed + j,
+                              desc=f"{method}-probing {j + 1}/{n_probe}") for j in range(n_probe)])
     rows = []
     for i in range(len(texts)):
         raw = [outs[j][i][0] for j in range(n_probe)]
         verdicts = [parse_probe(a) for a in raw] if method == "nli" else [bool(acc_r(parse_short_answer(a), [expected[i]])) for a in raw]
-        rows.append(dict(probe_temperatures=[float(x) for x in temps[i]], probe_raw=raw, probe_verdicts=verdicts,
-                         in_model=probe_rule(verdicts, min_true)))
+        rows.append(dict(probe_temperatures=[float(x) for x in temps[i]], probe_raw=raw, probe_status=[parse_status(a, method) for a in raw],
+                         probe_verdicts=verdicts, in_model=probe_rule(verdicts, min_true))
+                    | ({"probe_free": [free[j][i][0] for j in range(n_probe)]} if decoding == "decoupled" else {}))
     return rows
 
 # %% ../nbs/14_awaken.ipynb #c033
@@ -392,13 +454,14 @@ def awaken(client,  # `kgrag_nb.llm.LLMClient`
            n_samples: int = 10,  # Hits@10 needs ten
            temperature: float = 0.7,  # App. C
            max_tokens: int = 24,  # short answers
-           seed: int = 0) -> list[list[str]]:
+           seed: int = 0,
+           decoding: str = "free") -> list[list[str]]:  # "free" (the paper's) | "constrained" | "decoupled" (`SHORT_ANSWER`)
     "Short answers (`n_samples` per question) to the App. E awakening prompt with the knowledge injected."
     if len(questions) != len(knowledge): raise ValueError(f"awaken: {len(questions)} questions but {len(knowledge)} knowledge items")
     if not questions: return []
     prompts = [awakening_prompt(q, [k]) for q, k in zip(questions, knowledge)]
-    outs = client.complete(prompts, n=n_samples, temperature=float(temperature), max_tokens=max_tokens, stop=["\n"],
-                           seed=seed, desc=f"awakening T={temperature}")
+    outs, _ = decode(client, prompts, SHORT_ANSWER, decoding, REFORMAT["qa"], n=n_samples, temperature=float(temperature),
+                     max_tokens=max_tokens, stop=["\n"], seed=seed, desc=f"awakening T={temperature}")
     return [[parse_awakening_answer(a) for a in row] for row in outs]
 
 # %% ../nbs/14_awaken.ipynb #c035
@@ -444,8 +507,10 @@ def run_awakening(records: list,  # QA records (CWQ: `load_qa('cwq')`, topic ent
                   max_tokens: int = 24,  # short answers
                   scorer=None,  # reranker; None = `minilm_scorer`
                   seed: int = 0,
-                  out_dir=None) -> dict:  # save the tables here (JSONL) when given
+                  out_dir=None,  # save the tables here (JSONL) when given
+                  decoding: str = "free") -> dict:  # probing answers: "free" (the paper's) | "constrained" | "decoupled"
     "Task 1 end to end: `{'questions', 'candidates', 'knowledge', 'answers'}` DataFrames (see `save_run`)."
+    check_decoding(decoding)
     qs, cands, know, kept = [], [], [], []
     for r in records:
         if n_questions is not None and len(kept) >= n_questions: break
@@ -466,14 +531,16 @@ def run_awakening(records: list,  # QA records (CWQ: `load_qa('cwq')`, topic ent
         col = "text" if method == "nli" else "qa_question"
         uniq = live.drop_duplicates(col)
         res = probe(client, uniq[col].tolist(), method, uniq["qa_expected"].tolist() if method == "qa" else None,
-                    n_probe=n_probe, min_true=min_true, seed=seed)
+                    n_probe=n_probe, min_true=min_true, seed=seed, decoding=decoding)
         by = dict(zip(uniq[col], res))
-        for key in ("probe_raw", "probe_verdicts", "in_model"):
+        for key in ("probe_raw", "probe_status", "probe_verdicts", "in_model") + (("probe_free",) if decoding == "decoupled" else ()):
             knowledge[f"{method}_{key}"] = [by[t][key] if (ok and t in by) else (False if key == "in_model" else None)
                                            for t, ok in zip(knowledge[col], knowledge.index.isin(live.index))]
     passed = knowledge[knowledge[[f"{m}_in_model" for m in probing]].any(axis=1)]
     qtext = dict(zip(questions["id"], questions["question"])); gold = {r.id: list(r.answers) for r in kept}
     rows = []
+    # Step 3 decodes freely in every mode: its No-RAG row is Step 1's free answers (`baselines.closed_book`), so the
+    # knowledge rows must be decoded alike; the short answers are readable freely anyway (see the section on decoding)
     for temp in temperatures:  # Step 3 (App. E awakening prompt)
         pairs = passed[["id", "text"]].drop_duplicates()
         outs = awaken(client, [qtext[i] for i in pairs["id"]], pairs["text"].tolist(), n_samples, temp, max_tokens, seed)
@@ -486,7 +553,8 @@ def run_awakening(records: list,  # QA records (CWQ: `load_qa('cwq')`, topic ent
         rows.append(dict(id=c.id, type="No RAG", mode="-", temperature=0.7, samples=c.samples, correct=c.sample_correct,
                          hits1=c.hits1, hits10=c.hits10))
     result = dict(questions=questions, candidates=pd.DataFrame(cands), knowledge=knowledge, answers=pd.DataFrame(rows),
-                  params=dict(min_true=min_true, n_probe=n_probe, probing=list(probing), query_modes=list(query_modes)))
+                  params=dict(min_true=min_true, n_probe=n_probe, probing=list(probing), query_modes=list(query_modes),
+                              decoding=decoding))
     if out_dir is not None: save_run(result, out_dir)
     return result
 
@@ -563,6 +631,33 @@ def distance_table(result: dict, types=("T3", "T7", "T8"), mode: str = "triple",
          for t in types]
     return t4.assign(**{"mean hops to answer": d})[["knowledge type", "F", "Hits@1", "Hits@1 CI", "mean hops to answer"]]
 
+# %% ../nbs/14_awaken.ipynb #d004
+def probe_counts(result: dict,  # from `run_awakening` / `load_task1`
+                 types=tuple(KNOWLEDGE_TYPES), mode: str = "triple") -> pd.DataFrame:
+    "Per probing method and type: items probed, answers, ok / repaired / failed, readable %, True, kept by Eq. 7 and by >= 1 True."
+    k, base = result["knowledge"], base_ids(result)
+    rows = []
+    for m in result.get("params", {}).get("probing", ["nli"]):
+        if f"{m}_probe_verdicts" not in k: continue
+        for t in types:
+            kt = k[(k["type"] == t) & (k["mode"] == mode) & k["id"].isin(base) & k["text"].notna()]
+            seq = lambda col: [v for v in (kt[col] if col in kt else []) if isinstance(v, (list, tuple, np.ndarray))]
+            vs = seq(f"{m}_probe_verdicts")
+            st = [parse_status(a, m) for r in seq(f"{m}_probe_raw") for a in r]  # none for results saved without raw answers
+            n = sum(len(v) for v in vs)
+            rows.append(dict(probing=m, type=t, items=len(vs), answers=n, ok=st.count("ok"), repaired=st.count("repaired"),
+                             failed=st.count("failed"), **{"readable %": round(100 * (n - st.count("failed")) / n, 1) if st else np.nan},
+                             true=sum(x is True for v in vs for x in v),
+                             **{"kept (Eq. 7, all True)": sum(probe_rule(v) for v in vs), "kept (>= 1 True)": sum(probe_rule(v, 1) for v in vs)}))
+    out = pd.DataFrame(rows)
+    if len(out):
+        tot = out.groupby("probing", sort=False)[["items", "answers", "ok", "repaired", "failed", "true", "kept (Eq. 7, all True)", "kept (>= 1 True)"]].sum().reset_index()
+        tot["type"] = "all"
+        tot["readable %"] = (100 * (tot["answers"] - tot["failed"]) / (tot["ok"] + tot["repaired"] + tot["failed"]).where(lambda x: x > 0)).round(1)
+        out = pd.concat([out, tot[out.columns]], ignore_index=True)
+    return out
+
+
 # %% ../nbs/14_awaken.ipynb #c044
 from .papers import paper_numbers
 
@@ -618,7 +713,9 @@ DEVIATIONS = [  # of Task 1 (awakening_unseen_entity_kgqa.txt §4.2, App. B, C, 
     "Prompts: the App. E templates verbatim as completion prompts (a base model at the CPU profiles) with the answer cue of "
     "the template's own example appended (`- Short Answer:` / `- **Conclusion**:`).",
     "Probing rule: Eq. 7 (all three True) at `min_true = 3` (full); the tiny and smoke profiles use `min_true = 1` (at "
-    "least one True of three) because the 270M base model almost never says True three times; the F-count table shows both.",
+    "least one True of three) because the 270M base model almost never says True three times, also when its verdicts are "
+    "constrained to True / False (measured: 0 of 44 items kept by the strict rule, free or constrained); the F-count and "
+    "probing tables show both rules.",
     "Order of steps: Step 2's KG filter runs before Step 1 so that only questions with a gold path cost LLM calls (the same "
     "resulting set); probing temperatures are seeded per item (uniform in [0, 1], App. C).",
     "Model: the embedded Gemma-3-270M base model (llama.cpp, CPU) at tiny and smoke, on a handful of questions; the paper's "
@@ -628,6 +725,30 @@ DEVIATIONS = [  # of Task 1 (awakening_unseen_entity_kgqa.txt §4.2, App. B, C, 
     "probing methods and ranking queries, and every awakening temperature are computed once; candidate subsampling draws "
     "from one seeded generator in type order, so a type's candidates can differ from a run of that type alone.",
 ]
+
+DECODING_DEVIATION = {  # listed by `study_deviations` only when the run did not decode freely
+    "constrained": "Decoding: the probing answers are decoded under their declared formats (NLI: the choice ' True' / ' False', "
+                   "`PROBE_VERDICT`; QA-probing: a non-empty one-line short answer, `SHORT_ANSWER`), a llama.cpp grammar on the "
+                   "embedded model; the paper decodes freely (`decoding = \"free\"`, the full profile). Step 1 and the awakening "
+                   "answers are decoded freely in every mode.",
+    "decoupled": "Decoding: decoupled. Each probing answer is generated freely as in the paper, then a second, greedy pass "
+                 "bound by the declared format (`PROBE_VERDICT`, `SHORT_ANSWER`) restates it after the prompt, the free answer and "
+                 "one line asking for the format (`REFORMAT`); its restatement is parsed. The paper decodes freely; Step 1 and the "
+                 "awakening answers are decoded freely in every mode.",
+}
+
+def decoding_of(result: dict) -> str:
+    "The decoding mode a result was probed with (`free` for runs recorded before the parameter existed)."
+    return check_decoding(result.get("params", {}).get("decoding") or "free")
+
+def decoding_note(result: dict) -> str:
+    "A caption suffix naming the decoding mode, e.g. ` [decoding: constrained]` (every table caption carries it)."
+    return f" [decoding: {decoding_of(result)}]"
+
+def study_deviations(result: dict) -> list[str]:
+    "`DEVIATIONS`, plus the decoding line when `result` was not decoded freely (what every artefact renders)."
+    d = decoding_of(result)
+    return list(DEVIATIONS) + ([DECODING_DEVIATION[d]] if d != "free" else [])
 
 # %% ../nbs/14_awaken.ipynb #c104
 def _json_columns(df: pd.DataFrame) -> list[str]:
@@ -712,7 +833,10 @@ def report_counts(run,  # the artefact's `StudyRun`
     counts = filter_counts(result, list(types), mode=mode, min_true=result["params"].get("min_true"))
     run.record_sample_size("questions with a gold path", int(counts.loc[1, "F"]))
     run.record_sample_size("unanswerable (Step 1)", int(counts.loc[2, "F"]))
-    run.save_table(counts, "f_counts", f"Questions left after each filter (F counts, §4.2; {mode} ranking query)")
+    run.save_table(counts, "f_counts", f"Questions left after each filter (F counts, §4.2; {mode} ranking query){decoding_note(result)}")
+    run.save_table(probe_counts(result, list(types), mode), "probe_counts", "Probing answers per method and type on the Step-1-unanswerable "
+                   "questions: how they parsed, True verdicts, items kept by Eq. 7 (all True) and by the relaxed rule (>= 1 True)"
+                   f"{decoding_note(result)}")
     return counts
 
 def paper_select(table: str, dataset: str | None = "cwq",
@@ -739,12 +863,13 @@ def report_vs_paper(run,  # the artefact's `StudyRun`
                     plot_models=(PLOT_MODEL,),  # the paper's models drawn beside ours
                     by: str = "setting", title: str = "",
                     series_cols=("model",),  # columns that name a bar series (with the source)
-                    figure: bool = True) -> pd.DataFrame:
+                    figure: bool = True,
+                    result: dict | None = None) -> pd.DataFrame:  # the run (its decoding mode goes into the caption)
     "Ours next to the paper (`compare`), saved with a figure of one panel per metric; returns the comparison."
     both = compare(ours, paper, on=list(on), ours_label=None if "source" in ours else f"{run.profile}, small model, small n")
     if "knowledge type" in both and "setting" in both:
         both["knowledge type"] = both["setting"].map(lambda s: knowledge_label(s) if s in KNOWLEDGE_TYPES or s == "No RAG" else s)
-    run.save_table(both.astype(object).where(both.notna(), ""), f"{name}_vs_paper", caption)
+    run.save_table(both.astype(object).where(both.notna(), ""), f"{name}_vs_paper", caption + (decoding_note(result) if result else ""))
     if figure:
         sel = both[both["source"].str.startswith("ours") | both["model"].isin(plot_models)]
         label = sel["source"].str.replace(r" \(.*", "", regex=True)
@@ -762,10 +887,10 @@ def task1_artefact(run,  # the artefact's `StudyRun`
     report_counts(run, result, types)
     ours = task1_table(result, types, intersection=intersection)
     how = "on the intersection of questions" if intersection else "per knowledge type without intersection"
-    run.save_table(ours.round(1), f"{name}_ours", f"Awakening {how} ({table} protocol), Hits in % with 95% bootstrap CI")
+    run.save_table(ours.round(1), f"{name}_ours", f"Awakening {how} ({table} protocol), Hits in % with 95% bootstrap CI{decoding_note(result)}")
     both = report_vs_paper(run, ours, paper_select(table), f"{name}_hits",
                            f"Awakening Hits@1/Hits@10 {how}: ours vs awakening {table} (Instruct models, CWQ)",
-                           title=f"CWQ, {how} (ours F={int(ours['F'].max())})")
+                           title=f"CWQ, {how} (ours F={int(ours['F'].max())})", result=result)
     return ours, both
 
 # %% ../nbs/14_awaken.ipynb #c112

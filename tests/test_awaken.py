@@ -19,7 +19,10 @@ from kgrag_nb.awaken import (AWAKENING_TEMPLATE, KNOWLEDGE_TYPES, MAIN_TYPES, PR
                              qa_probe_question, rank_top1, ranking_query, relation_matches, relation_parts,
                              relation_text, run_awakening, task1_data, verbalize_knowledge, DEVIATIONS, save_task1, load_task1,
                              task1_models, task1_table, probing_table, sweep_summary, mean_over_types, changed_by_query,
-                             paper_select, knowledge_label, setting_of)
+                             paper_select, knowledge_label, setting_of, PROBE_VERDICT, SHORT_ANSWER, DECODINGS, REFORMAT,
+                             decode, parse_status, probe, probe_counts, study_deviations, DECODING_DEVIATION)
+from kgrag_nb.baselines import parse_short_answer
+from kgrag_nb.llm import Constraint, fill_constraint
 from kgrag_nb.backends import LocalBackend
 from kgrag_nb.kg import KG
 
@@ -336,6 +339,75 @@ def test_changed_by_query_and_paper_select():
     assert len(DEVIATIONS) == 10
 
 
+# ---------------------------------------------------------------- declared output formats (issue 21)
+CONSTRAINTS = {"nli": PROBE_VERDICT, "qa": SHORT_ANSWER}  # every LLM output the study parses, by its parser
+
+
+@pytest.mark.parametrize("method", sorted(CONSTRAINTS))
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_stub_filled_constraints_parse(method, seed):
+    "What the stub server writes for each declared format is parsed ok (not repaired) by the study's parser."
+    c = CONSTRAINTS[method]
+    out = fill_constraint(c.spec(), seed=seed)
+    assert isinstance(c, Constraint) and parse_status(out, method) == "ok", (method, out)
+    if method == "nli": assert parse_probe(out) is (PROBE_VERDICT.value[seed % 2] == " True")
+    else: assert parse_short_answer(out) and parse_awakening_answer(out) == parse_short_answer(out)
+
+
+def test_verdict_options_are_the_papers_words():
+    # Eq. 7 counts answers that are "True"; App. E's example answers " False. ..." after the cue
+    assert [o.strip() for o in PROBE_VERDICT.value] == ["True", "False"] and PROBE_TEMPLATE.count("**Conclusion**: False.") == 1
+    assert [parse_probe(o) for o in PROBE_VERDICT.value] == [True, False]
+    for ok in (" Paris.", "Paris", " Barack Obama\n"): assert re.fullmatch(SHORT_ANSWER.value, ok)
+    for bad in ("", " ", "\n", " \nParis"): assert not re.fullmatch(SHORT_ANSWER.value, bad)
+
+
+class _Fake:
+    "A client that answers freely with prose and, under a constraint, with what the stub would write."
+    def __init__(self): self.calls = []
+    def complete(self, prompts, n=1, temperature=0.0, constraint=None, **kw):
+        self.calls.append((len(prompts), constraint, temperature))
+        fill = (lambda i: fill_constraint(constraint.spec(), seed=i)) if constraint else (lambda i: " I think so. It is true")
+        return [[fill(s) for s in range(n)] for _ in prompts]
+
+
+@pytest.mark.parametrize("decoding", DECODINGS)
+def test_probe_decoding_modes(decoding):
+    fake = _Fake()
+    rows = probe(fake, ["Paris, capital of, France", "Rome, capital of, Italy"], decoding=decoding)
+    assert [r["probe_verdicts"] for r in rows] == [[True] * 3 if decoding == "free" else [True] * 3] * 2
+    assert all(s == ("repaired" if decoding == "free" else "ok") for r in rows for s in r["probe_status"])
+    assert all(("probe_free" in r) == (decoding == "decoupled") for r in rows)
+    sent = [c for _, c, _ in fake.calls]
+    assert sent == {"free": [None] * 3, "constrained": [PROBE_VERDICT] * 3, "decoupled": [None, PROBE_VERDICT] * 3}[decoding]
+    if decoding == "decoupled": assert [t for _, c, t in fake.calls if c] == [0.0] * 3  # the restatement is greedy
+    qa = probe(_Fake(), ["What is the capital of France?"], "qa", ["Paris"], decoding=decoding)[0]
+    assert qa["probe_status"] == ["ok"] * 3 and qa["probe_verdicts"] == [False] * 3  # the stub's 'a' is readable, not right
+
+
+def test_decode_decoupled_prompts_and_errors():
+    seen = []
+    class C(_Fake):
+        def complete(self, prompts, **kw): seen.append(list(prompts)); return super().complete(prompts, **kw)
+    outs, free = decode(C(), ["P1", "P2"], PROBE_VERDICT, "decoupled", REFORMAT["nli"], n=2)
+    assert seen[1] == [f"{p} I think so. It is true{REFORMAT['nli']}" for p in ("P1", "P1", "P2", "P2")]
+    assert [len(o) for o in outs] == [2, 2] and free == [[" I think so. It is true"] * 2] * 2
+    with pytest.raises(ValueError, match="use 'free'"): decode(C(), ["P"], PROBE_VERDICT, "json")
+
+
+def test_probe_counts_and_deviations():
+    k = pd.DataFrame(dict(id=["q1", "q2", "q3"], type="T1", mode="triple", text="k",
+                          nli_probe_raw=[[" True"] * 3, [" True", " False", " True"], [" hm", " False", " False"]],
+                          nli_probe_verdicts=[[True] * 3, [True, False, True], [None, False, False]]))
+    res = dict(questions=pd.DataFrame(dict(id=["q1", "q2", "q3"], status="ok", answerable=0)), knowledge=k,
+               params=dict(probing=["nli"], decoding="constrained"))
+    c = probe_counts(res, ["T1"]).set_index("type").loc["all"]
+    assert c[["items", "answers", "ok", "repaired", "failed", "true", "kept (Eq. 7, all True)", "kept (>= 1 True)"]].tolist() == [3, 9, 8, 0, 1, 5, 1, 2]
+    assert c["readable %"] == round(100 * 8 / 9, 1)
+    assert study_deviations(res) == DEVIATIONS + [DECODING_DEVIATION["constrained"]]
+    assert study_deviations({"params": {"decoding": "free"}}) == DEVIATIONS
+
+
 # ---------------------------------------------------------------- the pipeline against the real model
 @pytest.mark.llm
 def test_run_awakening_two_questions_embedded(embedded_server, tmp_path):
@@ -358,3 +430,17 @@ def test_run_awakening_two_questions_embedded(embedded_server, tmp_path):
     n = client.usage.requests  # the cache makes a second run free
     run_awakening(records, backend, client, n_questions=2, map_id=map_id, types=["T1", "T5"], min_true=1)
     assert client.usage.requests == n
+
+
+@pytest.mark.llm
+def test_constrained_probing_embedded(embedded_server, tmp_path):
+    "Constrained NLI- and QA-probing on the real model: every answer is readable by the study's parsers (issue 21)."
+    from kgrag_nb.llm import LLMClient
+    client = LLMClient(embedded_server.url, cache=tmp_path / "llm.sqlite", progress=False)
+    items = ["Belgium, adjoins, France", "Ted Kennedy, sibling, John F. Kennedy"]
+    rows = probe(client, items, "nli", decoding="constrained")
+    raw = [a for r in rows for a in r["probe_raw"]]
+    assert set(raw) <= {" True", " False"} and all(s == "ok" for r in rows for s in r["probe_status"]), raw
+    assert all(v in (True, False) for r in rows for v in r["probe_verdicts"])
+    qa = probe(client, ["What is the adjoins of Belgium?"], "qa", ["France"], decoding="constrained")[0]
+    assert all(parse_short_answer(a) for a in qa["probe_raw"]) and qa["probe_status"] == ["ok"] * 3, qa["probe_raw"]
