@@ -226,3 +226,88 @@ def test_agent_embedded(embedded_server, tmp_path):
     n = client.usage.requests  # a second run is answered by the cache
     again = get_method("jcql", slm=slm).answer_all(qs, kb, client, cfg)
     assert client.usage.requests == n and [p.answer for p in again] == [p.answer for p in preds]
+
+# ---------------------------------------------------------------- constrained decoding (issue 21)
+
+from kgrag_nb.llm import Constraint, fill_constraint
+from kgrag_nb.jcql import (COT_ANSWER, SHORT_ANSWER, DECODINGS, decode, entity_constraint, parse_choice, parse_cot, parse_paths,
+                           parse_relation_choice, parse_short, paths_constraint, relations_constraint, schema_constraint,
+                           step_constraint, triples_constraint)
+
+VARIANTS = [ACTIONS, ("search", "complete", "finish"), ("search", "generate", "finish")]  # jcql and its Table 3 ablations
+
+
+@pytest.mark.parametrize("actions", VARIANTS)
+@pytest.mark.parametrize("i", [1, 2, 10])
+def test_stub_filled_step_parses(actions, i):
+    "Every prompt sent with a constraint is parseable by its parser when the stub fills the constraint: the ReAct step."
+    s = parse_step(fill_constraint(step_constraint(actions, i).spec()), actions)
+    assert s.failure is None and s.action in actions and not s.repairs
+
+
+@pytest.mark.parametrize("actions", VARIANTS)
+def test_step_constraint_admits_only_enabled_actions(actions):
+    import re
+    pat = step_constraint(actions, 4).value
+    calls = {"search": "Search[Bob | Ann (/m/a)]", "complete": "Complete[Bob | spouse]", "generate": "Generate[who is Bob's wife?]",
+             "finish": "Finish[France]"}
+    for a, call in calls.items():
+        assert bool(re.fullmatch(pat, f" I think.\nAction 4: {call}")) == (a in actions)
+    for bad in ["Search[]", "Complete[Bob]", "Finish[ | x]", "Search[a]\nObservation 4: x"]:  # ill-formed arguments cannot be written
+        assert not re.fullmatch(pat, f" I think.\nAction 4: {bad}")
+    assert not re.fullmatch(pat, " I think.\nAction 3: Finish[France]")  # the step number is the prompt's
+
+
+def test_stub_filled_aux_outputs_parse():
+    "Prompts 3, 4, 5/6, the schema prompt, Prompt 7 and the CoT / short answers: the stub's filling is read by each parser."
+    ids = ["Bob (/m/b1)", "Bob (/m/b2)"]
+    assert parse_choice(fill_constraint(entity_constraint(ids).spec()), ids) is not None
+    names = ["place of birth", "spouse", "a, b", "educated at"]
+    got = parse_relation_choice(fill_constraint(relations_constraint(names, 3).spec()), names)
+    assert 1 <= len(got) <= 3 and 2 not in got
+    assert relations_constraint(["a, b"]) is None
+    assert len(parse_triples(fill_constraint(triples_constraint(5).spec()))) >= 1
+    import re
+    assert re.fullmatch(r" \[[^\]]+\], nationality, \[[^\]]+\]", fill_constraint(schema_constraint("nationality").spec()))
+    known = [("Bob", "spouse", "Ann"), ("Ann", "place of birth", "Paris, Texas"), ("Ann", "nationality", "France")]
+    assert set(parse_paths(fill_constraint(paths_constraint(known).spec()), known)) <= set(known)
+    assert len(parse_paths(fill_constraint(paths_constraint(known).spec()), known)) >= 1 and paths_constraint([]) is None
+    assert parse_cot(fill_constraint(COT_ANSWER.spec())) and parse_short(fill_constraint(SHORT_ANSWER.spec()))
+
+
+class _FakeClient:
+    "Records each acomplete call; answers a constrained call with the stub's filling of its constraint."
+    def __init__(self): self.calls = []
+    async def acomplete(self, prompts, return_records=False, constraint=None, **kw):
+        self.calls.append((prompts[0], constraint))
+        text = fill_constraint(constraint.spec()) if constraint is not None else " free text with no format"
+        return [[text]], [[{"cached": False}]]
+
+
+@pytest.mark.parametrize("decoding,n_calls", [("free", 1), ("constrained", 1), ("decoupled", 2)])
+def test_decode_modes(decoding, n_calls):
+    c, fake = step_constraint(ACTIONS, 2), _FakeClient()
+    out, recs = asyncio.run(decode(fake, "Question: x\nThought 2:", decoding, c, temperature=0.7, max_tokens=8))
+    assert len(fake.calls) == len(recs) == n_calls
+    assert (parse_step(out).failure is None) == (decoding != "free")
+    assert [r["constrained"] for r in recs] == ([False] if decoding == "free" else [True] if decoding == "constrained" else [False, True])
+    if decoding == "decoupled":  # the restatement continues the prompt + the free answer, after the prompt's last label
+        p2 = fake.calls[1][0]
+        assert p2.startswith("Question: x\nThought 2: free text with no format\n\nRestate") and p2.endswith("\nThought 2:")
+    with pytest.raises(ValueError, match="free"): asyncio.run(decode(fake, "x", "greedy", c))
+
+
+@pytest.mark.llm
+def test_constrained_step_embedded(embedded_server, tmp_path):
+    "A constrained ReAct step on the real embedded server (Gemma-3-270M): parsed as an enabled action by `parse_step`."
+    from kgrag_nb.llm import LLMClient
+    client = LLMClient(embedded_server.url, cache=tmp_path / "llm.sqlite", progress=False)
+    q = Question("q", "what is the nationality of Bob Dylan?", ["/m/b"], [], topic_names=["Bob Dylan"])
+    for actions in VARIANTS[1:]:
+        hist = [("I need Bob Dylan's nationality.", "Search[Bob Dylan]", "Bob Dylan, nationality, United States of America")]
+        prompt, _ = step_prompt(q, hist, actions)
+        out, recs = asyncio.run(decode(client, prompt, "constrained", step_constraint(actions, 2), temperature=0.7, max_tokens=128,
+                                       stop=["\nObservation", "\nQuestion:"], seed=0))
+        s = parse_step(out, actions)
+        assert s.failure is None and s.action in actions and recs[0]["constrained"], out
+        assert f"\nAction 2: {s.action.capitalize()}[" in out
