@@ -7,6 +7,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import jsonschema
 import pytest
+from _http import JSONHandler
 from hypothesis import given, settings, strategies as st
 
 from kgrag_nb.llm import (Constraint, LLMClient, ResponseCache, UnsupportedConstraintError, constraint_body, constraint_gbnf,
@@ -25,12 +26,7 @@ class Recorder:
         self.bodies, self.gets = [], []
         rec = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a): pass
-            def _send(self, status, obj):
-                data = json.dumps(obj).encode()
-                self.send_response(status); self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data))); self.end_headers(); self.wfile.write(data)
+        class Handler(JSONHandler):
             def do_GET(self):
                 rec.gets.append(self.path)
                 if self.path.rstrip("/") == "/v1/models":

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import openai
 import pytest
+from _http import JSONHandler
 from hypothesis import given, settings, strategies as st
 
 from kgrag_nb.config import EMBEDDED_MODEL_ALIAS, get_config
@@ -33,12 +34,7 @@ class FakeOpenAI:
         self.lock = threading.Lock()
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a): pass
-            def _send(self, status, obj):
-                data = json.dumps(obj).encode()
-                self.send_response(status); self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data))); self.end_headers(); self.wfile.write(data)
+        class Handler(JSONHandler):
             def do_GET(self):
                 if self.path.rstrip("/") == "/v1/models":
                     self._send(200, {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "me"} for m in fake.models]})

@@ -442,12 +442,18 @@ def test_a_run_that_fails_is_recorded_as_failed_from_any_thread_and_the_sigterm_
         assert m["status"] == "failed" and "No space left on device" in m["error"] and m["llm_usage"] == {} and m["wall_s"] >= 0, m
 
 
-def test_endpoint_and_model_are_checked_before_the_run_folder_is_made(tmp_path):
+def _probe_project_and_models_server(tmp_path):
+    "A one-notebook project that needs an LLM, and a loopback server that answers only `/v1/models` (`_Models`)."
     root = tmp_path / "proj"
     _notebook(root / "nbs/studies/probe.ipynb", [("code", PARAMS, ["parameters"]), ("code", "x = 1", [])])
     (root / "studies.yaml").write_text("artifacts:\n  probe: {paper: p, title: t, notebook: nbs/studies/probe.ipynb, needs_llm: true, profiles: {smoke: {n: 1}}}\n")
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Models)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return root, httpd
+
+
+def test_endpoint_and_model_are_checked_before_the_run_folder_is_made(tmp_path):
+    root, httpd = _probe_project_and_models_server(tmp_path)
     try:
         cfg = _tmp_cfg(tmp_path, root=root)
         with pytest.raises(Exception, match="'nope' is not served"):
@@ -472,11 +478,7 @@ def test_redact_url_drops_a_password_holding_at_colon_slash_percent(user, core, 
 
 def test_a_password_holding_at_never_reaches_the_run_folder(tmp_path, monkeypatch):
     "The issue's probe: `http://alice:p@ssSECRET@...` (here through KGRAG_LLM_URL, so the manifest's config holds it too)."
-    root = tmp_path / "proj"
-    _notebook(root / "nbs/studies/probe.ipynb", [("code", PARAMS, ["parameters"]), ("code", "x = 1", [])])
-    (root / "studies.yaml").write_text("artifacts:\n  probe: {paper: p, title: t, notebook: nbs/studies/probe.ipynb, needs_llm: true, profiles: {smoke: {n: 1}}}\n")
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Models)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    root, httpd = _probe_project_and_models_server(tmp_path)
     try:
         url = f"http://alice:p@ssSECRET@127.0.0.1:{httpd.server_address[1]}/v1"
         monkeypatch.setenv("KGRAG_LLM_URL", url); monkeypatch.setenv("KGRAG_MODEL", "m1")
