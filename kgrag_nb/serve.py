@@ -186,7 +186,7 @@ def run_llama_server(deterministic: bool = True):  # evaluate every prompt from 
 
 # %% ../nbs/04_serve.ipynb #c012
 def server_threads(n_threads: int | None = None) -> int:  # a fixed count, or None = by the load
-    "Threads of the embedded server (decode and prompt batches alike): `n_threads` when given, else `config.auto_threads`"
+    "Threads of the embedded server's prompt batches (and of decoding when fixed): `n_threads` when given, else `config.auto_threads`"
     " of the machine's cores and the load other processes put on them (the embedder's rule). llama-cpp-python's own"
     " default decodes on half the cores: one thread on a 2-core machine (issue 23)."
     if n_threads is not None:
@@ -198,10 +198,14 @@ def server_threads(n_threads: int | None = None) -> int:  # a fixed count, or No
 
 def _command(self: EmbeddedServer, model_path: Path) -> list[str]:
     code = f"from kgrag_nb.serve import run_llama_server; run_llama_server(deterministic={bool(self.deterministic)})"
-    n = server_threads(self.n_threads)
+    batch = server_threads(self.n_threads)
+    # decode threads: half the free cores unless fixed. Measured on this 2-core machine (`kgrag bench llm --n 12`, A-B-A-B,
+    # quiet): decode on 1 thread 3.26 / 3.12 requests/s, on 2 threads 3.16 / 2.78: one token of a 270M model is too little
+    # work to split, while prompt batches (28x more tokens than completions at smoke) use every free core.
+    decode = batch if self.n_threads else max(1, batch // 2)
     return [sys.executable, "-c", code, "--model", str(model_path), "--model_alias", self.model,
             "--host", self.host, "--port", str(self.port), "--n_ctx", str(self.n_ctx),
-            "--n_threads", str(n), "--n_threads_batch", str(n)]
+            "--n_threads", str(decode), "--n_threads_batch", str(batch)]
 
 def _terminate(pid: int, timeout: float = 10.0):
     "SIGTERM `pid`, SIGKILL after `timeout` seconds."

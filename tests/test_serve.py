@@ -372,4 +372,7 @@ def test_server_threads_follow_the_load_rule_and_reach_the_command(tmp_path):
     assert server_threads(3) == 3 and 1 <= server_threads() <= (os.cpu_count() or 1)
     with pytest.raises(ValueError, match="n_threads=0"): server_threads(0)
     argv = EmbeddedServer(get_config(cache_dir=tmp_path), port=free_port(), n_threads=2)._command(Path("m.gguf"))
-    assert argv[argv.index("--n_threads") + 1] == "2" and argv[argv.index("--n_threads_batch") + 1] == "2"
+    assert argv[argv.index("--n_threads") + 1] == "2" and argv[argv.index("--n_threads_batch") + 1] == "2"  # fixed: both
+    auto = EmbeddedServer(get_config(cache_dir=tmp_path), port=free_port())._command(Path("m.gguf"))
+    batch = int(auto[auto.index("--n_threads_batch") + 1])
+    assert 1 <= batch <= (os.cpu_count() or 1) and int(auto[auto.index("--n_threads") + 1]) == max(1, batch // 2)  # decode: half
