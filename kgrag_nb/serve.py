@@ -290,9 +290,10 @@ def _claim_port(self: EmbeddedServer) -> str:
         if isinstance(state.get("owner_pid"), int) and process_alive(state["owner_pid"], state.get("owner_started")):
             self.port = free_port(self.host)  # another live run owns it (perhaps still starting): never adopt, move
             return "moved"
-        self.replaced_orphan = state["server_pid"]  # its owner is gone: an orphan; stop it and take the port
-        _terminate(int(state["server_pid"]))
-        _wait_port_free(self.host, self.port)
+        if _is_recorded_server(state, self.port):  # its owner is gone: an orphan serving the port; stop it, take the port
+            self.replaced_orphan = state["server_pid"]  # (one still starting up exits by itself: it watches its owner)
+            _terminate(int(state["server_pid"]))
+            _wait_port_free(self.host, self.port)
         _state_path(self.cfg, self.port).unlink(missing_ok=True)
     if port_in_use(self.host, self.port):
         served = served_models(self.url, timeout=15.0)  # a busy server answers late: wait before calling it foreign
