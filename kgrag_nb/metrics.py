@@ -4,21 +4,25 @@
 
 # %% ../nbs/06_metrics.ipynb #c002
 from __future__ import annotations
+import copy
 import math
 import re
 import string
+import time
 from collections import Counter
 from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
+import pandas as pd
 from sacrebleu.metrics import BLEU
 
 # %% auto #0
-__all__ = ['TIE_POLICIES', 'acc_r_tokens', 'squad_normalize', 'brink_normalize', 'acc_r', 'hits_at_k', 'unanswerable',
-           'brink_split', 'brink_sets', 'brink_scores', 'brink_per_question', 'hard_hits_rate', 'brink_evaluate',
-           'permissive_scores', 'permissive_evaluate', 'exact_match', 'token_f1', 'CharTokenizer', 'rouge_scores',
-           'bleu', 'sentence_bleu', 'bleu_n', 'context_recall', 'filtered_ranks', 'ranking_metrics', 'kbqa_hits_at_1',
-           'following_rate', 'MannWhitney', 'mann_whitney', 'bootstrap_ci', 'bootstrap_ratio_ci', 'percent_cis']
+__all__ = ['TIE_POLICIES', 'FORMAT_TAX_DECODINGS', 'FORMAT_TAX_KEYS', 'acc_r_tokens', 'squad_normalize', 'brink_normalize',
+           'acc_r', 'hits_at_k', 'unanswerable', 'brink_split', 'brink_sets', 'brink_scores', 'brink_per_question',
+           'hard_hits_rate', 'brink_evaluate', 'permissive_scores', 'permissive_evaluate', 'exact_match', 'token_f1',
+           'CharTokenizer', 'rouge_scores', 'bleu', 'sentence_bleu', 'bleu_n', 'context_recall', 'filtered_ranks',
+           'ranking_metrics', 'kbqa_hits_at_1', 'following_rate', 'MannWhitney', 'mann_whitney', 'bootstrap_ci',
+           'bootstrap_ratio_ci', 'percent_cis', 'format_tax_run', 'format_tax_summary']
 
 # %% ../nbs/06_metrics.ipynb #c005
 _PUNCT_DELETE = str.maketrans("", "", string.punctuation)
@@ -473,3 +477,79 @@ def percent_cis(rows,  # per-question rows: a DataFrame (or dict of arrays) with
         point, low, high = bootstrap_ci(np.asarray(rows[col], dtype=float), n_resamples=n_resamples, seed=seed)
         out |= {name: 100 * point, f"{name} CI low": 100 * low, f"{name} CI high": 100 * high}
     return out
+
+# %% ../nbs/06_metrics.ipynb #ftax1
+FORMAT_TAX_DECODINGS = ("free", "constrained", "decoupled")  # the papers' protocol first
+FORMAT_TAX_KEYS = ("item", "metric", "parsed", "fired", "finished", "kept")  # every record of a `format_tax_arm`
+_COST_FIELDS = ("requests", "cache_hits", "prompt_tokens", "completion_tokens", "wall_s")
+
+def _check_tax_record(r: dict, where: str) -> dict:
+    "One `format_tax_arm` record, checked: its keys, `metric` and `parsed` in [0, 1] (metric may be None), flags bool or None."
+    if not isinstance(r, dict): raise TypeError(f"{where}: a record must be a dict, got {type(r).__name__}")
+    missing = [k for k in FORMAT_TAX_KEYS if k not in r]
+    if missing: raise ValueError(f"{where}: record {r.get('item')!r} lacks {missing}; a format_tax_arm returns {list(FORMAT_TAX_KEYS)}")
+    for k in ("metric", "parsed"):
+        v = r[k]
+        if v is None and k == "metric": continue
+        if not isinstance(v, (int, float, np.integer, np.floating)) or isinstance(v, bool) and k == "parsed" \
+                or not 0 <= float(v) <= 1:
+            raise ValueError(f"{where}: record {r['item']!r} has {k}={v!r}; it must be a number in [0, 1]"
+                             + (" or None" if k == "metric" else ""))
+    for k in ("fired", "finished", "kept"):
+        if r[k] is not None and not isinstance(r[k], (bool, np.bool_)):
+            raise ValueError(f"{where}: record {r['item']!r} has {k}={r[k]!r}; use True, False or None (not measured)")
+    return r
+
+def format_tax_run(client,  # the LLM client every arm uses (its `usage` counters are read around each arm)
+                   arms: dict,  # study key -> `format_tax_arm(client, decoding, n, seed)` of that study
+                   decodings: Sequence[str] = FORMAT_TAX_DECODINGS,  # the arms, in order (free before decoupled)
+                   n: int = 10,  # items per study (the same items in every arm)
+                   seed: int = 0,  # the seed every arm gets
+                  ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    "(records: one row per study, decoding and item; cost: one row per study and decoding with the client's counters)."
+    bad = [d for d in decodings if d not in FORMAT_TAX_DECODINGS]
+    if bad: raise ValueError(f"decodings {bad}: use {list(FORMAT_TAX_DECODINGS)}")
+    if "decoupled" in decodings and "free" in decodings and list(decodings).index("decoupled") < list(decodings).index("free"):
+        raise ValueError("decodings: run 'free' before 'decoupled' (decoupled restates the free answers, so its cost excludes them)")
+    if not isinstance(n, int) or n < 1: raise ValueError(f"n={n!r}: pass a positive number of items per study")
+    rows, cost = [], []
+    for study, arm in arms.items():
+        for decoding in decodings:
+            before, t0 = copy.copy(client.usage), time.perf_counter()
+            out = arm(client, decoding, n, seed)
+            wall, after = time.perf_counter() - t0, copy.copy(client.usage)
+            where = f"format_tax_arm of {study!r} ({decoding})"
+            if not out: raise ValueError(f"{where} returned no records; it must return one per item (n={n})")
+            rows += [dict(study=study, decoding=decoding, **_check_tax_record(r, where)) for r in out]
+            cost.append(dict(study=study, decoding=decoding, items=len(out), wall_s=wall,
+                             **{k: getattr(after, k) - getattr(before, k) for k in _COST_FIELDS if k != "wall_s"}))
+    return pd.DataFrame(rows), pd.DataFrame(cost)
+
+# %% ../nbs/06_metrics.ipynb #ftax4
+def format_tax_summary(records: pd.DataFrame,  # `format_tax_run`'s records
+                       cost: pd.DataFrame,  # `format_tax_run`'s cost
+                       seed: int = 0,  # bootstrap seed
+                       n_resamples: int = 1000,  # bootstrap resamples
+                      ) -> pd.DataFrame:
+    "One row per study and decoding: metric % [95% CI], parse / fire / finish / keep rates %, tokens and seconds per request."
+    out = []
+    for (study, decoding), g in records.groupby(["study", "decoding"], sort=False):
+        m = g["metric"].dropna().astype(float)
+        point, low, high = bootstrap_ci(m.values, seed=seed, n_resamples=n_resamples) if len(m) else (np.nan,) * 3
+        row = dict(study=study, decoding=decoding, items=len(g), metric_items=len(m),
+                   **{"metric %": 100 * point, "CI low": 100 * low, "CI high": 100 * high,
+                      "parsed %": 100 * g["parsed"].astype(float).mean()})
+        for k in ("fired", "finished", "kept"):
+            v = g[k].dropna()
+            row[f"{k} %"] = 100 * v.astype(bool).mean() if len(v) else np.nan
+        c = cost[(cost["study"] == study) & (cost["decoding"] == decoding)].iloc[0]
+        sent = int(c["requests"])
+        row.update(requests=sent, cache_hits=int(c["cache_hits"]),
+                   **{"prompt tok/req": c["prompt_tokens"] / sent if sent else np.nan,
+                      "completion tok/req": c["completion_tokens"] / sent if sent else np.nan,
+                      "s/req": c["wall_s"] / sent if sent else np.nan, "s": float(c["wall_s"])})
+        out.append(row)
+    df = pd.DataFrame(out)
+    free_s = df[df["decoding"] == "free"].set_index("study")["s"]
+    df["s total"] = [r["s"] + (free_s.get(r["study"], 0.0) if r["decoding"] == "decoupled" else 0.0) for _, r in df.iterrows()]
+    return df
