@@ -4,7 +4,8 @@
 
 # %% ../nbs/04_serve.ipynb #c002
 from __future__ import annotations
-import atexit, ctypes, hashlib, json, os, random, re, shutil, signal, socket, subprocess, sys, threading, time
+import atexit, ctypes, hashlib, json, os, random, re, shutil, signal, socket, subprocess, sys, threading, time, types
+from collections import Counter, OrderedDict
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -15,9 +16,9 @@ from .llm import ServerDiedError, fill_constraint, process_alive
 
 # %% auto #0
 __all__ = ['LOOPBACK', 'SIGNAL_CAUSES', 'REBUILD_COMMAND', 'STUB_MODEL', 'STUB_NOTE', 'embedded_model_path', 'free_port',
-           'port_in_use', 'served_models', 'EmbeddedServer', 'server_state', 'run_llama_server', 'server_threads',
-           'describe_exit', 'llm_endpoint', 'vllm_command', 'serve_vllm', 'stub_tokens', 'stub_reply', 'stub_models',
-           'run_stub_server', 'StubServer']
+           'port_in_use', 'served_models', 'EmbeddedServer', 'server_state', 'make_deterministic', 'run_llama_server',
+           'server_threads', 'describe_exit', 'llm_endpoint', 'vllm_command', 'serve_vllm', 'stub_tokens', 'stub_reply',
+           'stub_models', 'run_stub_server', 'StubServer']
 
 # %% ../nbs/04_serve.ipynb #c005
 _ASSEMBLED: dict[Path, Path] = {}
@@ -73,7 +74,8 @@ class EmbeddedServer:
                  model_path: str | Path | None = None,  # GGUF file; None = embedded_model_path(cfg)
                  startup_timeout: float = 120.0,  # seconds to wait for the server to report its model
                  shared: bool = False,  # other processes may reuse it (`kgrag serve embedded`); owned servers are never adopted
-                 deterministic: bool = True):  # evaluate every prompt from scratch (no KV prefix reuse), see above
+                 deterministic: bool = True,  # evaluate every prompt from scratch (no KV prefix reuse), see above
+                 prompt_snapshots: int = 16):  # deterministic: repeated prompts restored from snapshots (`make_deterministic`)
         self.cfg = cfg or get_config()
         self.host, self.port = self.cfg.embedded_host, int(port or self.cfg.embedded_port)
         if self.host not in LOOPBACK:
@@ -83,6 +85,7 @@ class EmbeddedServer:
         self.log_path = Path(log_path) if log_path else self.cfg.cache_dir / "logs" / f"llama_server_{self.port}.log"
         self.model, self.proc, self.reused = EMBEDDED_MODEL_ALIAS, None, False
         self.shared, self.deterministic, self.replaced_orphan = shared, deterministic, None
+        self.prompt_snapshots = int(prompt_snapshots)
         self.died, self.exit_status, self._stopping = None, None, False  # set by the watchdog when the process dies
 
     @property
@@ -171,17 +174,78 @@ def _exit_with_owner(every_s: float = 1.0):
         os.kill(os.getpid(), signal.SIGTERM)
     threading.Thread(target=watch, name="kgrag-owner-watch", daemon=True).start()
 
-def run_llama_server(deterministic: bool = True):  # evaluate every prompt from scratch (no KV prefix reuse)
+
+# %% ../nbs/04_serve.ipynb #snap1
+def make_deterministic(target,  # the `llama_cpp.Llama` class (server process) or one `Llama` instance (tests)
+                       snapshots: int = 16,  # prompts whose evaluated state is kept (LRU); 0 = evaluate every prompt
+                      ):
+    "Make every completion of `target` behave as if its prompt were evaluated from scratch (no KV prefix reuse), and"
+    " serve repeated prompts from a snapshot of their from-scratch evaluation: same bytes, no second evaluation."
+    import llama_cpp  # only where llama.cpp runs (the server process, or a test that loads the model)
+    cls = target if isinstance(target, type) else type(target)
+    generate, evaluate = cls.generate, cls.eval
+    if snapshots < 0: raise ValueError(f"snapshots={snapshots}: use 0 (off) or a positive number of prompts")
+
+    def store(self) -> OrderedDict:
+        if "_kgrag_snapshots" not in self.__dict__: self._kgrag_snapshots, self._kgrag_stats = OrderedDict(), Counter()
+        return self._kgrag_snapshots
+
+    def eval_and_snapshot(self, tokens):
+        pending, self._kgrag_pending = getattr(self, "_kgrag_pending", None), None
+        evaluate(self, tokens)
+        if pending is None or self.n_tokens != len(pending) or tuple(tokens) != pending: return
+        n_swa = int(llama_cpp.llama_model_n_swa(self._model.model)) if hasattr(llama_cpp, "llama_model_n_swa") else 0
+        if n_swa and len(pending) >= n_swa: return  # restored sliding-window caches drift past the window (measured): no snapshot
+        ctx = self._ctx.ctx
+        logits = llama_cpp.llama_get_logits_ith(ctx, -1)
+        if not logits: return  # no output row: nothing to restore from
+        size = llama_cpp.llama_state_get_size(ctx)
+        buf = (ctypes.c_uint8 * int(size))()
+        n = int(llama_cpp.llama_state_get_data(ctx, buf, size))
+        snaps = store(self)
+        snaps[pending] = (bytes(buf)[:n], ctypes.string_at(logits, self._n_vocab * 4))
+        while len(snaps) > snapshots: snaps.popitem(last=False)
+
+    def restore(self, tokens: list) -> bool:
+        "Load the snapshot of exactly these prompt tokens; False when there is none (or it cannot be loaded)."
+        snap = store(self).get(tuple(tokens))
+        if snap is None: return False
+        state, logits = snap
+        ctx = self._ctx.ctx
+        if llama_cpp.llama_state_set_data(ctx, (ctypes.c_uint8 * len(state)).from_buffer_copy(state), len(state)) != len(state):
+            return False
+        out = llama_cpp.llama_get_logits_ith(ctx, -1)
+        if not out: return False
+        ctypes.memmove(out, logits, len(logits))  # the state holds no logits: put back those of the prompt's last token
+        self.input_ids[:len(tokens)] = tokens
+        self.n_tokens, self._requires_eval = len(tokens), False  # generate() then samples at once (its exact-prompt path)
+        self._kgrag_snapshots.move_to_end(tuple(tokens))
+        return True
+
+    def generate_deterministic(self, tokens, *args, **kwargs):
+        if kwargs.get("reset", True):
+            tokens = list(tokens)
+            hit = snapshots > 0 and restore(self, tokens)
+            if not hit:
+                self.n_tokens = 0  # forget the previous request: the whole prompt is evaluated
+                self._kgrag_pending = tuple(tokens) if snapshots > 0 else None
+            stats = (store(self), self._kgrag_stats)[1]
+            stats["requests"] += 1; stats["snapshot_hits"] += hit
+            if stats["requests"] % 50 == 0:
+                print(f"kgrag prompt snapshots: {stats['snapshot_hits']} hits of {stats['requests']} requests", file=sys.stderr, flush=True)
+        return generate(self, tokens, *args, **kwargs)
+
+    for name, fn in (("generate", generate_deterministic), ("eval", eval_and_snapshot)):
+        setattr(target, name, fn if isinstance(target, type) else types.MethodType(fn, target))
+    return target
+
+def run_llama_server(deterministic: bool = True,  # evaluate every prompt as from scratch (no KV prefix reuse)
+                     snapshots: int = 16):  # deterministic: prompts kept as snapshots (`make_deterministic`); 0 = off
     "Entry point of the embedded server process: `llama_cpp.server`, ended when its owner ends, with KV prefix reuse"
-    " turned off when `deterministic`."
+    " turned off and repeated prompts restored from snapshots when `deterministic`."
     import llama_cpp, llama_cpp.server.__main__ as server_main  # only inside the server process (heavy)
     _exit_with_owner()
-    if deterministic:
-        generate = llama_cpp.Llama.generate
-        def generate_from_scratch(self, tokens, *args, **kwargs):
-            if kwargs.get("reset", True): self.n_tokens = 0  # forget the previous request: the whole prompt is evaluated
-            return generate(self, tokens, *args, **kwargs)
-        llama_cpp.Llama.generate = generate_from_scratch
+    if deterministic: make_deterministic(llama_cpp.Llama, snapshots)
     server_main.main()
 
 # %% ../nbs/04_serve.ipynb #c012
@@ -197,7 +261,7 @@ def server_threads(n_threads: int | None = None) -> int:  # a fixed count, or No
     return auto_threads(os.cpu_count() or 1, load)
 
 def _command(self: EmbeddedServer, model_path: Path) -> list[str]:
-    code = f"from kgrag_nb.serve import run_llama_server; run_llama_server(deterministic={bool(self.deterministic)})"
+    code = f"from kgrag_nb.serve import run_llama_server; run_llama_server(deterministic={bool(self.deterministic)}, snapshots={self.prompt_snapshots})"
     batch = server_threads(self.n_threads)
     # decode threads: half the free cores unless fixed. Measured on this 2-core machine (`kgrag bench llm --n 12`, A-B-A-B,
     # quiet): decode on 1 thread 3.26 / 3.12 requests/s, on 2 threads 3.16 / 2.78: one token of a 270M model is too little

@@ -376,3 +376,34 @@ def test_server_threads_follow_the_load_rule_and_reach_the_command(tmp_path):
     auto = EmbeddedServer(get_config(cache_dir=tmp_path), port=free_port())._command(Path("m.gguf"))
     batch = int(auto[auto.index("--n_threads_batch") + 1])
     assert 1 <= batch <= (os.cpu_count() or 1) and int(auto[auto.index("--n_threads") + 1]) == max(1, batch // 2)  # decode: half
+
+
+@pytest.mark.llm
+@pytest.mark.slow
+def test_a_prompt_restored_from_its_snapshot_gets_the_bytes_a_from_scratch_evaluation_gets(embedded_server, tmp_path):
+    # Issue 23 item 2: the fixture's server keeps prompt snapshots (the default), `plain` evaluates every prompt from
+    # scratch. Every (prompt, seed, temperature, grammar) request must return the same text from both, whatever the order.
+    facts = lambda n: "Facts: " + " ".join(f"Entity {k} is related to entity {k * 7 % 13} by relation r{k % 5}." for k in range(n)) + "\n"
+    # ~390-token prompts (snapshotted), ~610-token ones (longer than Gemma 3's 512-token window: evaluated from scratch), short ones
+    prompts = [facts(25) + f"Q: {q}\nA:" for q in _QUESTIONS[:4]] + [facts(40) + f"Q: {q}\nA:" for q in _QUESTIONS[4:6]]
+    prompts += [f"Q: {q}\nA:" for q in _QUESTIONS[:4]]
+    grammar = 'root ::= " True" | " False"'
+    def ask(url, prompt, seed, temperature, constrained):
+        body = dict(model=EMBEDDED_MODEL_ALIAS, prompt=prompt, max_tokens=12, temperature=temperature, seed=seed)
+        if constrained: body["grammar"] = grammar
+        r = httpx.post(f"{url}/completions", timeout=120, json=body)
+        r.raise_for_status()
+        return r.json()["choices"][0]["text"]
+    requests = [(p, seed, t, False) for p in prompts for seed in (0, 1, 2) for t in (0.0, 1.0)]
+    requests += [(p, 5, 0.9, True) for p in prompts]
+    with EmbeddedServer(get_config(cache_dir=tmp_path), port=free_port(), prompt_snapshots=0,
+                        log_path=tmp_path / "plain.log") as plain:
+        expected = {r: ask(plain.url, *r) for r in requests}
+    snapped = {r: ask(embedded_server.url, *r) for r in requests}  # grouped by prompt: most requests restore a snapshot
+    interleaved = {r: ask(embedded_server.url, *r) for r in sorted(requests, key=lambda r: (r[1], r[2], r[3]))}
+    assert snapped == expected and interleaved == expected, [r for r in requests if snapped[r] != expected[r]][:3]
+    assert len(set(expected.values())) > len(prompts)  # sampling varies with the seed: the comparison is not vacuous
+    hits = [int(l.split()[3]) for l in Path(embedded_server.log_path).read_text().splitlines() if l.startswith("kgrag prompt snapshots:")]
+    assert hits and hits[-1] > 0, "the server logged no snapshot hit"
+    assert "kgrag prompt snapshots:" not in (tmp_path / "plain.log").read_text() or \
+        all(" 0 hits" in l for l in (tmp_path / "plain.log").read_text().splitlines() if l.startswith("kgrag prompt snapshots:"))
