@@ -27,19 +27,21 @@ from .kgqa import (BaseMethod, Question, Prediction, TraceWriter, complete_trace
                            parse_relation_paths, beam_ends, expand_beam, beam_context, short_relation_names)
 from .papers import compare, paper_claims, paper_numbers
 from .rules import APP_A2, mine_rules_cached
-from .brink import Benchmark, evaluate, failure_analysis, load_benchmark, build_benchmark, BRINK_TAU
+from .brink import Benchmark, evaluate, failure_analysis, load_benchmark, build_benchmark, BRINK_TAU, DECODINGS, check_decoding
+from .llm import Constraint
 
 # %% auto #0
 __all__ = ['BRINK_METHODS', 'BRINK_SETTINGS', 'METHOD_FAMILIES', 'BENCHMARK_DEVIATIONS', 'DEVIATIONS', 'LLM_ONLY_PROMPT',
            'ROG_PLAN_PROMPT', 'PATH_ANSWER_PROMPT', 'TOG_PRUNE_PROMPT', 'TRIPLE_ANSWER_PROMPT', 'ORACLE_PROMPT',
-           'GROUP', 'PAPER_METHOD_OF', 'SETTING_COLORS', 'BRINK_PAPER', 'PERMISSIVE', 'STRICT', 'MethodConfig',
-           'template_question', 'question_view', 'answer_prompt', 'parse_answer', 'train_path_ranker', 'rank_paths',
-           'brink_question', 'run_methods', 'BrinkMethod', 'LLMOnly', 'RoG', 'TrainedPaths', 'ToG', 'KNNTriples',
-           'Oracle', 'score_predictions', 'rule_type_hhr', 'failure_ratio', 'sample_rules', 'study_benchmark',
-           'experiment_benchmark', 'brink_experiment', 'method_predictions', 'StudyData', 'study_data',
-           'plot_setting_bars', 'paper_table', 'paper_claim', 'versus_gog', 'setting_drop', 'plot_rule_type_hhr',
-           'plot_label_modes', 'oracle_vs_paper', 'permissive_vs_strict', 'failure_labels', 'retrieval_share',
-           'plot_failures']
+           'ANSWER_LIST', 'ANSWER_REFORMAT', 'GROUP', 'FORMAT_TAX', 'PAPER_METHOD_OF', 'SETTING_COLORS', 'BRINK_PAPER',
+           'PERMISSIVE', 'STRICT', 'MethodConfig', 'template_question', 'question_view', 'answer_prompt',
+           'parse_answer', 'parse_answer_list', 'train_path_ranker', 'rank_paths', 'brink_question', 'run_methods',
+           'BrinkMethod', 'LLMOnly', 'RoG', 'TrainedPaths', 'ToG', 'KNNTriples', 'Oracle', 'score_predictions',
+           'rule_type_hhr', 'failure_ratio', 'answer_parse_rates', 'sample_rules', 'study_benchmark',
+           'experiment_benchmark', 'brink_experiment', 'format_tax_arm', 'method_predictions', 'StudyData',
+           'study_data', 'decoding_note', 'plot_setting_bars', 'paper_table', 'paper_claim', 'versus_gog',
+           'setting_drop', 'plot_rule_type_hhr', 'plot_label_modes', 'oracle_vs_paper', 'permissive_vs_strict',
+           'failure_labels', 'retrieval_share', 'plot_failures']
 
 # %% ../nbs/13_brink_methods.ipynb #c004
 BRINK_METHODS = ("llm_only", "rog", "trained_paths", "tog", "knn_triples", "oracle")
@@ -95,10 +97,12 @@ class MethodConfig:
     plan_tokens: int = 32  # tokens generated per relation plan / pruning
     temperature: float = 0.0  # BRINK App. F: temperature 0
     seed: int = 0  # seed of samples (ToG entity pruning, k-hop caps)
+    decoding: str = "free"  # answer lists: 'free' (the paper), 'constrained' (ANSWER_LIST) or 'decoupled' (issue 21)
 
     def __post_init__(self):
         for k in ("max_hops", "n_paths", "max_paths", "width", "depth", "max_beam", "k", "max_triples", "max_relations"):
             if int(getattr(self, k)) < 1: raise ValueError(f"MethodConfig.{k}={getattr(self, k)!r}: use 1 or more")
+        check_decoding(self.decoding)
 
 # %% ../nbs/13_brink_methods.ipynb #c019
 def template_question(relation: str,  # relation text as shown
@@ -234,6 +238,22 @@ def parse_answer(text: str) -> str:  # raw completion
     if not isinstance(text, str): raise TypeError(f"text must be the completion string, got {type(text).__name__}")
     return text.strip().split("\n")[0].strip()
 
+# The declared format of every answer list `parse_answer` reads (App. E's comma-separated list; the prompts ask for it).
+# Ours: the paper decodes freely; the constraint binds only when decoding='constrained' (or decoupled's restating pass).
+# 1-10 items, each at most 40 characters with no list separator (, ; | newline) and no '>' (so a copied reasoning path
+# 'a -> r -> b' is not an answer); a newline ends it (the free call's stop string).
+_ANSWER_ITEM = r"[^,;|\n> ][^,;|\n>]{0,39}"
+ANSWER_LIST = Constraint.regex(rf" ?{_ANSWER_ITEM}(, {_ANSWER_ITEM}){{0,9}}\n?")
+_ANSWER_LIST_LINE = re.compile(rf"{_ANSWER_ITEM}(, ?{_ANSWER_ITEM}){{0,9}}")
+# decoupled's second pass (ours): one line after the free answer asking to restate it in the format ANSWER_LIST enforces
+ANSWER_REFORMAT = "\nThe answers above as a comma-separated list:"
+
+def parse_answer_list(text: str) -> list[str] | None:  # raw completion
+    "The answers of the completion's first line when it is a list in `ANSWER_LIST`'s format, else None (a parse failure)."
+    line = parse_answer(text)
+    if not _ANSWER_LIST_LINE.fullmatch(line): return None
+    return [a.strip() for a in line.split(",") if a.strip()]
+
 # %% ../nbs/13_brink_methods.ipynb #c029
 def _qkey(q: dict, key: str):
     if key == "relation": return (q["relation"], q["direction"])
@@ -306,9 +326,11 @@ def run_methods(bench: Benchmark,  # benchmark (complete and incomplete KG, trai
                 train: Sequence[dict] | None = None,  # training questions (default: the benchmark's train split)
                 out_path=None,  # JSONL written here (optional; LLM calls to `<stem>.trace.jsonl` beside it)
                 progress: bool = True,  # tqdm over methods
-                trace: TraceWriter | None = None) -> pd.DataFrame:  # records every LLM call (default: beside out_path)
+                trace: TraceWriter | None = None,  # records every LLM call (default: beside out_path)
+                decoding: str | None = None) -> pd.DataFrame:  # answer lists: 'free', 'constrained', 'decoupled' (default: config's)
     "Predictions of `methods` on `questions` with the KG of `setting`, entities shown in `mode` (one row per question and method)."
     cfg = config or MethodConfig()
+    if decoding is not None: cfg = replace(cfg, decoding=check_decoding(decoding))
     bad = [m for m in methods if m not in BRINK_METHODS]
     if bad: raise ValueError(f"unknown methods {bad}; choose from {list(BRINK_METHODS)}")
     if setting not in BRINK_SETTINGS: raise ValueError(f"setting={setting!r}: use 'complete' or 'incomplete' (BRINK §3.3)")
@@ -326,7 +348,7 @@ def run_methods(bench: Benchmark,  # benchmark (complete and incomplete KG, trai
             rows.append(dict(id=q["id"], method=method, family=METHOD_FAMILIES[method], kg=bench.datasheet.get("name"),
                              setting=setting, mode=mode, question=q["question"], topic_entity=q["topic_entity"],
                              answers=q["answers"], hard_answer=q["hard_answer"], rule_type=q.get("rule_type"), rule=q.get("rule"),
-                             prediction=p.answer, retrieved_paths=p.meta["retrieved_paths"],
+                             prediction=p.answer, answer_parsed=p.meta["answer_parsed"], retrieved_paths=p.meta["retrieved_paths"],
                              retrieved_paths_shown=p.meta["retrieved_paths_shown"], llm_calls=p.n_llm_calls, prompt=p.prompt))
     df = pd.DataFrame(rows)
     if out_path is not None:
@@ -359,22 +381,30 @@ class BrinkMethod(BaseMethod):
 
     def run(self, kg, qs, topics, client, cfg, shown, trace) -> list[Prediction]: raise NotImplementedError
 
-    def _complete(self, client, qs, prompts, cfg, max_tokens, desc, trace, stop=("\n",), parse=None) -> list[str]:
-        "One batched stage: the LLM's completions (every call traced under this method and `desc`)."
-        outs, _ = complete_traced(client, prompts, [q.id for q in qs], self.name, desc, trace, parse,
-                                  temperature=cfg.temperature, max_tokens=max_tokens, stop=list(stop), desc=desc)
-        return outs
+    def _complete(self, client, qs, prompts, cfg, max_tokens, desc, trace, stop=("\n",), parse=None,
+                  constraint: Constraint | None = None) -> list[str]:
+        "One batched stage: the LLM's completions under `cfg.decoding` when the stage declares a `constraint` (every call traced)."
+        ids, kw = [q.id for q in qs], dict(temperature=cfg.temperature, max_tokens=max_tokens, stop=list(stop))
+        if constraint is None or cfg.decoding == "free":  # the paper's request: no constraint, so its cache key is unchanged
+            return complete_traced(client, prompts, ids, self.name, desc, trace, parse, desc=desc, **kw)[0]
+        if cfg.decoding == "constrained":
+            return complete_traced(client, prompts, ids, self.name, desc, trace, parse, desc=desc, constraint=constraint, **kw)[0]
+        free = complete_traced(client, prompts, ids, self.name, desc, trace, None, desc=desc, **kw)[0]  # decoupled
+        again = [p + f.rstrip("\n") + ANSWER_REFORMAT for p, f in zip(prompts, free)]
+        return complete_traced(client, again, ids, self.name, f"{desc}: restated", trace, parse, desc=f"{desc}: restated",
+                               constraint=constraint, **{**kw, "temperature": 0.0})[0]
 
     def _record(self, q: Question, raw: str, kg: KG, paths: Sequence[list], shown, calls: int, prompt: str) -> Prediction:
         pred = parse_answer(raw)
         return Prediction(q.id, self.name, pred, _split_answers(pred), calls, TraceWriter.trace_id(self.name, q.id), prompt, raw,
-                          meta=dict(retrieved_paths=[triples_of(kg, p) for p in paths],
+                          meta=dict(answer_parsed=parse_answer_list(raw) is not None, retrieved_paths=[triples_of(kg, p) for p in paths],
                                     retrieved_paths_shown=[triples_of(kg, p, shown) for p in paths]))
 
     def _answer_with_paths(self, kg, qs, topics, client, cfg, shown, paths_per_q, calls_before, desc, trace) -> list[Prediction]:
         prompts = [answer_prompt(PATH_ANSWER_PROMPT, _view(q), [path_text(kg, t, p, shown) for p in ps], cfg.max_context_chars)
                    for q, t, ps in zip(qs, topics, paths_per_q)]
-        outs = self._complete(client, qs, prompts, cfg, cfg.max_tokens, desc, trace, parse=parse_answer)
+        outs = self._complete(client, qs, prompts, cfg, cfg.max_tokens, desc, trace, parse=parse_answer,
+                              constraint=ANSWER_LIST)
         return [self._record(q, o, kg, ps, shown, c + 1, p) for q, ps, o, p, c in zip(qs, paths_per_q, outs, prompts, calls_before)]
 
 @register_method("llm_only")
@@ -383,7 +413,8 @@ class LLMOnly(BrinkMethod):
     family = METHOD_FAMILIES["llm_only"]
     def run(self, kg, qs, topics, client, cfg, shown, trace):
         prompts = [LLM_ONLY_PROMPT.format(question=q.text, topic=q.topic_name) for q in qs]
-        outs = self._complete(client, qs, prompts, cfg, cfg.max_tokens, "llm_only", trace, parse=parse_answer)
+        outs = self._complete(client, qs, prompts, cfg, cfg.max_tokens, "llm_only", trace, parse=parse_answer,
+                              constraint=ANSWER_LIST)
         return [self._record(q, o, kg, [], shown, 1, p) for q, o, p in zip(qs, outs, prompts)]
 
 @register_method("rog")
@@ -437,7 +468,8 @@ class KNNTriples(BrinkMethod):
     def run(self, kg, qs, topics, client, cfg, shown, trace):
         got = [_retrieve_knn(kg, t, q.text, cfg, shown) for q, t in zip(qs, topics)]
         prompts = [answer_prompt(TRIPLE_ANSWER_PROMPT, _view(q), lines, cfg.max_context_chars) for q, (_, lines) in zip(qs, got)]
-        outs = self._complete(client, qs, prompts, cfg, cfg.max_tokens, "knn_triples answer", trace, parse=parse_answer)
+        outs = self._complete(client, qs, prompts, cfg, cfg.max_tokens, "knn_triples answer", trace,
+                              parse=parse_answer, constraint=ANSWER_LIST)
         return [self._record(q, o, kg, [[t] for t in idx], shown, 1, p) for q, (idx, _), o, p in zip(qs, got, outs, prompts)]
 
 @register_method("oracle")
@@ -450,7 +482,8 @@ class Oracle(BrinkMethod):
             if min(b, default=0) < 0: raise ValueError(f"question {q.id}: alternative path {q.meta['alternative_path']} is not in KG {kg.name!r}")
         prompts = [answer_prompt(ORACLE_PROMPT, _view(q), [triple_text(kg, t, shown) for t in b], cfg.max_context_chars,
                                  rule=q.meta.get("rule", "")) for q, b in zip(qs, bodies)]
-        outs = self._complete(client, qs, prompts, cfg, cfg.max_tokens, "oracle answer", trace, parse=parse_answer)
+        outs = self._complete(client, qs, prompts, cfg, cfg.max_tokens, "oracle answer", trace, parse=parse_answer,
+                              constraint=ANSWER_LIST)
         return [self._record(q, o, kg, [b], shown, 1, p) for q, b, o, p in zip(qs, bodies, outs, prompts)]
 
 # %% ../nbs/13_brink_methods.ipynb #c040
@@ -498,6 +531,15 @@ def failure_ratio(df: pd.DataFrame,  # rows of run_methods
         rows.append(dict(zip(GROUP, key), **{k: v for k, v in fa.items() if k != "labels"}))
     return pd.DataFrame(rows)
 
+# %% ../nbs/13_brink_methods.ipynb #c041b
+def answer_parse_rates(df: pd.DataFrame,  # rows of run_methods (column `answer_parsed`)
+                       by: Sequence[str] = tuple(GROUP)) -> pd.DataFrame:  # grouping columns
+    "Per group: n answers, how many parsed as a list in `ANSWER_LIST`'s format, and the parse rate."
+    if "answer_parsed" not in df.columns:
+        raise ValueError("predictions have no `answer_parsed` column: they predate issue 21; rerun run_methods / the brink_methods experiment")
+    g = df.groupby(list(by), sort=False)["answer_parsed"]
+    return pd.DataFrame(dict(n=g.size(), parsed=g.sum().astype(int))).assign(parse_rate=lambda d: d.parsed / d.n).reset_index()
+
 # %% ../nbs/13_brink_methods.ipynb #c043
 def sample_rules(rules: Sequence,  # mined rules (with .type)
                  n: int,  # how many
@@ -520,23 +562,26 @@ def study_benchmark(kg_name: str,  # dataset name (kgrag_nb.datasets.load_kg)
                     tau: float = BRINK_TAU,  # Algorithm 1 threshold
                     max_len: int = 3,  # rule length (BRINK App. A.2: 3 for Family, 4 for FB15k-237)
                     seed: int = 0,  # seed of rule sample and construction
-                    client=None) -> tuple[Benchmark, list]:  # LLM for App. D questions; None = templated questions
+                    client=None,  # LLM for App. D questions; None = templated questions
+                    decoding: str = "free") -> tuple[Benchmark, list]:  # App. D generation (`kgrag_nb.brink.generate_questions`)
     "Mine rules on `kg_name` at App. A.2 thresholds, build the benchmark of a type-balanced sample into `out_dir`; (benchmark, mined rules from the rules cache: `rules.cache_note`)."
     kg = load_kg(kg_name, split="all")
     rules = mine_rules_cached(kg, max_len=max_len, min_hc=0.1, progress=False, **APP_A2)
     if not rules: raise ValueError(f"no rule mined on {kg_name!r} at App. A.2 thresholds with max_len={max_len}")
-    bench = build_benchmark(kg, sample_rules(rules, max_rules, seed), client, out_dir, per_rule=per_rule, tau=tau, seed=seed, name=kg_name)
+    bench = build_benchmark(kg, sample_rules(rules, max_rules, seed), client, out_dir, per_rule=per_rule, tau=tau, seed=seed, name=kg_name,
+                            decoding=decoding)
     return bench, rules
 
 def experiment_benchmark(kg_name: str,  # dataset name (kgrag_nb.datasets.load_kg)
                          max_rules: int = 10, per_rule: int = 10, tau: float = BRINK_TAU, max_len: int = 3, seed: int = 0,  # study_benchmark
                          client=None,  # LLM for App. D questions; None = no generated questions (templates)
-                         cfg=None) -> Benchmark:  # kgrag_nb.config.Config (benchmarks_dir)
+                         cfg=None,  # kgrag_nb.config.Config (benchmarks_dir)
+                         decoding: str = "free") -> Benchmark:  # App. D generation when `client` is given
     "Load the benchmark of `study_benchmark` from `cfg.benchmarks_dir`, building it first when absent."
     cfg = cfg or get_config()
-    tag = "llmq" if client is not None else "tplq"
+    tag = ("llmq" + ("" if check_decoding(decoding) == "free" else f"-{decoding}")) if client is not None else "tplq"
     out = cfg.benchmarks_dir / f"brink_methods_{kg_name}_r{max_rules}_g{per_rule}_t{tau:g}_l{max_len}_s{seed}_{tag}"
-    if not (out / "datasheet.json").exists(): study_benchmark(kg_name, out, max_rules, per_rule, tau, max_len, seed, client)
+    if not (out / "datasheet.json").exists(): study_benchmark(kg_name, out, max_rules, per_rule, tau, max_len, seed, client, decoding)
     return load_benchmark(out)
 
 def brink_experiment(kg_name: str,  # dataset name
@@ -549,10 +594,12 @@ def brink_experiment(kg_name: str,  # dataset name
                      seed: int = 0,  # seed of benchmark and methods
                      questions: str = "template",  # 'template' or 'llm' (App. D questions by `client`)
                      config: MethodConfig | None = None,  # method knobs
-                     cfg=None) -> tuple[Benchmark, pd.DataFrame]:
+                     cfg=None,  # kgrag_nb.config.Config (benchmarks_dir)
+                     decoding: str = "free") -> tuple[Benchmark, pd.DataFrame]:  # answer lists and App. D questions (issue 21)
     "Build/load the benchmark and run `methods` on its first `n_test` test questions for every setting and mode."
     if questions not in ("template", "llm"): raise ValueError(f"questions={questions!r}: use 'template' or 'llm'")
-    bench = experiment_benchmark(kg_name, max_rules, per_rule, tau, max_len, seed, client if questions == "llm" else None, cfg)
+    bench = experiment_benchmark(kg_name, max_rules, per_rule, tau, max_len, seed, client if questions == "llm" else None, cfg,
+                                 decoding)
     test = bench.split("test")[:n_test]
     if not test: raise ValueError(f"benchmark {bench.path} has no test questions; raise max_rules or per_rule")
     config = replace(config or MethodConfig(), seed=seed)
@@ -560,8 +607,33 @@ def brink_experiment(kg_name: str,  # dataset name
     for mode in modes:
         for setting in settings:
             frames.append(run_methods(bench, test, methods, client, setting, mode, config, question_source=questions,
-                                      out_path=bench.path / "predictions" / f"{setting}_{mode}.jsonl"))
+                                      out_path=bench.path / "predictions" / f"{setting}_{mode}{'' if decoding == 'free' else '_' + decoding}.jsonl",
+                                      decoding=decoding))
     return bench, pd.concat(frames, ignore_index=True)
+
+# %% ../nbs/13_brink_methods.ipynb #c047b
+FORMAT_TAX = dict(study="brink", step="the oracle's answer list (BRINK App. H; App. E list form, parse_answer_list / ANSWER_LIST)",
+                  metric="hits_hard",
+                  paper="BRINK Table 6 (App. H), Family, incomplete KG, rule + alternative path given: Hits@Hard 0.91 (GPT-4o), "
+                        "0.88 (GPT-3.5-turbo)")
+
+def format_tax_arm(client,  # kgrag_nb.llm.LLMClient
+                   decoding: str,  # 'free' | 'constrained' | 'decoupled'
+                   n: int,  # first n test questions of the Family benchmark
+                   seed: int = 0) -> list[dict]:  # benchmark seed (construction, split)
+    "The study's parsed step on the first `n` items (same items, prompts and seeds in every arm) under `decoding`."
+    check_decoding(decoding)
+    if int(n) < 1: raise ValueError(f"n={n!r}: pass at least 1 question")
+    size = (10, 10) if n <= 10 else (100000, 30)  # the smoke Family benchmark (10 test questions), else the full construction
+    bench = experiment_benchmark("family", *size, BRINK_TAU, 3, seed)
+    test = bench.split("test")[:n]
+    if len(test) < n: raise ValueError(f"n={n}: the Family benchmark {bench.path} has only {len(test)} test questions; pass n <= {len(test)}")
+    df = run_methods(bench, test, ["oracle"], client, "incomplete", "private_id", MethodConfig(seed=seed), progress=False,
+                     decoding=decoding)
+    per = brink_per_question(df["prediction"].tolist(), df["answers"].tolist(), df["hard_answer"].tolist())
+    return [dict(item=str(r.id), metric=float(per["hits_hard"][i]), parsed=float(bool(r.answer_parsed)), fired=None,
+                 finished=None, kept=None, hits_any=float(per["hits_any"][i]), f1=float(per["f1"][i]), prediction=r.prediction)
+            for i, r in enumerate(df.itertuples())]
 
 # %% ../nbs/13_brink_methods.ipynb #c050
 PAPER_METHOD_OF = {"rog": "RoG", "tog": "PoG"}  # our family closest to the system the paper singles out (Fig. 3, Table 7)
@@ -578,13 +650,14 @@ def method_predictions(benches: dict,  # kg name -> Benchmark (load_benchmark)
                        label_modes: Sequence[str] = (),  # modes of Figure 4 ('private_id' comes from the main run)
                        config: MethodConfig | None = None,  # method knobs
                        out_dir=None,  # predictions JSONL (and LLM traces) go to out_dir/<kg>/<setting>_<mode>.jsonl
-                       record=None) -> pd.DataFrame:  # record(what, n): sample sizes (e.g. ExperimentRun.record_sample_size)
+                       record=None,  # record(what, n): sample sizes (e.g. ExperimentRun.record_sample_size)
+                       decoding: str = "free") -> pd.DataFrame:  # answer lists: 'free' (the paper), 'constrained', 'decoupled' (issue 21)
     "Predictions of `methods` on every benchmark and setting, plus `label_methods` on `label_kg` in `label_modes` (one row per question, method, setting, mode)."
     extra = [m for m in label_modes if m != "private_id"]
     if extra and label_kg not in benches: raise ValueError(f"label_kg={label_kg!r} is not one of the benchmarks {list(benches)}")
     if extra and not set(label_methods) <= set(methods):
         raise ValueError(f"label_methods {sorted(set(label_methods) - set(methods))} are not in methods {list(methods)}: their private-id rows come from the main run")
-    config = replace(config or MethodConfig(), seed=seed)
+    config = replace(config or MethodConfig(), seed=seed, decoding=check_decoding(decoding))
     frames = []
     for name, bench in benches.items():
         test = bench.split("test")[:n_test]
@@ -624,7 +697,7 @@ class StudyData:
         b = self.setup.get("benchmark", {})
         return (f"This run ({self.label}): KGs {', '.join(self.setup['kgs'])}, a sample of {b.get('max_rules')} rules x "
                 f"{b.get('per_rule')} groundings per KG, the first {self.setup['n_test']} test questions of each (the `tiny` "
-                "profile, run by CI, uses Family only).")
+                "profile, run by CI, uses Family only)." + decoding_note(self.setup))
 
 def study_data(run,  # kgrag_nb.reproduce.StudyRun of the artefact notebook
                n_resamples: int = 1000, seed: int = 0,  # bootstrap of `StudyData.scores`
@@ -633,8 +706,18 @@ def study_data(run,  # kgrag_nb.reproduce.StudyRun of the artefact notebook
     res = run.experiment(exp_id)
     for k, v in (res.record.get("sample_sizes") or {}).items(): run.record_sample_size(k, v)
     setup = res.load("setup")
-    return StudyData(pd.DataFrame(res.load("predictions")), setup, f"{', '.join(run.models)}, {run.profile}, n={setup['n_test']}/KG",
+    dec = setup.get("decoding", "free")  # a table caption names the decoding unless it is the paper's (free)
+    return StudyData(pd.DataFrame(res.load("predictions")), setup,
+                     f"{', '.join(run.models)}, {run.profile}, n={setup['n_test']}/KG" + ("" if dec == "free" else f", decoding={dec}"),
                      n_resamples, seed)
+
+def decoding_note(setup: dict) -> str:  # the experiment's setup (`decoding` absent = free: runs before issue 21)
+    "The deviation sentence of a run that did not decode freely ('' when free, so free outputs keep their bytes)."
+    dec = check_decoding(setup.get("decoding", "free"))
+    if dec == "free": return ""
+    how = ("every answer list bound to ANSWER_LIST (1-10 short comma-separated items)" if dec == "constrained" else
+           "every answer given freely, then restated under ANSWER_LIST by a second, greedy request")
+    return f" Decoding: {dec} ({how}; issue 21); BRINK decodes freely."
 
 SETTING_COLORS = {"complete": "#d62728", "incomplete": "#1f77b4"}  # BRINK Fig. 1-2: complete red, incomplete blue
 

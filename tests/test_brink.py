@@ -532,3 +532,44 @@ def test_benchmark_statistics_hand_computed():
     assert st.values.tolist() == [["a", "complete", 100, 8, 1, 1, 10], ["a", "incomplete", 90, 8, 1, 1, 10],
                                   ["b", "complete", 7, 0, 0, 0, 0], ["b", "incomplete", 7, 0, 0, 0, 0]]
     assert benchmark_statistics({}).empty
+
+
+# ---------------------------------------------------------------- issue 21: the declared App. D question format
+def test_question_line_constraint_hand_written():
+    import re
+    from kgrag_nb.brink import QUESTION_LINE, check_decoding
+    from kgrag_nb.llm import fill_constraint
+    for out, q in [("Output:\nWho is 139's brother?", "Who is 139's brother?"),
+                   ("Question Entity: 2855\n\nOutput:\nWhat is the father of 14?", "What is the father of 14?"),
+                   ("Output:\n139 is the son of whom?", "139 is the son of whom?")]:
+        assert re.fullmatch(QUESTION_LINE.value, out) and parse_question(out) == q
+    for out in ["Who is 139's brother?", "Output:\nwho is 139's brother?", "Output:\nWho is 139's brother", "Is it?\nOutput:\nWho is it?",
+                "Output:\nHi?", "a\nb\nc\nd\ne\nOutput:\nWho is it?", ""]:
+        assert not re.fullmatch(QUESTION_LINE.value, out), out
+    assert parse_question(fill_constraint(QUESTION_LINE.spec())) is not None  # what the stub fills is parseable
+    assert check_decoding("free") == "free"
+    with pytest.raises(ValueError, match="paper's protocol"): check_decoding("regex")
+
+
+def test_generate_questions_rejects_unknown_decoding(tiny):
+    with pytest.raises(ValueError, match="decoding='strict'"):
+        generate_questions(tiny, [], None, decoding="strict")
+
+
+@pytest.mark.llm
+def test_generate_questions_constrained_embedded(embedded_server, tmp_path):
+    "App. D under decoding='constrained' on the real server: one question line per record, parsed by parse_question."
+    import re
+    from kgrag_nb.brink import QUESTION_LINE
+    from kgrag_nb.datasets import load_kg
+    from kgrag_nb.llm import LLMClient
+    fam = load_kg("family")
+    R = fam.relation_index
+    inv = rule((R("father"), "?b", "?a"), [(R("son"), "?a", "?b")], "inversion")
+    client = LLMClient(embedded_server.url, cache=tmp_path / "llm.sqlite", progress=False)
+    bm = build_benchmark(fam, [inv], client, tmp_path / "fam", per_rule=3, tau=1.0, seed=0, decoding="constrained")
+    assert bm.datasheet["decoding"] == "constrained" and client.usage.requests == 3
+    assert bm.datasheet["counts"]["generation_failed"] == 0 and len(bm.questions) == 3
+    for q in bm.questions:
+        assert re.fullmatch(QUESTION_LINE.value, q["generation"]) and q["generation"].endswith("Output:\n" + q["question"])
+        assert q["decoding"] == "constrained"

@@ -352,3 +352,92 @@ def test_study_benchmark_family(tmp_path):
     c = bench.datasheet["counts"]
     assert c["rules"] == 3 and c["removed_triples"] == c["inferable"] <= 6
     assert sum(bench.datasheet["rule_types"].values()) == 3 and len(bench.datasheet["rule_types"]) == 3  # one rule per type
+
+
+# --- issue 21: the declared answer-list format, decoding, the format-tax arm ------------------------------------------
+def test_answer_list_constraint_hand_written():
+    import re
+    from kgrag_nb.brink_methods import ANSWER_LIST, parse_answer_list
+    assert ANSWER_LIST.kind == "regex"
+    for out, items in [(" 90031, 90044\n", ["90031", "90044"]), (" 90031", ["90031"]), ("/m/0abc, /m/0xyz", ["/m/0abc", "/m/0xyz"]),
+                       (" Jean-Paul Sartre\n", ["Jean-Paul Sartre"])]:
+        assert re.fullmatch(ANSWER_LIST.value, out), out
+        assert parse_answer_list(out) == items
+    for out in [" 1732 -> brother -> 658", "", " ", "\n", " a; b", " a | b", " a,, b", " " + "x" * 41,
+                " " + ", ".join(["1"] * 11), " 1, 2\n3"]:
+        assert not re.fullmatch(ANSWER_LIST.value, out), out
+    # the parser reads the first line only and is a little more lenient than the constraint (no space after a comma)
+    assert parse_answer_list(" 7,8\nQuestion: more") == ["7", "8"]
+    for out in [" 1732 -> brother -> 658", "", "\n\n", " " + "x" * 41]:
+        assert parse_answer_list(out) is None, out
+
+
+def test_answer_list_filled_by_the_stub_parses():
+    from kgrag_nb.brink_methods import ANSWER_LIST, parse_answer_list
+    from kgrag_nb.llm import fill_constraint
+    for seed in range(3):
+        assert parse_answer_list(fill_constraint(ANSWER_LIST.spec(), seed)) is not None
+
+
+def test_decoding_is_checked(chain):
+    from kgrag_nb.brink_methods import answer_parse_rates, method_predictions
+    with pytest.raises(ValueError, match="paper's protocol"): MethodConfig(decoding="json")
+    b = Benchmark(chain, chain, [], dict(name="chain"))
+    with pytest.raises(ValueError, match="decoding='grammar'"):
+        run_methods(b, [], ["llm_only"], None, decoding="grammar")
+    with pytest.raises(ValueError, match="decoding="):
+        method_predictions({"chain": b}, None, ["llm_only"], decoding="Constrained")
+    df = pd.DataFrame(dict(kg="k", setting="incomplete", mode="private_id", method=["a", "a", "a", "b"],
+                           answer_parsed=[True, False, True, False]))
+    pr = answer_parse_rates(df)
+    assert pr[["method", "n", "parsed"]].values.tolist() == [["a", 3, 2], ["b", 1, 0]]
+    assert pr["parse_rate"].tolist() == [2 / 3, 0.0]
+    with pytest.raises(ValueError, match="answer_parsed"): answer_parse_rates(df.drop(columns="answer_parsed"))
+
+
+def test_format_tax_contract_declared():
+    from kgrag_nb.brink_methods import FORMAT_TAX, format_tax_arm
+    assert FORMAT_TAX["study"] == "brink" and FORMAT_TAX["metric"] == "hits_hard" and "Table 6" in FORMAT_TAX["paper"]
+    with pytest.raises(ValueError, match="decoding="): format_tax_arm(None, "json", 1)
+    with pytest.raises(ValueError, match="at least 1"): format_tax_arm(None, "free", 0)
+
+
+@pytest.mark.llm
+def test_constrained_answers_embedded(embedded_server, tmp_path):
+    "A constrained BRINK step on the real server: every answer list comes back in the declared format and parses."
+    import re
+    from kgrag_nb.brink_methods import ANSWER_LIST, experiment_benchmark, parse_answer_list
+    from kgrag_nb.config import get_config
+    from kgrag_nb.llm import LLMClient
+    cfg = dataclasses.replace(get_config(), root=tmp_path)
+    client = LLMClient(embedded_server.url, cache=tmp_path / "llm.sqlite", progress=False)
+    bench = experiment_benchmark("family", 6, 10, cfg=cfg)
+    test = bench.split("test")[:2]
+    trace = tmp_path / "t.jsonl"
+    df = run_methods(bench, test, ["llm_only", "oracle"], client, "incomplete", decoding="constrained", out_path=trace, progress=False)
+    assert len(df) == 4 and df["answer_parsed"].all(), df[["method", "prediction"]]
+    for p in df["prediction"]:
+        assert re.fullmatch(ANSWER_LIST.value, " " + p) and parse_answer_list(p)
+    # free requests carry no constraint: a free run is a different request (a cache miss), not the constrained answer
+    before = client.usage.requests
+    free = run_methods(bench, test, ["oracle"], client, "incomplete", progress=False)
+    assert client.usage.requests == before + 2 and free["answer_parsed"].dtype == bool
+    # decoupled: the free answer (now cached) is restated under the constraint: only the restating requests are new
+    dec = run_methods(bench, test, ["oracle"], client, "incomplete", decoding="decoupled", progress=False)
+    assert client.usage.requests == before + 4 and dec["answer_parsed"].all()
+
+
+@pytest.mark.llm
+def test_format_tax_arm_embedded(embedded_server, tmp_path):
+    from kgrag_nb.brink_methods import format_tax_arm
+    from kgrag_nb.llm import LLMClient
+    client = LLMClient(embedded_server.url, cache=tmp_path / "llm.sqlite", progress=False)
+    rows = format_tax_arm(client, "constrained", 1)
+    assert len(rows) == 1
+    r = rows[0]
+    assert {"item", "metric", "parsed", "fired", "finished", "kept"} <= set(r)
+    assert isinstance(r["item"], str) and r["item"].startswith("family-")
+    assert isinstance(r["metric"], float) and r["metric"] in (0.0, 1.0)
+    assert isinstance(r["parsed"], float) and 0.0 <= r["parsed"] <= 1.0
+    assert r["fired"] is None and r["finished"] is None and r["kept"] is None
+    assert client.usage.requests == 1
