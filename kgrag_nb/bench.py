@@ -12,16 +12,13 @@ import pandas as pd
 from openai import AsyncOpenAI
 from .config import Config, get_config
 from .datasets import load_kg
-from .backends import LocalBackend
 from .hooks import benchmark
 from .llm import LLMClient, ResponseCache
 from .serve import STUB_MODEL, StubServer, llm_endpoint
-from .reproduce import load_experiments
-from .retrieval import _TORCH_DEFAULT_THREADS, EmbeddingCache, _text_key, embed, embedder_name, encode_threads, load_embedder
-from .unseen import build_incomplete_kg, sample_questions
+from .retrieval import _TORCH_DEFAULT_THREADS, embed, encode_threads, load_embedder
 
 # %% auto #0
-__all__ = ['cache_write_rate', 'bench_llm', 'bench_kg', 'full_difar_texts', 'bench_embed', 'print_bench']
+__all__ = ['cache_write_rate', 'bench_llm', 'bench_kg', 'bench_embed', 'print_bench']
 
 # %% ../nbs/08_bench.ipynb #c004
 def _bench_prompts(n: int) -> list[str]:
@@ -132,30 +129,13 @@ def bench_kg(kg_name: str = "fb15k237",  # KG from the dataset registry
                 capped=int(sum(s >= max_triples for s in sizes)))
 
 # %% ../nbs/08_bench.ipynb #c006e
-def full_difar_texts(cfg: Config | None = None,  # None = `get_config()`
-                     model=None,  # loaded embedder (its cache file is checked); None = `load_embedder()`
-                     profile: str = "full") -> list[dict]:
-    "Per dataset of the `unseen_entity` experiment at `profile`: its DiFaR triple texts, those not in an earlier dataset, and those already in the embedding cache."
-    cfg = cfg or get_config(); model = model or load_embedder(cfg=cfg)
-    p = load_experiments(cfg=cfg)["unseen_entity"].parameters(profile)
-    backend, store = LocalBackend(load_kg("fb15k237", cfg=cfg)), EmbeddingCache(cfg.cache_dir / "embeddings", embedder_name(model), True)
-    seen, rows = set(), []
-    for name in p.get("datasets", ["cwq", "webqsp"]):
-        sample, eligible = sample_questions(name, backend.kg, p["n_questions"], p.get("seed", 0))
-        inc = build_incomplete_kg(eligible if p.get("kg_from") == "all" else sample, backend, max_triples=p["max_triples"], name=name)
-        keys = set(map(_text_key, inc.kg.verbalize()))
-        new = sorted(keys - seen); seen |= keys
-        cached = int(store.has(new).sum())
-        rows.append(dict(dataset=name, triples=inc.kg.num_triples, distinct_texts=len(keys), new_texts=len(new),
-                         cached=cached, to_encode=len(new) - cached))
-    return rows
-
+# The embedding benchmark measures `retrieval.embed` only; the full profile's DiFaR projection is the Unseen-Entity
+# study's own benchmark (`kgrag bench difar`, registered in nbs/15_unseen.ipynb), so that this layer imports no study.
 def bench_embed(n: int = 1024,  # FB15k-237 triple texts (a seeded sample)
                 rounds: int = 2,  # interleaved before/after rounds on the same texts
                 batch_size: int = 64,  # encoder batch size, both sides
-                project: bool = True,  # add the full profile's DiFaR texts and the projected time (`full_difar_texts`)
                 seed: int = 0, cfg: Config | None = None) -> dict:
-    "MiniLM texts/s with torch's default threads (before) vs `encode_threads()` (after) in one run, warm-cache reads/s, projected full-profile time."
+    "MiniLM texts/s with torch's default threads (before) vs `encode_threads()` (after) in one run, and warm-cache reads/s."
     import torch
     cfg = cfg or get_config()
     kg = load_kg("fb15k237", cfg=cfg)
@@ -178,13 +158,8 @@ def bench_embed(n: int = 1024,  # FB15k-237 triple texts (a seeded sample)
                threads_before=default, threads_after=after, before_texts_per_s=round(before_rate, 1),
                after_texts_per_s=round(after_rate, 1), speedup=round(after_rate / before_rate, 2),
                max_abs_diff=float(np.abs(vecs["before"] - vecs["after"]).max()), cache_read_texts_per_s=round(len(texts) / warm_s, 1))
-    if project:
-        rows = full_difar_texts(cfg, model)
-        for r in rows: res[f"full_{r['dataset']}_texts_to_encode"] = r["to_encode"]
-        total = sum(r["to_encode"] for r in rows)
-        res.update(full_texts_to_encode=total, full_hours_before=round(total / before_rate / 3600, 2),
-                   full_hours_after=round(total / after_rate / 3600, 2))
     return res
+
 
 # %% ../nbs/08_bench.ipynb #c007
 def print_bench(result: dict | list[dict], as_json: bool = False):
@@ -205,6 +180,6 @@ def _bench_llm(n=None, llm_url=None, **kw):
 def _bench_kg(n=None, **kw):
     return bench_kg(**({"n_seeds": n} if n else {}), **kw)
 
-@benchmark("embed", "MiniLM triple texts/s, torch's default threads vs encode_threads() (one run), cache reads/s, projected full-profile DiFaR time")
+@benchmark("embed", "MiniLM triple texts/s, torch's default threads vs encode_threads() (one run), cache reads/s")
 def _bench_embed(n=None, **kw):
     return bench_embed(**({"n": n} if n else {}), **kw)

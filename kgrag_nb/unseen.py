@@ -13,24 +13,27 @@ import numpy as np, pandas as pd
 from tqdm.auto import tqdm
 
 from .kg import KG
-from .backends import AWAKENING_MAX_SUBGRAPH_TRIPLES, KGBackend, LocalBackend, RelationRetriever, RELATION_MODES
+from .backends import KGBackend, LocalBackend, RelationRetriever, RELATION_MODES
 from .datasets import mid_to_fb15k
 from .retrieval import Retriever, embed, load_embedder
 from .baselines import no_rag_prompt, parse_short_answer
 from .metrics import acc_r, hits_at_k, percent_cis
 from .kgqa import BaseMethod, Question, Prediction, TraceWriter, complete_traced, get_method, register_method
-from .awaken import awakening_prompt
+from .llm import Constraint
+from .awaken import AWAKENING_MAX_SUBGRAPH_TRIPLES, awakening_prompt, check_decoding, decode
 
 # %% auto #0
-__all__ = ['EXTRACTION_TEMPLATE', 'DISAMBIGUATION_TEMPLATE', 'TOP_LEVEL_TYPES', 'TYPE_TEMPLATE', 'KNOWLEDGE_SETS', 'METHODS',
-           'DECOMPOSITION_TEMPLATE', 'PAPER_MODELS', 'PAPER_DATASETS', 'DEVIATIONS', 'SUMMARY_COLUMNS',
-           'question_topics', 'kg_stats', 'IncompleteKG', 'build_incomplete_kg', 'extraction_prompt',
-           'parse_extraction', 'relation_candidates', 'disambiguation_prompt', 'parse_choice', 'type_prompt',
-           'parse_type', 'nearest_type', 'build_knowledge', 'knowledge_sets', 'DiFaR', 'merge_hits',
+__all__ = ['EXTRACTION_TEMPLATE', 'EXTRACTION_FORMAT', 'EXTRACTION_RESTATE', 'DISAMBIGUATION_TEMPLATE', 'DISAMBIGUATION_RESTATE',
+           'TOP_LEVEL_TYPES', 'TYPE_TEMPLATE', 'KNOWLEDGE_SETS', 'METHODS', 'DECOMPOSITION_TEMPLATE', 'PAPER_MODELS',
+           'PAPER_DATASETS', 'DEVIATIONS', 'DECODING_DEVIATION', 'SUMMARY_COLUMNS', 'PARSED_STEPS', 'FORMAT_TAX',
+           'FORMAT_TAX_ROW', 'question_topics', 'kg_stats', 'IncompleteKG', 'build_incomplete_kg', 'extraction_prompt',
+           'parse_extraction', 'relation_candidates', 'disambiguation_prompt', 'parse_choice', 'disambiguation_format',
+           'type_prompt', 'parse_type', 'nearest_type', 'build_knowledge', 'knowledge_sets', 'DiFaR', 'merge_hits',
            'decomposition_prompt', 'parse_decomposition', 'entity_queries', 'UnseenConfig', 'unseen_question',
            'unseen_stages', 'UnseenMethod', 'NoRAG', 'DiFaRMethod', 'QDDiFaRMethod', 'OursMethod',
-           'run_unseen_entity_qa', 'summarize_unseen', 'paper_table3', 'sample_questions', 'masked_left',
-           'summarize_datasets', 'trace_table', 'fallback_table', 'answer_table']
+           'run_unseen_entity_qa', 'summarize_unseen', 'paper_table3', 'unseen_deviations', 'sample_questions',
+           'masked_left', 'summarize_datasets', 'trace_table', 'fallback_table', 'parse_table', 'answer_table',
+           'full_difar_texts', 'bench_difar', 'first_answers', 'format_tax_rows', 'format_tax_arm']
 
 # %% ../nbs/15_unseen.ipynb #c005
 def question_topics(records: list,  # QARecords (`.id`, `.topic_entities` = [{"id", "name"}])
@@ -162,6 +165,13 @@ def parse_extraction(completion: str,  # the model's completion of `extraction_p
     rel = _strip_marks(rel.lstrip(" ,:;-–\"'“”‘’")).rstrip(".").strip()
     return ent.strip(" \"'"), rel
 
+# issue 21: the output `parse_extraction` reads, declared as a JSON schema next to it: one JSON string "entity, relation"
+# (the App. E example output is `"Albert Einstein, sibling"`); entity <= 60 and relation <= 40 characters, so it closes in 32 tokens
+EXTRACTION_FORMAT = Constraint.json_schema({"type": "string", "pattern": r'^[^,"\\\n]{1,60}, [^"\\\n]{1,40}$'})
+# decoupled decoding: our line after the free answer, asking the model to restate it in that format
+EXTRACTION_RESTATE = '\n- Restate the output above in the format "entity, relation".\n- **Output:**'
+
+
 # %% ../nbs/15_unseen.ipynb #c017
 def relation_candidates(retriever: RelationRetriever,  # built over the incomplete KG
                         relation: str,  # R_q as extracted
@@ -212,6 +222,17 @@ def parse_choice(completion: str,  # the model's answer
     for m in re.finditer(r"\d+", line):
         if 1 <= int(m.group()) <= n: return int(m.group()) - 1
     return None
+
+# issue 21: the output `parse_choice` reads, declared as a JSON schema next to it: one number of a listed fact
+def disambiguation_format(n: int  # number of candidate facts in the prompt
+                         ) -> Constraint:
+    "JSON schema constraint: the answer is one of the integers 1..n (what `parse_choice` reads as a valid choice)."
+    if not isinstance(n, int) or n < 1: raise ValueError(f"disambiguation_format: n={n!r} must be an int >= 1 (the number of listed facts)")
+    return Constraint.json_schema({"enum": list(range(1, n + 1))})
+
+# decoupled decoding: our line after the free answer, asking the model to restate its choice as one number
+DISAMBIGUATION_RESTATE = "\nThe number of the most useful fact, restated as one number, is:"
+
 
 # %% ../nbs/15_unseen.ipynb #c023
 # Our list (deviation 4): the paper's 40 YAGO 4.5 top-level types are not listed; these follow YAGO 4.5's upper taxonomy
@@ -372,11 +393,13 @@ class UnseenConfig:
     embedder: Any = None  # sentence embedder (None or a name = loaded on first use)
     retriever: RelationRetriever | None = None  # relation retriever over the KG (built on first use)
     difar: DiFaR | None = None  # DiFaR over the KG (built on first use)
+    decoding: str = "free"  # extraction + disambiguation: "free" (the paper's) | "constrained" | "decoupled" (issue 21)
     state: dict = field(default_factory=dict)  # question id -> its shared-stage record (the pipeline's trace)
 
     def __post_init__(self):
         if self.relation_mode not in RELATION_MODES: raise ValueError(f"relation_mode={self.relation_mode!r} is not one of {RELATION_MODES}")
         if self.n_samples < 10: raise ValueError(f"n_samples={self.n_samples}: Hits@10 needs at least 10 answers per question")
+        check_decoding(self.decoding)
 
     def emb(self):
         "The loaded sentence embedder."
@@ -389,6 +412,17 @@ def unseen_question(record,  # QARecord with a topic entity in `inc.topics`
     "A record as a `kgqa.Question`: its topic entities in the KG (A_q first) with their surface names."
     found = inc.topics[record.id]
     return Question(record.id, record.question, [e for e, _ in found], list(record.answers), dataset, [n for _, n in found])
+
+def _decode_step(client, prompts: list, qids: list, method: str, stage: str, trace, parsers: list, constraint: Constraint,
+                 decoding: str, restate: str, **kw) -> tuple[list, list, list | None]:
+    "One parsed step under `decoding` (`awaken.decode`): (outputs, parsed, the free answers restated or None), recorded like `complete_traced`."
+    if not prompts: return [], [], None
+    outs, free = decode(client, prompts, constraint, decoding, restate, **kw)
+    outs, free = [o[0] for o in outs], (None if free is None else [f[0] for f in free])
+    parsed = [f(o) for f, o in zip(parsers, outs)]
+    if trace is not None:
+        for qid, p, o, v in zip(qids, prompts, outs, parsed): trace.write(qid, method, stage, p, o, v)
+    return outs, parsed, free
 
 def unseen_stages(questions: Sequence[Question],  # `unseen_question`s
                   kg: KG,  # the incomplete KG
@@ -411,22 +445,27 @@ def unseen_stages(questions: Sequence[Question],  # `unseen_question`s
         todo = [(i, t) for i, t in enumerate(recs) if "extraction" not in t]
         ts = [t for _, t in todo]
         # 1. entity-relation extraction (App. E); R_q = the question when no relation can be read
-        raw, got = complete_traced(client, [extraction_prompt(t["question"], t["entity"]) for t in ts], ids(ts), "Ours", "extraction",
-                                   trace, [lambda c, e=t["entity"]: parse_extraction(c, e) for t in ts],
-                                   max_tokens=32, stop=["\n"], desc="extraction", **gen)
+        # (free: the paper's request, no constraint; constrained/decoupled: `EXTRACTION_FORMAT`)
+        raw, got, free = _decode_step(client, [extraction_prompt(t["question"], t["entity"]) for t in ts], ids(ts), "Ours", "extraction",
+                                      trace, [lambda c, e=t["entity"]: parse_extraction(c, e) for t in ts], EXTRACTION_FORMAT,
+                                      cfg.decoding, EXTRACTION_RESTATE, max_tokens=32, stop=["\n"], desc="extraction", **gen)
         if cfg.retriever is None: cfg.retriever = RelationRetriever(kg, cfg.relation_mode, cfg.emb())
-        for (i, t), c, (ent, rel) in zip(todo, tqdm(raw, desc="relation retrieval", disable=not cfg.progress), got):
-            t["extraction"] = dict(raw=c, entity=ent, relation=rel, fallback=not rel)
+        for k, ((i, t), c, (ent, rel)) in enumerate(zip(todo, tqdm(raw, desc="relation retrieval", disable=not cfg.progress), got)):
+            t["extraction"] = dict(raw=c, entity=ent, relation=rel, fallback=not rel, decoding=cfg.decoding) | ({"free": free[k]} if free else {})
             t["relation_query"] = rel or t["question"]
             t["candidates"] = relation_candidates(cfg.retriever, t["relation_query"], cfg.k_relations, cfg.per_relation, seed=cfg.seed + i)
         # 2. disambiguation with A_q (our prompt)
+        # (constrained/decoupled: `disambiguation_format(n)`, one request batch per number of candidates n)
         with_c = [t for t in ts if t["candidates"]]
-        raw, got = complete_traced(client, [disambiguation_prompt(t["question"], t["entity"], [c["text"] for c in t["candidates"]]) for t in with_c],
-                                   ids(with_c), "Ours", "disambiguation", trace,
-                                   [lambda c, n=len(t["candidates"]): parse_choice(c, n) for t in with_c],
-                                   max_tokens=8, desc="disambiguation", **gen)  # no newline stop: a base model often starts with one
-        for t, c, j in zip(with_c, raw, got):
-            t["disambiguation"] = dict(raw=c, choice=0 if j is None else j, fallback=j is None)
+        for n in sorted({len(t["candidates"]) for t in with_c} if cfg.decoding != "free" else {0}):
+            grp = [t for t in with_c if n in (0, len(t["candidates"]))]
+            raw, got, free = _decode_step(client, [disambiguation_prompt(t["question"], t["entity"], [c["text"] for c in t["candidates"]]) for t in grp],
+                                          ids(grp), "Ours", "disambiguation", trace,
+                                          [lambda c, n=len(t["candidates"]): parse_choice(c, n) for t in grp],
+                                          disambiguation_format(max(n, 1)), cfg.decoding, DISAMBIGUATION_RESTATE,
+                                          max_tokens=8, stop=None, desc="disambiguation", **gen)  # no newline stop: a base model often starts with one
+            for k, (t, c, j) in enumerate(zip(grp, raw, got)):
+                t["disambiguation"] = dict(raw=c, choice=0 if j is None else j, fallback=j is None, decoding=cfg.decoding) | ({"free": free[k]} if free else {})
         # 3. type of A_q (our prompt, TOP_LEVEL_TYPES)
         raw, got = complete_traced(client, [type_prompt(t["question"], t["entity"], cfg.types) for t in ts], ids(ts), "Ours", "type", trace,
                                    lambda c: parse_type(c, cfg.types), max_tokens=10, desc="type", **gen)
@@ -491,7 +530,8 @@ class UnseenMethod(BaseMethod):
                                    max_tokens=cfg.max_tokens, stop=["\n"], seed=cfg.seed, desc=f"answers ({self.name} x {cfg.n_samples})")
         out = []
         for q, t, k, p, r, a in zip(qs, recs, know, prompts, raw, ans):
-            calls = 1 + (2 + ("disambiguation" in t) if self.needs["ours"] else 0) + int(self.needs["qd"])
+            twice = 1 + (cfg.decoding == "decoupled")  # decoupled: extraction and disambiguation are two requests each
+            calls = 1 + (twice + 1 + twice * ("disambiguation" in t) if self.needs["ours"] else 0) + int(self.needs["qd"])
             fail = "no knowledge retrieved: answered with the No-RAG prompt" if self.name != "No RAG" and not k else None
             out.append(Prediction(q.id, self.name, a[0] if a else "", a, calls, TraceWriter.trace_id(self.name, q.id), p, r, fail,
                                   meta=dict(knowledge=k)))
@@ -547,12 +587,14 @@ def run_unseen_entity_qa(records: list,  # QARecords (those without a topic enti
                          difar: DiFaR | None = None,  # prebuilt DiFaR over inc.kg
                          seed: int = 0,  # sampling and candidate seed
                          trace_dir: Path | str | None = None,  # write trace.jsonl, per_method.jsonl and llm_calls.jsonl here
-                         progress: bool = True) -> pd.DataFrame:
+                         progress: bool = True,
+                         decoding: str = "free",  # extraction + disambiguation: "free" (the paper's) | "constrained" | "decoupled"
+                        ) -> pd.DataFrame:
     "Table 3's methods on each question: one row per (question, method) with answers and Hits@1/Hits@10; trace in `.attrs`."
     bad = [m for m in methods if m not in METHODS]
     if bad: raise ValueError(f"unknown methods {bad}; choose from {list(METHODS)}")
     cfg = UnseenConfig(relation_mode, k_relations, per_relation, difar_k, n_samples, temperature, max_tokens, types, seed, progress,
-                       embedder, retriever, difar)
+                       embedder, retriever, difar, decoding)
     recs = [r for r in records if r.id in inc.topics and r.answers]
     if not recs: raise ValueError("run_unseen_entity_qa: no record has answers and a topic entity in inc.topics")
     cfg.emb()
@@ -572,7 +614,7 @@ def run_unseen_entity_qa(records: list,  # QARecords (those without a topic enti
                              no_knowledge=m != "No RAG" and not k, samples=ans, correct=ok,
                              hits1=hits_at_k(ans, t["gold"], 1), hits10=hits_at_k(ans, t["gold"], 10)))
     frame = pd.DataFrame(rows)
-    frame.attrs["trace"] = trace
+    frame.attrs["trace"], frame.attrs["decoding"] = trace, decoding
     if trace_dir is not None:
         p = Path(trace_dir); p.mkdir(parents=True, exist_ok=True)
         (p / "trace.jsonl").write_text("".join(json.dumps(t, default=str) + "\n" for t in trace))
@@ -632,6 +674,22 @@ DEVIATIONS = [  # of Task 2 (awakening_unseen_entity_kgqa.txt §5, §6.4, App. C
     "rows); the paper's Table 3 has no WebQSP column, so WebQSP rows have no paper counterpart.",
 ]
 
+DECODING_DEVIATION = {  # issue 21: listed only when the run did not decode freely (the paper decodes freely)
+    "constrained": "Decoding: the entity-relation extraction and the disambiguation answers are decoded under their declared "
+                   "formats (`EXTRACTION_FORMAT`: one JSON string \"entity, relation\"; `disambiguation_format(n)`: a number 1..n), a "
+                   "llama.cpp grammar on the embedded model; the paper decodes freely (`decoding = \"free\"`, the full profile). "
+                   "The type, decomposition and answer steps are decoded freely in every mode.",
+    "decoupled": "Decoding: the extraction and disambiguation answers are decoded freely first; a second, greedy pass bound by "
+                 "their declared formats restates each after the prompt, the free answer and our restating line "
+                 "(`EXTRACTION_RESTATE`, `DISAMBIGUATION_RESTATE`), and that restatement is parsed. The paper decodes freely; "
+                 "the type, decomposition and answer steps are decoded freely in every mode.",
+}
+
+def unseen_deviations(decoding: str = "free") -> list[str]:
+    "`DEVIATIONS`, plus the decoding line when the run did not decode freely (what the Table 3 artefact should render)."
+    return DEVIATIONS + ([DECODING_DEVIATION[check_decoding(decoding)]] if decoding != "free" else [])
+
+
 # %% ../nbs/15_unseen.ipynb #c103
 from .datasets import load_qa
 
@@ -681,6 +739,21 @@ def fallback_table(traces: dict) -> pd.DataFrame:
                               disambiguation_fallback=sum(t.get("disambiguation", {}).get("fallback", True) for t in tr),
                               type_fallback=sum(t["type"]["fallback"] for t in tr)) for name, tr in traces.items()])
 
+PARSED_STEPS = ("extraction", "disambiguation", "type")  # the parsed LLM steps of the Ours rows (type: free in every mode)
+
+def parse_table(traces: dict,  # dataset -> the `trace` list of `run_unseen_entity_qa`
+               ) -> pd.DataFrame:
+    "Per dataset and parsed step: the decoding, LLM outputs, how many parsed and failed, and the parse rate in % (issue 21)."
+    rows = []
+    for name, tr in traces.items():
+        for step in PARSED_STEPS:
+            done = [t[step] for t in tr if step in t]
+            ok = sum(not d["fallback"] for d in done)
+            dec = "free" if step == "type" else next((d.get("decoding", "free") for d in done), "free")
+            rows.append(dict(dataset=name, step=step, decoding=dec, outputs=len(done), parsed=ok, failed=len(done) - ok,
+                             parse_rate=round(100 * ok / len(done), 1) if done else float("nan")))
+    return pd.DataFrame(rows)
+
 def answer_table(answers: pd.DataFrame) -> pd.DataFrame:
     "Per question and method: gold, knowledge given, first sampled answer, Hits@1, Hits@10 (lists joined for reading)."
     a = answers.copy()
@@ -688,3 +761,99 @@ def answer_table(answers: pd.DataFrame) -> pd.DataFrame:
     a["first answer"] = a["samples"].map(lambda s: s[0] if len(s) else "")
     a["knowledge"] = a["knowledge"].map(lambda k: " ; ".join(k))
     return a[["dataset", "id", "method", "gold", "knowledge", "first answer", "hits1", "hits10"]]
+
+# %% ../nbs/15_unseen.ipynb #c108
+import os, time
+from .config import Config, get_config
+from .datasets import load_kg
+from .hooks import benchmark
+from .reproduce import load_experiments
+from .retrieval import EmbeddingCache, _text_key, embedder_name, encode_threads
+
+def full_difar_texts(cfg: Config | None = None,  # None = `get_config()`
+                     model=None,  # loaded embedder (its cache file is checked); None = `load_embedder()`
+                     profile: str = "full") -> list[dict]:
+    "Per dataset of the `unseen_entity` experiment at `profile`: its DiFaR triple texts, those not in an earlier dataset, and those already in the embedding cache."
+    cfg = cfg or get_config(); model = model or load_embedder(cfg=cfg)
+    p = load_experiments(cfg=cfg)["unseen_entity"].parameters(profile)
+    backend, store = LocalBackend(load_kg("fb15k237", cfg=cfg)), EmbeddingCache(cfg.cache_dir / "embeddings", embedder_name(model), True)
+    seen, rows = set(), []
+    for name in p.get("datasets", ["cwq", "webqsp"]):
+        sample, eligible = sample_questions(name, backend.kg, p["n_questions"], p.get("seed", 0))
+        inc = build_incomplete_kg(eligible if p.get("kg_from") == "all" else sample, backend, max_triples=p["max_triples"], name=name)
+        keys = set(map(_text_key, inc.kg.verbalize()))
+        new = sorted(keys - seen); seen |= keys
+        cached = int(store.has(new).sum())
+        rows.append(dict(dataset=name, triples=inc.kg.num_triples, distinct_texts=len(keys), new_texts=len(new),
+                         cached=cached, to_encode=len(new) - cached))
+    return rows
+
+def bench_difar(n: int = 512,  # FB15k-237 triple texts timed (a seeded sample)
+                profile: str = "full",  # the `unseen_entity` profile to project
+                batch_size: int = 64,  # encoder batch size
+                seed: int = 0, cfg: Config | None = None) -> dict:
+    "MiniLM texts/s with `encode_threads()` (DiFaR's setting), the texts `profile`'s DiFaR still has to embed per dataset, and the projected hours."
+    cfg = cfg or get_config()
+    kg, model = load_kg("fb15k237", cfg=cfg), load_embedder(cfg=cfg)
+    pick = np.sort(np.random.default_rng(seed).choice(kg.num_triples, size=min(n, kg.num_triples), replace=False))
+    texts, threads, load = kg.verbalize(pick), encode_threads(cfg), os.getloadavg()[0]
+    embed(texts[:32], model, cache_dir=False, threads=threads)  # warm-up outside the timing
+    t0 = time.perf_counter(); embed(texts, model, cache_dir=False, batch_size=batch_size, threads=threads)
+    rate = len(texts) / (time.perf_counter() - t0)
+    rows = full_difar_texts(cfg, model, profile)
+    res = dict(profile=profile, texts_timed=len(texts), threads=threads, load_1min=round(load, 2), texts_per_s=round(rate, 1))
+    for r in rows: res[f"{profile}_{r['dataset']}_texts_to_encode"] = r["to_encode"]
+    total = sum(r["to_encode"] for r in rows)
+    return res | {f"{profile}_texts_to_encode": total, f"{profile}_hours": round(total / rate / 3600, 2)}
+
+@benchmark("difar", "Unseen-Entity DiFaR: the full profile's triple texts per dataset still to embed, MiniLM texts/s, projected hours")
+def _bench_difar(n=None, **kw):
+    return bench_difar(**({"n": n} if n else {}), **kw)
+
+# %% ../nbs/15_unseen.ipynb #c048
+from .datasets import load_kg
+
+FORMAT_TAX = dict(study="unseen_entity",
+                  step="Unseen-Entity entity-relation extraction (App. E) and disambiguation (§5.2, our prompt), awakening_unseen_entity_kgqa.txt §5.2",
+                  metric="Hits@1 of Ours (T7) (Table 3)",
+                  paper="40.0 Hits@1 on CWQ, Ours (T7), Llama3.1-8B-Instruct (awakening_unseen_entity_kgqa.txt Table 3)")
+FORMAT_TAX_ROW = "Ours (T7)"  # the Table 3 row whose knowledge rests on the two parsed steps only
+
+def first_answers(client,  # `kgrag_nb.llm.LLMClient`
+                  trace: list[dict],  # the `unseen_stages` records of the questions
+                  cfg: UnseenConfig,  # the run's knobs (temperature, max_tokens, seed as in `UnseenMethod.answer_all`)
+                  row: str = FORMAT_TAX_ROW) -> list[str]:
+    "The first of the App. C answer samples of Table 3 row `row` per question: the request `answer_all` sends as sample 0, so the same cache key."
+    method = get_method(row)
+    prompts = [awakening_prompt(t["question"], k) if (k := method.knowledge(t)) else no_rag_prompt(t["question"]) for t in trace]
+    _, first = complete_traced(client, prompts, [t["id"] for t in trace], row, "answer", None, parse_short_answer, n=1,
+                               temperature=cfg.temperature, max_tokens=cfg.max_tokens, stop=["\n"], seed=cfg.seed, desc=f"answers ({row} x 1)")
+    return first
+
+def format_tax_rows(trace: list[dict],  # `unseen_stages` records (with `gold`)
+                    first: list[str],  # the first answer sample per question (`first_answers`)
+                   ) -> list[dict]:
+    "One format-tax dict per question: Hits@1 of its first answer, the share of its extraction/disambiguation outputs that parsed (the contract's keys, plus per-step flags, the relation read, T7 and the answer)."
+    rows = []
+    for t, a in zip(trace, first):
+        steps = {s: not t[s]["fallback"] for s in ("extraction", "disambiguation") if s in t}
+        rows.append(dict(item=str(t["id"]), metric=float(hits_at_k([a], t["gold"], 1)), parsed=sum(steps.values()) / len(steps),
+                         fired=None, finished=None, kept=None, extraction_parsed=steps["extraction"],
+                         disambiguation_parsed=steps.get("disambiguation"), relation=t["extraction"]["relation"],
+                         T7=t["knowledge_items"].get("T7", ""), answer=a))
+    return rows
+
+def format_tax_arm(client,  # `kgrag_nb.llm.LLMClient` (completions endpoint)
+                   decoding: str,  # "free" (the paper's) | "constrained" | "decoupled"
+                   n: int,  # questions: the first n of the seeded order
+                   seed: int = 0) -> list[dict]:
+    "The study's parsed step on the first `n` items (same items, prompts and seeds in every arm) under `decoding`."
+    check_decoding(decoding)
+    if not isinstance(n, int) or n < 1: raise ValueError(f"format_tax_arm: n={n!r} must be an int >= 1")
+    backend = LocalBackend(load_kg("fb15k237"))
+    _, eligible = sample_questions("cwq", backend.kg, 0, seed)
+    records = [eligible[i] for i in np.random.default_rng(seed).permutation(len(eligible))[:n]]
+    inc = build_incomplete_kg(records, backend, max_triples=500, name="cwq")
+    cfg = UnseenConfig(seed=seed, progress=False, decoding=decoding)
+    trace = unseen_stages([unseen_question(r, inc, "cwq") for r in records], inc.kg, client, cfg, ours=True)
+    return format_tax_rows(trace, first_answers(client, trace, cfg))

@@ -52,3 +52,38 @@ def test_reproduce_refuses_an_embedded_port_outside_1_to_65535(tmp_path, monkeyp
         assert main(["reproduce", "--profile", "smoke"]) == 1
         assert f"KGRAG_EMBEDDED_PORT={port}: a TCP port is 1..65535" in capsys.readouterr().err
     assert not (tmp_path / "ran.txt").exists() and not (tmp_path / "runs").exists()
+
+
+# --- benchmarks: the general layers know no study (issue 24) --------------------------------------------------------
+
+def test_cli_import_loads_no_study_module():
+    "`import kgrag_nb.cli` (and so `bench`) loads general layers only; the study modules load when a command runs."
+    import subprocess, sys
+    from kgrag_nb.hooks import study_modules
+    code = "import sys, kgrag_nb.cli; print(' '.join(m for m in sys.modules if m.startswith('kgrag_nb.')))"
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+    assert "kgrag_nb.bench" in loaded and "kgrag_nb.cli" in loaded
+    assert not loaded & set(study_modules().values()), sorted(loaded & set(study_modules().values()))
+
+
+def test_bench_list_shows_what_the_studies_registered(capsys):
+    "`kgrag bench list`: the general benchmarks and those the installed studies registered through the `benchmark` hook."
+    assert main(["bench", "list"]) == 0
+    names = {line.split()[0] for line in capsys.readouterr().out.splitlines() if line.strip()}
+    assert {"llm", "kg", "embed"} <= names  # bench's own
+    assert {"difar", "relation-retrieval"} <= names  # registered by unseen and awaken
+    from kgrag_nb.hooks import BENCHMARKS
+    assert BENCHMARKS["difar"][0].__module__ == "kgrag_nb.unseen" and BENCHMARKS["embed"][0].__module__ == "kgrag_nb.bench"
+
+
+def test_bench_unknown_name_names_the_known_ones(capsys):
+    with pytest.raises(SystemExit, match="unknown benchmark 'nope'; known: .*difar"):
+        main(["bench", "nope"])
+
+
+def test_bench_llm_stub_json(capsys):
+    "`kgrag bench llm --server stub` still runs (the test instrument) and prints JSON."
+    import json
+    assert main(["bench", "llm", "--server", "stub", "--n", "20", "--concurrency", "4", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "TEST INSTRUMENT" in r["model"] and r["warm_requests"] == 0 and r["requests"] == 20 * 10

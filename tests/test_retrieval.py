@@ -152,15 +152,6 @@ def test_thread_count_changes_only_rounding(tmp_path, counting_model):
     assert np.array_equal(embed(texts + texts[:3], counting_model, cache_dir=tmp_path), np.concatenate([two, two[:3]]))
 
 
-def test_bench_embed_small(tmp_path):
-    from kgrag_nb.bench import bench_embed, full_difar_texts
-    r = bench_embed(n=24, rounds=1, project=False)
-    assert r["texts"] == 24 and r["max_abs_diff"] < 1e-5 and r["threads_after"] >= 1 and r["before_texts_per_s"] > 0
-    rows = full_difar_texts(get_config(cache_dir=tmp_path), profile="tiny")  # an empty cache: everything to encode
-    assert [x["dataset"] for x in rows] == ["cwq"] and rows[0]["cached"] == 0
-    assert 0 < rows[0]["to_encode"] == rows[0]["new_texts"] == rows[0]["distinct_texts"] <= rows[0]["triples"] <= 200
-
-
 # --- dense indexes ---------------------------------------------------------------------------------------------------
 
 def test_flat_ip_and_l2_agree_with_numpy(vectors):

@@ -318,3 +318,122 @@ def test_pipeline_embedded(embedded_server, tmp_path, emb):
     assert client.usage.requests == n and again["samples"].tolist() == out["samples"].tolist()
     s = summarize_unseen(out)
     assert s["F"].eq(2).all() and len(s) == len(METHODS)
+
+
+# ---------------------------------------------------------------- decoding (issue 21): declared formats, free keys, format tax
+from kgrag_nb import unseen as U
+from kgrag_nb.llm import LLMClient, ResponseCache, constraint_gbnf, fill_constraint, request_key
+
+
+@pytest.mark.parametrize("entity", ["Tom", "Albert Einstein", "Washington, D.C."])
+def test_extraction_format_filled_by_stub_parses(entity):
+    "The stub's filling of EXTRACTION_FORMAT is one JSON string 'entity, relation' that parse_extraction reads with a relation."
+    import json, re
+    out = fill_constraint(U.EXTRACTION_FORMAT.spec())
+    assert re.fullmatch(U.EXTRACTION_FORMAT.schema["pattern"], json.loads(out))
+    assert parse_extraction(out, entity)[1] != ""
+    # what the grammar allows reads back as written: the App. E example, quoted as the example prints it
+    assert parse_extraction(' "Albert Einstein, sibling"', "Albert Einstein") == ("Albert Einstein", "sibling")
+    assert not re.fullmatch(U.EXTRACTION_FORMAT.schema["pattern"], "Albert Einstein")  # no relation: outside the format
+    assert constraint_gbnf(U.EXTRACTION_FORMAT).startswith("root ::=")  # llama.cpp compiles it
+
+
+def test_disambiguation_format_every_value_parses():
+    "Every value disambiguation_format(n) allows parses to its own 0-based index (hand-computed), and nothing else is allowed."
+    for n in (1, 2, 9, 11):
+        allowed = U.disambiguation_format(n).schema["enum"]
+        assert allowed == list(range(1, n + 1))
+        assert [parse_choice(str(v), n) for v in allowed] == list(range(n))
+    assert parse_choice(fill_constraint(U.disambiguation_format(9).spec()), 9) == 0
+    assert constraint_gbnf(U.disambiguation_format(2)).splitlines()[0] == 'root ::= "1" | "2"'
+    with pytest.raises(ValueError, match="n=0"): U.disambiguation_format(0)
+
+
+def test_parse_table_and_deviations_hand_computed():
+    traces = {"cwq": [dict(extraction=dict(fallback=False, decoding="decoupled"), disambiguation=dict(fallback=False), type=dict(fallback=True)),
+                      dict(extraction=dict(fallback=False, decoding="decoupled"), type=dict(fallback=False))]}
+    t = U.parse_table(traces).set_index("step")
+    assert t.loc["extraction", ["decoding", "outputs", "parsed", "failed", "parse_rate"]].tolist() == ["decoupled", 2, 2, 0, 100.0]
+    assert t.loc["disambiguation", ["outputs", "parsed", "failed"]].tolist() == [1, 1, 0]
+    assert t.loc["type", ["decoding", "parse_rate"]].tolist() == ["free", 50.0]
+    assert U.unseen_deviations("free") == DEVIATIONS and U.unseen_deviations("constrained")[-1].startswith("Decoding:")
+    with pytest.raises(ValueError, match="decoding"): U.unseen_deviations("json")
+
+
+@pytest.fixture(scope="module")
+def stub():
+    from kgrag_nb.serve import StubServer
+    with StubServer() as s: yield s
+
+
+@pytest.mark.parametrize("decoding", ["free", "constrained", "decoupled"])
+def test_decoding_arms_on_the_stub(stub, tmp_path, emb, decoding):
+    "Free keeps the paper's request keys (no constraint); constrained/decoupled send the declared formats, which the stub fills and the parsers read."
+    qs = [rec("a", "What number comes after One?", ["Two"], ("e1", "One")),
+          rec("b", "Who is the spouse of the person linked to Ten?", ["e13"], ("e10", "Ten"))]
+    inc = build_incomplete_kg(qs, LocalBackend(CHAIN), map_id=str)
+    cache = ResponseCache(tmp_path / "llm.sqlite")
+    client = LLMClient(stub.url, cache=cache, progress=False)
+    model = client.resolve_model()
+    out = run_unseen_entity_qa(qs, inc, client, methods=["Ours (T7)"], embedder=emb, progress=False, decoding=decoding)
+    trace = out.attrs["trace"]
+    assert out.attrs["decoding"] == decoding and all(t["extraction"]["decoding"] == decoding for t in trace)
+    # the paper's extraction request, keyed as before constraints existed
+    paper_keys = {request_key("completion", model, extraction_prompt(t["question"], t["entity"]),
+                              {"max_tokens": 32, "stop": ["\n"], "seed": 0, "temperature": 0.0}) for t in trace}
+    keys = set(cache.keys())
+    rates = U.parse_table({"tiny": trace}).set_index("step")
+    if decoding == "free":
+        assert paper_keys <= keys
+    else:
+        assert (paper_keys <= keys) == (decoding == "decoupled")  # decoupled's free pass is the paper's request
+        assert rates.loc["extraction", "parse_rate"] == 100.0 and rates.loc["disambiguation", "parse_rate"] == 100.0
+        assert all(t["extraction"]["relation"] for t in trace)
+        assert all(("free" in t["extraction"]) == (decoding == "decoupled") for t in trace)
+    assert rates.loc["extraction", "outputs"] == 2
+    # the format-tax arm's one answer per question is the full run's first sample: same request, no new one
+    n = client.usage.requests
+    first = U.first_answers(client, trace, U.UnseenConfig(seed=0, decoding=decoding))
+    assert client.usage.requests == n and first == [s[0] for s in out["samples"]]
+    assert [r["metric"] for r in U.format_tax_rows(trace, first)] == out["hits1"].astype(float).tolist()
+
+
+def test_format_tax_rows_hand_computed():
+    trace = [dict(id="q1", gold=["Paris"], extraction=dict(fallback=False, relation="r"), disambiguation=dict(fallback=False), knowledge_items={"T7": "a, r, b"}),
+             dict(id="q2", gold=["Nile"], extraction=dict(fallback=False, relation="r"), disambiguation=dict(fallback=True), knowledge_items={"T7": "c, r, d"})]
+    rows = U.format_tax_rows(trace, ["paris", "Amazon"])
+    assert [(r["item"], r["metric"], r["parsed"]) for r in rows] == [("q1", 1.0, 1.0), ("q2", 0.0, 0.5)]
+    assert all(r["fired"] is None and r["finished"] is None and r["kept"] is None for r in rows)
+    assert set(U.FORMAT_TAX) == {"study", "step", "metric", "paper"} and "40.0" in U.FORMAT_TAX["paper"]
+    assert U.paper_table3("cwq").set_index("method").loc[U.FORMAT_TAX_ROW, "Llama3.1-8B-Instruct H@1"] == 40.0
+    with pytest.raises(ValueError, match="decoding"): U.format_tax_arm(None, "json", 1)
+    with pytest.raises(ValueError, match="n=0"): U.format_tax_arm(None, "free", 0)
+
+
+@pytest.mark.llm
+def test_constrained_steps_embedded(embedded_server, tmp_path):
+    "The constrained extraction and disambiguation steps on the real llama.cpp server: grammar-bound outputs the parsers read."
+    import json
+    client = LLMClient(embedded_server.url, cache=tmp_path / "llm.sqlite", progress=False)
+    q, e = "What is the profession of the sibling of Marie Curie?", "Marie Curie"
+    out = client.complete([extraction_prompt(q, e)], max_tokens=32, stop=["\n"], temperature=0.0, seed=0, constraint=U.EXTRACTION_FORMAT)[0][0]
+    import re
+    assert re.fullmatch(U.EXTRACTION_FORMAT.schema["pattern"], json.loads(out)), out
+    assert parse_extraction(out, e)[1], out
+    facts = ["Pierre Curie, profession, physicist", "Paris, capital of, France", "Bronisława Dłuska, sibling, Marie Curie"]
+    ch = client.complete([disambiguation_prompt(q, e, facts)], max_tokens=8, temperature=0.0, seed=0,
+                         constraint=U.disambiguation_format(3))[0][0]
+    assert ch.strip() in ("1", "2", "3") and parse_choice(ch, 3) == int(ch) - 1, ch
+
+
+@pytest.mark.llm
+def test_format_tax_arm_embedded(embedded_server, tmp_path):
+    "format_tax_arm(client, 'constrained', 1) on the real server: one row with the contract's keys and types."
+    client = LLMClient(embedded_server.url, cache=tmp_path / "llm.sqlite", progress=False)
+    rows = U.format_tax_arm(client, "constrained", 1)
+    assert len(rows) == 1
+    r = rows[0]
+    assert {"item", "metric", "parsed", "fired", "finished", "kept"} <= set(r)
+    assert isinstance(r["item"], str) and (r["metric"] is None or (isinstance(r["metric"], float) and 0 <= r["metric"] <= 1))
+    assert isinstance(r["parsed"], float) and 0 <= r["parsed"] <= 1 and r["fired"] is None and r["finished"] is None and r["kept"] is None
+    assert r["extraction_parsed"] is True  # the grammar makes the relation readable
