@@ -7,30 +7,44 @@ from __future__ import annotations
 import json, re
 from pathlib import Path
 import numpy as np, pandas as pd
-from .baselines import parse_short_answer
 from .metrics import acc_r, percent_cis
 import zlib
-from .baselines import closed_book, no_rag_prompt
+from .baselines import (closed_book, no_rag_prompt, parse_short_answer, SHORT_ANSWER, DECODINGS, REFORMAT_SHORT,
+                                check_decoding, decode)
 from .datasets import load_qa, load_kg, topic_in_kg, mid_to_fb15k
 from .retrieval import embed
-from .backends import LocalBackend
+from .backends import LocalBackend, bench_relation_retrieval
+from .hooks import benchmark
 from .llm import Constraint
 
 
 # %% auto #0
-__all__ = ['AWAKENING_TEMPLATE', 'SHORT_ANSWER', 'PROBE_TEMPLATE', 'PROBE_VERDICT', 'Triple', 'KNOWLEDGE_TYPES', 'MAIN_TYPES',
-           'BGE_RERANKER', 'GENERIC_TYPE_PREFIXES', 'DECODINGS', 'REFORMAT', 'TABLES', 'DEVIATIONS',
-           'DECODING_DEVIATION', 'PAPER', 'PLOT_MODEL', 'awakening_prompt', 'parse_awakening_answer', 'probe_prompt',
-           'parse_probe', 'parse_status', 'gold_relations', 'relation_parts', 'relation_matches', 'find_gold_path',
-           'knowledge_candidates', 'verbalize_knowledge', 'relation_text', 'type_label', 'qa_probe_question',
-           'leaks_answer', 'distances_to', 'knowledge_distance', 'minilm_scorer', 'make_scorer', 'ranking_query',
-           'rank_top1', 'extract_knowledge', 'check_decoding', 'decode', 'probe_rule', 'item_temperatures', 'probe',
-           'awaken', 'task1_data', 'save_run', 'run_awakening', 'intersect_ids', 'passing_ids', 'base_ids', 'hits_row',
-           'awakening_table', 'filter_counts', 'distance_table', 'probe_counts', 'paper_rows', 'plot_comparison',
-           'decoding_of', 'decoding_note', 'study_deviations', 'save_task1', 'task1_models', 'load_task1',
-           'knowledge_label', 'setting_of', 'task1_table', 'report_counts', 'paper_select', 'plot_panels',
-           'report_vs_paper', 'task1_artefact', 'probing_table', 'temperature_sweep', 'sweep_summary', 'size_table',
-           'mean_over_types', 'selected_knowledge', 'changed_by_query', 'distance_rows', 'plot_sweep']
+__all__ = ['AWAKENING_MAX_SUBGRAPH_TRIPLES', 'AWAKENING_IVF', 'AWAKENING_TEMPLATE', 'PROBE_TEMPLATE', 'PROBE_VERDICT', 'Triple',
+           'KNOWLEDGE_TYPES', 'MAIN_TYPES', 'BGE_RERANKER', 'GENERIC_TYPE_PREFIXES', 'REFORMAT', 'TABLES', 'DEVIATIONS',
+           'DECODING_DEVIATION', 'PAPER', 'PLOT_MODEL', 'FORMAT_TAX', 'bench_awakening_relation_retrieval',
+           'awakening_prompt', 'parse_awakening_answer', 'probe_prompt', 'parse_probe', 'parse_status',
+           'gold_relations', 'relation_parts', 'relation_matches', 'find_gold_path', 'knowledge_candidates',
+           'verbalize_knowledge', 'relation_text', 'type_label', 'qa_probe_question', 'leaks_answer', 'distances_to',
+           'knowledge_distance', 'minilm_scorer', 'make_scorer', 'ranking_query', 'rank_top1', 'extract_knowledge',
+           'probe_rule', 'item_temperatures', 'probe', 'awaken', 'task1_data', 'save_run', 'run_awakening',
+           'intersect_ids', 'passing_ids', 'base_ids', 'hits_row', 'awakening_table', 'filter_counts', 'distance_table',
+           'probe_counts', 'step1_counts', 'paper_rows', 'plot_comparison', 'decoding_of', 'decoding_note',
+           'study_deviations', 'save_task1', 'task1_models', 'load_task1', 'knowledge_label', 'setting_of',
+           'task1_table', 'report_counts', 'paper_select', 'plot_panels', 'report_vs_paper', 'task1_artefact',
+           'probing_table', 'temperature_sweep', 'sweep_summary', 'size_table', 'mean_over_types', 'selected_knowledge',
+           'changed_by_query', 'distance_rows', 'plot_sweep', 'format_tax_items', 'format_tax_arm']
+
+# %% ../nbs/14_awaken.ipynb #p001
+# awakening_unseen_entity_kgqa.txt App. C: "capping the number of triples retrieved for constructing two-hop subgraphs to 40,000"
+AWAKENING_MAX_SUBGRAPH_TRIPLES = 40_000
+# awakening_unseen_entity_kgqa.txt App. C: NLIST 4096, TRAIN_FACTO 40, SAMPLE_PER_BATCH 20,000 (§5.2's per-triple IVF index)
+AWAKENING_IVF = dict(nlist=4096, train_factor=40, sample_per_batch=20_000)
+
+@benchmark("relation-retrieval", "Awakening §5.2 relation retrieval: vector per triple + IVF (paper) vs vector per relation (exact)")
+def bench_awakening_relation_retrieval(n=None, **kw):
+    "`kgrag bench relation-retrieval`: `backends.bench_relation_retrieval` with the paper's subgraph cap and IVF settings (App. C)."
+    kw.pop("llm_url", None)
+    return bench_relation_retrieval(**({} if n is None else {"n": n}), max_triples=AWAKENING_MAX_SUBGRAPH_TRIPLES, ivf=AWAKENING_IVF, **kw)
 
 # %% ../nbs/14_awaken.ipynb #c005
 # awakening_unseen_entity_kgqa.txt, App. E, "The prompt template used in Awakening LLMs" (verbatim, + answer cue)
@@ -67,10 +81,8 @@ def parse_awakening_answer(completion: str) -> str:
     "The short answer in a completion of `awakening_prompt` (first non-empty line, label and final period removed)."
     return parse_short_answer(completion)
 
-# The output format of App. E's "Short Answer" prompts (awakening, and the closed-book prompt that QA-probing, App. B.4,
-# asks): their example answers " Paris." on the cue's line. A non-empty answer on that line (the leading space optional;
-# it may end with the newline the calls stop at); `max_tokens` bounds its length. Parsed by `parse_short_answer`.
-SHORT_ANSWER = Constraint.regex(r" ?[^ \t\n\r][^\n]*\n?")
+# The output format of App. E's "Short Answer" prompts (awakening, and the closed-book prompt that Step 1 and QA-probing,
+# App. B.4, ask) is `SHORT_ANSWER`, declared in `kgrag_nb.baselines` next to `parse_short_answer`, which reads it.
 
 # %% ../nbs/14_awaken.ipynb #c007
 # awakening_unseen_entity_kgqa.txt, App. E, "The prompt template used in Knowledge Probing" (verbatim, + answer cue)
@@ -331,7 +343,8 @@ def extract_knowledge(record,  # a `kgrag_nb.datasets.QARecord` with answers, to
     if not answer_ids: return dict(question=q | {"status": "answer not in KG"}, candidates=[], knowledge=[])
     gp = find_gold_path(backend, topics, answer_ids, gold_relations(record))
     if gp is None: return dict(question=q | {"status": "no gold 2-hop path"}, candidates=[], knowledge=[])
-    sub = sorted(set(backend.khop_triples([gp["a_q"]], 2)) | set(backend.khop_triples([gp["b"]], 2)) | {gp["hop1"], gp["hop2"]})
+    cap = AWAKENING_MAX_SUBGRAPH_TRIPLES  # App. C: each two-hop subgraph capped at 40,000 triples
+    sub = sorted(set(backend.khop_triples([gp["a_q"]], 2, cap)) | set(backend.khop_triples([gp["b"]], 2, cap)) | {gp["hop1"], gp["hop2"]})
     types_aq = [t for t in backend.entity_types(gp["a_q"]) if not t.startswith(GENERIC_TYPE_PREFIXES)]
     cands = knowledge_candidates(gp, sub, types_aq)
     ents = sorted({e for ks in cands.values() for k in ks for h, _, t in k for e in (h, t)} | {gp["a_q"], gp["b"], gp["answer"]})
@@ -366,36 +379,9 @@ def extract_knowledge(record,  # a `kgrag_nb.datasets.QARecord` with answers, to
     return dict(question=q, candidates=cand_rows, knowledge=know_rows)
 
 # %% ../nbs/14_awaken.ipynb #d001
-DECODINGS = ("free", "constrained", "decoupled")
+# DECODINGS, check_decoding and decode come from kgrag_nb.baselines (imported above: Step 1 decodes with them too).
 # decoupled's second pass: one line after the free answer asking to restate it in the format the constraint then enforces
-REFORMAT = {"nli": "\n- Restate the conclusion above as one word, True or False:",
-            "qa": "\n- Restate the short answer above on one line:"}
-
-def check_decoding(decoding: str) -> str:
-    "`decoding` if it is one of `DECODINGS`, else a ValueError naming them."
-    if decoding not in DECODINGS:
-        raise ValueError(f"decoding={decoding!r}: use 'free' (the paper's protocol), 'constrained' (every output bound by its "
-                         f"declared format) or 'decoupled' (free answer, then a constrained restatement)")
-    return decoding
-
-def decode(client,  # `kgrag_nb.llm.LLMClient`
-           prompts: list[str],  # completion prompts
-           constraint: Constraint,  # the output's declared format (`PROBE_VERDICT`, `SHORT_ANSWER`)
-           decoding: str = "free",  # "free" (the paper's) | "constrained" | "decoupled"
-           reformat: str = "",  # decoupled: the line appended after the free answer (`REFORMAT[...]`)
-           n: int = 1, temperature=0.0, max_tokens: int = 24, stop=("\n",), seed: int | None = None,
-           desc: str | None = None) -> tuple[list[list[str]], list[list[str]] | None]:
-    "`client.complete` under `decoding`: (outputs to parse, `n` per prompt; the free answers they restate, or None unless decoupled)."
-    check_decoding(decoding)
-    kw = dict(max_tokens=max_tokens, stop=list(stop) if stop else None, seed=seed)
-    if decoding != "decoupled":
-        outs = client.complete(prompts, n=n, temperature=temperature, desc=desc,
-                               constraint=constraint if decoding == "constrained" else None, **kw)
-        return outs, None
-    free = client.complete(prompts, n=n, temperature=temperature, desc=desc, **kw)
-    again = [p + a + reformat for p, row in zip(prompts, free) for a in row]  # greedy: it restates, it does not sample
-    flat = client.complete(again, temperature=0.0, constraint=constraint, desc=f"{desc or 'answers'}: restated", **kw)
-    return [[flat[i * n + s][0] for s in range(n)] for i in range(len(prompts))], free
+REFORMAT = {"nli": "\n- Restate the conclusion above as one word, True or False:", "qa": REFORMAT_SHORT}
 
 # %% ../nbs/14_awaken.ipynb #c028
 def probe_rule(verdicts: list,  # parsed probing answers (True / False / None)
@@ -508,7 +494,7 @@ def run_awakening(records: list,  # QA records (CWQ: `load_qa('cwq')`, topic ent
                   scorer=None,  # reranker; None = `minilm_scorer`
                   seed: int = 0,
                   out_dir=None,  # save the tables here (JSONL) when given
-                  decoding: str = "free") -> dict:  # probing answers: "free" (the paper's) | "constrained" | "decoupled"
+                  decoding: str = "free") -> dict:  # Step 1 and probing answers: "free" (the paper's) | "constrained" | "decoupled"
     "Task 1 end to end: `{'questions', 'candidates', 'knowledge', 'answers'}` DataFrames (see `save_run`)."
     check_decoding(decoding)
     qs, cands, know, kept = [], [], [], []
@@ -521,8 +507,11 @@ def run_awakening(records: list,  # QA records (CWQ: `load_qa('cwq')`, topic ent
     questions = pd.DataFrame(qs)
     if not kept: raise ValueError("run_awakening: no question has a gold 2-hop path in the KG; pass more records or check map_id")
     # Step 1 (§4.2, Eq. 6) on the questions with a gold path; its 10 samples at 0.7 are the No-RAG Hits@k
-    cb = closed_book(client, kept, n_probe=n_step1, n_samples=n_samples, sample_temperature=0.7, max_tokens=max_tokens, seed=seed)
-    questions = questions.merge(cb[["id", "probe_answers", "answerable"]].rename(columns={"probe_answers": "step1_answers"}), on="id", how="left")
+    # Step 1's answers are decoded under `decoding` (`SHORT_ANSWER`); its Hits@k samples stay free (`closed_book`)
+    cb = closed_book(client, kept, n_probe=n_step1, n_samples=n_samples, sample_temperature=0.7, max_tokens=max_tokens, seed=seed,
+                     decoding=decoding)
+    questions = questions.merge(cb[["id", "probe_raw", "probe_answers", "answerable"]].rename(
+        columns={"probe_raw": "step1_raw", "probe_answers": "step1_answers"}), on="id", how="left")
     unans = set(cb.loc[cb["answerable"] == 0, "id"])
     knowledge = pd.DataFrame(know)
     knowledge["step1_unanswerable"] = knowledge["id"].isin(unans)
@@ -539,7 +528,7 @@ def run_awakening(records: list,  # QA records (CWQ: `load_qa('cwq')`, topic ent
     passed = knowledge[knowledge[[f"{m}_in_model" for m in probing]].any(axis=1)]
     qtext = dict(zip(questions["id"], questions["question"])); gold = {r.id: list(r.answers) for r in kept}
     rows = []
-    # Step 3 decodes freely in every mode: its No-RAG row is Step 1's free answers (`baselines.closed_book`), so the
+    # Step 3 decodes freely in every mode: its No-RAG row is Step 1's ten free samples (`baselines.closed_book`), so the
     # knowledge rows must be decoded alike; the short answers are readable freely anyway (see the section on decoding)
     for temp in temperatures:  # Step 3 (App. E awakening prompt)
         pairs = passed[["id", "text"]].drop_duplicates()
@@ -658,6 +647,19 @@ def probe_counts(result: dict,  # from `run_awakening` / `load_task1`
     return out
 
 
+def step1_counts(result: dict,  # from `run_awakening` / `load_task1`
+                ) -> pd.DataFrame:
+    "Step 1 (§4.2, Eq. 6) in one row: questions asked, answers, ok / repaired / failed (`parse_status`, QA), readable %, unanswerable."
+    q = result["questions"]
+    q = q[q["status"] == "ok"]
+    raw = [r for r in (q["step1_raw"] if "step1_raw" in q else []) if isinstance(r, (list, tuple, np.ndarray))]
+    st = [parse_status(a, "qa") for r in raw for a in r]  # none for results saved before Step 1's raw answers were kept
+    n = len(st)
+    return pd.DataFrame([dict(step="Step 1 (closed-book, Eq. 6)", decoding=check_decoding(result.get("params", {}).get("decoding") or "free"), questions=len(q), answers=n,
+                              ok=st.count("ok"), repaired=st.count("repaired"), failed=st.count("failed"),
+                              **{"readable %": round(100 * (n - st.count("failed")) / n, 1) if n else np.nan},
+                              unanswerable=int((q["answerable"] == 0).sum()))])
+
 # %% ../nbs/14_awaken.ipynb #c044
 from .papers import paper_numbers
 
@@ -727,14 +729,15 @@ DEVIATIONS = [  # of Task 1 (awakening_unseen_entity_kgqa.txt §4.2, App. B, C, 
 ]
 
 DECODING_DEVIATION = {  # listed by `study_deviations` only when the run did not decode freely
-    "constrained": "Decoding: the probing answers are decoded under their declared formats (NLI: the choice ' True' / ' False', "
-                   "`PROBE_VERDICT`; QA-probing: a non-empty one-line short answer, `SHORT_ANSWER`), a llama.cpp grammar on the "
-                   "embedded model; the paper decodes freely (`decoding = \"free\"`, the full profile). Step 1 and the awakening "
-                   "answers are decoded freely in every mode.",
-    "decoupled": "Decoding: decoupled. Each probing answer is generated freely as in the paper, then a second, greedy pass "
-                 "bound by the declared format (`PROBE_VERDICT`, `SHORT_ANSWER`) restates it after the prompt, the free answer and "
-                 "one line asking for the format (`REFORMAT`); its restatement is parsed. The paper decodes freely; Step 1 and the "
-                 "awakening answers are decoded freely in every mode.",
+    "constrained": "Decoding: Step 1's closed-book answers (Eq. 6) and the probing answers are decoded under their declared "
+                   "formats (Step 1 and QA-probing: a non-empty one-line short answer, `SHORT_ANSWER`; NLI: the choice ' True' / "
+                   "' False', `PROBE_VERDICT`), a llama.cpp grammar on the embedded model; the paper decodes freely "
+                   "(`decoding = \"free\"`, the full profile). The ten No-RAG samples and the awakening answers are decoded freely "
+                   "in every mode, so the No-RAG and knowledge rows of Hits@k are decoded alike.",
+    "decoupled": "Decoding: decoupled. Each Step 1 and probing answer is generated freely as in the paper, then a second, greedy "
+                 "pass bound by the declared format (`SHORT_ANSWER`, `PROBE_VERDICT`) restates it after the prompt, the free answer "
+                 "and one line asking for the format (`REFORMAT`); its restatement is parsed. The paper decodes freely; the ten "
+                 "No-RAG samples and the awakening answers are decoded freely in every mode.",
 }
 
 def decoding_of(result: dict) -> str:
@@ -983,3 +986,50 @@ def plot_sweep(sweep: pd.DataFrame,  # from `temperature_sweep`
     ax.set_title(f"Fig. 7: T7 awakening vs temperature (ours F={int(sweep['F'].max())})", fontsize=9)
     ax.legend(fontsize=7, frameon=False, loc="center left", bbox_to_anchor=(1.0, 0.5)); fig.tight_layout()
     return fig
+
+# %% ../nbs/14_awaken.ipynb #f001
+FORMAT_TAX = dict(
+    study="awakening",
+    step="NLI-probing True/False (App. E prompt, §4.2 Stage 3, Eq. 7) and QA-probing short answers (App. B.4, closed-book "
+         "App. E prompt), three probes per T1 knowledge item at the App. C temperatures",
+    metric="QA-probing accuracy (ACC_R, App. C Eq. 15, of the item's three QA-probing answers)",
+    paper="not reported per answer; awakening Table 7 (Llama3.1-8B-Instruct, CWQ): QA-probing keeps 110 A_q-R_q-B (T1) items, "
+          "NLI-probing 446")
+
+def format_tax_items(n: int,  # how many knowledge items
+                     seed: int = 0,  # candidate-subsampling seed (as in Task 1)
+                     dataset: str = "cwq") -> list[dict]:
+    "The first `n` distinct T1 knowledge items of Task 1's data (one per question with a gold path, in the data's order)."
+    if n < 1: raise ValueError(f"format_tax_items: n={n}; ask for at least one item")
+    records, backend, map_id = task1_data(dataset)
+    items, seen = [], set()
+    for r in records:
+        if len(items) >= n: break
+        if not r.answers: continue
+        ex = extract_knowledge(r, backend, map_id, types=("T1",), query_modes=("triple",), seed=seed)
+        k = next((k for k in ex["knowledge"] if k["text"] and k["text"] not in seen), None)
+        if ex["question"]["status"] != "ok" or k is None: continue
+        seen.add(k["text"])
+        items.append(dict(item=f"{r.id}/T1", id=r.id, type="T1", text=k["text"], qa_question=k["qa_question"],
+                          qa_expected=k["qa_expected"]))
+    return items
+
+def format_tax_arm(client,  # `kgrag_nb.llm.LLMClient`
+                   decoding: str,  # "free" (the paper's) | "constrained" | "decoupled"
+                   n: int,  # knowledge items (fewer when the data has fewer; see `format_tax_items`)
+                   seed: int = 0) -> list[dict]:
+    "The study's parsed step on the first `n` items (same items, prompts and seeds in every arm) under `decoding`."
+    check_decoding(decoding)
+    items = format_tax_items(n, seed)
+    nli = probe(client, [i["text"] for i in items], "nli", seed=seed, decoding=decoding)
+    qa = probe(client, [i["qa_question"] for i in items], "qa", [i["qa_expected"] for i in items], seed=seed, decoding=decoding)
+    rows = []
+    for it, a, b in zip(items, nli, qa):
+        status = a["probe_status"] + b["probe_status"]
+        rows.append(dict(item=it["item"], metric=float(np.mean(b["probe_verdicts"])),
+                         parsed=sum(s != "failed" for s in status) / len(status), fired=None, finished=None,
+                         kept=probe_rule(a["probe_verdicts"]), kept_relaxed=probe_rule(a["probe_verdicts"], 1),
+                         kept_qa=probe_rule(b["probe_verdicts"]), nli_true=sum(v is True for v in a["probe_verdicts"]),
+                         nli_readable=sum(s != "failed" for s in a["probe_status"]),
+                         qa_readable=sum(s != "failed" for s in b["probe_status"]), text=it["text"]))
+    return rows

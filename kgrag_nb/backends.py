@@ -23,20 +23,13 @@ from .config import Config, get_config
 from .kg import KG
 from .datasets import load_kg, load_qa, mid_to_fb15k
 from .retrieval import DEFAULT_NPROBE, DenseIndex, embed, load_embedder
-from .hooks import benchmark
-
-# awakening_unseen_entity_kgqa.txt App. C caps a topic entity's 2-hop subgraph at 40,000 triples; the backends' k-hop
-# default (the kg layer itself caps nothing by default). The awakening study imports it from here.
-AWAKENING_MAX_SUBGRAPH_TRIPLES = 40_000
-
 
 # %% auto #0
-__all__ = ['AWAKENING_MAX_SUBGRAPH_TRIPLES', 'RDFS_LABEL', 'RDF_TYPE', 'WD', 'WDT', 'FB', 'WIKIDATA_ENDPOINT', 'DIALECTS',
-           'DEFAULT_BASE_IRI', 'DIRECTIONS', 'Triple', 'RETRY_STATUSES', 'DEFAULT_USER_AGENT', 'RELATION_MODES',
-           'AWAKENING_IVF', 'SparqlDialect', 'kg_to_rdf', 'kg_to_store', 'KGBackend', 'LocalBackend', 'SparqlError',
-           'SparqlQueryError', 'SparqlUnavailableError', 'SparqlCache', 'patch_method', 'SparqlBackend',
-           'OxigraphEndpoint', 'CountingEncoder', 'RelationRetriever', 'cwq_relation_queries', 'relation_benchmark_kg',
-           'bench_relation_retrieval']
+__all__ = ['RDFS_LABEL', 'RDF_TYPE', 'WD', 'WDT', 'FB', 'WIKIDATA_ENDPOINT', 'DIALECTS', 'DEFAULT_BASE_IRI', 'DIRECTIONS',
+           'Triple', 'RETRY_STATUSES', 'DEFAULT_USER_AGENT', 'RELATION_MODES', 'SparqlDialect', 'kg_to_rdf',
+           'kg_to_store', 'KGBackend', 'LocalBackend', 'SparqlError', 'SparqlQueryError', 'SparqlUnavailableError',
+           'SparqlCache', 'patch_method', 'SparqlBackend', 'OxigraphEndpoint', 'CountingEncoder', 'RelationRetriever',
+           'cwq_relation_queries', 'relation_benchmark_kg', 'bench_relation_retrieval']
 
 # %% ../nbs/01b_kg_backends.ipynb #c006
 RDFS_LABEL = "http://www.w3.org/2000/01/rdf-schema#label"
@@ -222,8 +215,8 @@ class KGBackend(ABC):
         "Triples touching `entity`: `out` = as head, `in` = as tail, `both`."
 
     @abstractmethod
-    def khop_triples(self, seeds, hops: int = 2, max_triples: int | None = AWAKENING_MAX_SUBGRAPH_TRIPLES) -> list[Triple]:
-        "Triples within `hops` hops of `seeds` (both directions), at most `max_triples` (Awakening App. C: 40,000)."
+    def khop_triples(self, seeds, hops: int = 2, max_triples: int | None = None) -> list[Triple]:
+        "Triples within `hops` hops of `seeds` (both directions), at most `max_triples` (None = no cap; a study passes its own)."
 
     @abstractmethod
     def triples_with_relation(self, relation: str, limit: int | None = 100) -> list[Triple]:
@@ -249,7 +242,7 @@ class KGBackend(ABC):
         "Text label of `entity` (None when it has none)."
         return self.labels([entity]).get(entity)
 
-    def subgraph_kg(self, seeds, hops: int = 2, max_triples: int | None = AWAKENING_MAX_SUBGRAPH_TRIPLES,
+    def subgraph_kg(self, seeds, hops: int = 2, max_triples: int | None = None,
                     name: str | None = None,  # graph name (default "<backend>-<hops>hop")
                     with_labels: bool = True) -> KG:  # fetch entity and relation labels too
         "The k-hop subgraph of `seeds` as a `KG` (see `khop_triples`), with labels."
@@ -282,14 +275,14 @@ class LocalBackend(KGBackend):
         if not self._known([entity]): return []
         return sorted(self.kg._names(self.kg.incident(entity, direction)))[:limit]
 
-    def khop_triples(self, seeds, hops: int = 2, max_triples: int | None = AWAKENING_MAX_SUBGRAPH_TRIPLES) -> list[Triple]:
+    def khop_triples(self, seeds, hops: int = 2, max_triples: int | None = None) -> list[Triple]:
         "`KG.khop_triples` as sorted string triples (unknown seeds are skipped)."
         _check_cap(hops, max_triples)
         seeds = self._known(_seed_list(seeds))
         if not seeds: return []
         return sorted(self.kg._names(self.kg.khop_triples(seeds, hops, max_triples, self.seed)))
 
-    def subgraph_kg(self, seeds, hops: int = 2, max_triples: int | None = AWAKENING_MAX_SUBGRAPH_TRIPLES,
+    def subgraph_kg(self, seeds, hops: int = 2, max_triples: int | None = None,
                     name: str | None = None, with_labels: bool = True) -> KG:
         "`KG.khop_subgraph`: the subgraph over the same vocabulary and labels as the wrapped graph."
         _check_cap(hops, max_triples)
@@ -554,7 +547,7 @@ def neighbors(self, entity: str, direction: str = "both", limit: int | None = 10
 
 # %% ../nbs/01b_kg_backends.ipynb #c029
 @patch_method(SparqlBackend)
-def khop_triples(self, seeds, hops: int = 2, max_triples: int | None = AWAKENING_MAX_SUBGRAPH_TRIPLES) -> list[Triple]:
+def khop_triples(self, seeds, hops: int = 2, max_triples: int | None = None) -> list[Triple]:
     "Triples within `hops` hops of `seeds`, both directions, at most `max_triples` (LIMIT per query; see above)."
     _check_cap(hops, max_triples)
     seeds = _seed_list(seeds)
@@ -725,8 +718,6 @@ class CountingEncoder:
     def __repr__(self): return f"CountingEncoder({self.texts} texts in {self.calls} calls)"
 
 RELATION_MODES = ("faithful", "distinct")
-# Awakening (awakening_unseen_entity_kgqa.txt) App. C: NLIST 4096, TRAIN_FACTO 40, SAMPLE_PER_BATCH 20,000
-AWAKENING_IVF = dict(nlist=4096, train_factor=40, sample_per_batch=20_000)
 
 # %% ../nbs/01b_kg_backends.ipynb #c043
 class RelationRetriever:
@@ -737,9 +728,11 @@ class RelationRetriever:
                  embedder=None,  # model, model name or None = `load_embedder()`; wrap in CountingEncoder to count
                  cache_dir: Path | str | bool | None = None,  # embedding cache of `embed` (queries; distinct texts)
                  batch_size: int = 64,  # encoder batch size
-                 nlist: int = AWAKENING_IVF["nlist"],  # IVF lists, Awakening App. C "NLIST"
-                 train_factor: int = AWAKENING_IVF["train_factor"],  # training vectors per list, App. C "TRAIN_FACTO"
-                 sample_per_batch: int = AWAKENING_IVF["sample_per_batch"],  # vectors encoded and added per batch, App. C "SAMPLE_PER_BATCH"
+                 # IVF settings of the faithful index: `retrieval.DenseIndex`'s generic defaults; the awakening study passes
+                 # App. C's NLIST / TRAIN_FACTO / SAMPLE_PER_BATCH (`kgrag_nb.awaken.AWAKENING_IVF`)
+                 nlist: int | None = None,  # IVF lists (None = DenseIndex's rule, min(4·√n, n // train_factor))
+                 train_factor: int = 40,  # training vectors per list
+                 sample_per_batch: int = 20_000,  # vectors encoded and added per batch
                  nprobe: int | None = None,  # first nprobe of the faithful search (None = retrieval.DEFAULT_NPROBE)
                  seed: int = 0,  # k-means and training-sample seed
                  progress: bool = False):  # progress bar while encoding the triples (faithful)
@@ -875,8 +868,9 @@ def cwq_relation_queries(cfg: Config | None = None) -> list[str]:
 
 def relation_benchmark_kg(n: int = 20_000,  # triples in the sample; 0 = all of FB15k-237
                           seed: int = 0,  # sample seed
-                          cfg: Config | None = None) -> KG:
-    "FB15k-237 triples within 2 hops (40,000 cap) of CWQ topic entities, `n` of them sampled uniformly (0: all FB15k-237)."
+                          cfg: Config | None = None,
+                          max_triples: int | None = None) -> KG:  # cap of each topic entity's 2-hop subgraph (None = none)
+    "FB15k-237 triples within 2 hops (each capped at `max_triples`) of CWQ topic entities, `n` of them sampled uniformly (0: all FB15k-237)."
     kg = load_kg("fb15k237", cfg=cfg)
     if not n: return kg
     idx = kg._vocab.eidx
@@ -887,7 +881,7 @@ def relation_benchmark_kg(n: int = 20_000,  # triples in the sample; 0 = all of 
             except ValueError: continue
             if m in idx: topics.append(m)
     union = np.zeros(kg.num_triples, bool)
-    for e in dict.fromkeys(topics): union[kg.khop_triples(e, 2, AWAKENING_MAX_SUBGRAPH_TRIPLES)] = True
+    for e in dict.fromkeys(topics): union[kg.khop_triples(e, 2, max_triples)] = True
     pool = np.flatnonzero(union)
     if n < len(pool): pool = np.sort(np.random.default_rng(seed).choice(pool, n, replace=False))
     return kg.subgraph(pool, name=f"fb15k237-cwq2hop-n{len(pool)}")
@@ -898,16 +892,18 @@ def bench_relation_retrieval(n: int = 20_000,  # sampled triples (see relation_b
                              n_queries: int | None = None,  # first n CWQ relation queries (None = all 104)
                              seed: int = 0,  # sample and k-means seed
                              embedder=None,  # model name (default cfg.embedder, all-MiniLM-L6-v2)
-                             cfg: Config | None = None) -> dict:
+                             cfg: Config | None = None,
+                             max_triples: int | None = None,  # cap per topic entity's 2-hop subgraph (see relation_benchmark_kg)
+                             ivf: dict | None = None) -> dict:  # IVF settings of the faithful index (nlist, train_factor, ...)
     "Faithful (vector per triple, IVF) vs distinct (vector per relation) retrieval: encoder calls, time, same candidates."
     cfg = cfg or get_config()
-    kg = relation_benchmark_kg(n, seed, cfg)
+    kg = relation_benchmark_kg(n, seed, cfg, max_triples)
     queries = cwq_relation_queries(cfg)[:n_queries]
     model = load_embedder(embedder, cfg)
     out, runs = {}, {}
     for mode in RELATION_MODES:
         enc = CountingEncoder(model)
-        t0 = time.perf_counter(); rr = RelationRetriever(kg, mode, enc, cache_dir=False, seed=seed); t1 = time.perf_counter()
+        t0 = time.perf_counter(); rr = RelationRetriever(kg, mode, enc, cache_dir=False, seed=seed, **(ivf or {})); t1 = time.perf_counter()
         cands = [rr.retrieve(q, k) for q in queries]; t2 = time.perf_counter()
         runs[mode] = (rr, cands)
         out[mode] = dict(enc=enc.texts, build=t1 - t0, query=t2 - t1, work=rr.distance_computations, vectors=rr.index_vectors)
@@ -931,7 +927,3 @@ def bench_relation_retrieval(n: int = 20_000,  # sampled triples (see relation_b
                 same_candidates=all(same), same_candidates_queries=int(sum(same)),
                 fixed_nprobe_same_relations=int(fixed), fixed_nprobe=rf.nprobe)
 
-@benchmark("relation-retrieval", "Awakening §5.2 relation retrieval: vector per triple + IVF (paper) vs vector per relation (exact)")
-def _bench_relation_retrieval(n=None, **kw):
-    kw.pop("llm_url", None)
-    return bench_relation_retrieval(**({} if n is None else {"n": n}), **kw)

@@ -6,9 +6,11 @@
 from __future__ import annotations
 import numpy as np, pandas as pd
 from .metrics import acc_r, percent_cis
+from .llm import Constraint
 
 # %% auto #0
-__all__ = ['AWAKENING_NO_RAG_TEMPLATE', 'DEVIATIONS', 'no_rag_prompt', 'parse_short_answer', 'draw_temperatures', 'closed_book',
+__all__ = ['AWAKENING_NO_RAG_TEMPLATE', 'SHORT_ANSWER', 'DECODINGS', 'REFORMAT_SHORT', 'DEVIATIONS', 'no_rag_prompt',
+           'parse_short_answer', 'check_decoding', 'decode', 'draw_temperatures', 'closed_book',
            'summarize_closed_book', 'paper_no_rag_rows']
 
 # %% ../nbs/09_baselines.ipynb #c004
@@ -43,6 +45,44 @@ def parse_short_answer(completion: str) -> str:
         if line: return line.rstrip(".").strip()
     return ""
 
+# %% ../nbs/09_baselines.ipynb #b101
+# The output format of App. E's "Short Answer" prompts (awakening_unseen_entity_kgqa.txt App. E: the closed-book prompt of
+# Step 1 and QA-probing, App. B.4, and the awakening prompt): their example answers " Paris." on the cue's line. A non-empty
+# answer on that line (the leading space optional; it may end with the newline the calls stop at); `max_tokens` bounds its
+# length. Parsed by `parse_short_answer`.
+SHORT_ANSWER = Constraint.regex(r" ?[^ \t\n\r][^\n]*\n?")
+
+# %% ../nbs/09_baselines.ipynb #b104
+DECODINGS = ("free", "constrained", "decoupled")
+# decoupled's second pass for a short answer: one line after the free answer asking to restate it in the format
+REFORMAT_SHORT = "\n- Restate the short answer above on one line:"
+
+def check_decoding(decoding: str) -> str:
+    "`decoding` if it is one of `DECODINGS`, else a ValueError naming them."
+    if decoding not in DECODINGS:
+        raise ValueError(f"decoding={decoding!r}: use 'free' (the paper's protocol), 'constrained' (every output bound by its "
+                         f"declared format) or 'decoupled' (free answer, then a constrained restatement)")
+    return decoding
+
+def decode(client,  # `kgrag_nb.llm.LLMClient`
+           prompts: list[str],  # completion prompts
+           constraint: Constraint,  # the output's declared format (`SHORT_ANSWER`, `awaken.PROBE_VERDICT`)
+           decoding: str = "free",  # "free" (the paper's) | "constrained" | "decoupled"
+           reformat: str = "",  # decoupled: the line appended after the free answer (`REFORMAT_SHORT`, `awaken.REFORMAT`)
+           n: int = 1, temperature=0.0, max_tokens: int = 24, stop=("\n",), seed: int | None = None,
+           desc: str | None = None) -> tuple[list[list[str]], list[list[str]] | None]:
+    "`client.complete` under `decoding`: (outputs to parse, `n` per prompt; the free answers they restate, or None unless decoupled)."
+    check_decoding(decoding)
+    kw = dict(max_tokens=max_tokens, stop=list(stop) if stop else None, seed=seed)
+    if decoding != "decoupled":
+        outs = client.complete(prompts, n=n, temperature=temperature, desc=desc,
+                               constraint=constraint if decoding == "constrained" else None, **kw)
+        return outs, None
+    free = client.complete(prompts, n=n, temperature=temperature, desc=desc, **kw)
+    again = [p + a + reformat for p, row in zip(prompts, free) for a in row]  # greedy: it restates, it does not sample
+    flat = client.complete(again, temperature=0.0, constraint=constraint, desc=f"{desc or 'answers'}: restated", **kw)
+    return [[flat[i * n + s][0] for s in range(n)] for i in range(len(prompts))], free
+
 # %% ../nbs/09_baselines.ipynb #c008
 def draw_temperatures(n_questions: int,  # how many questions
                       k: int = 3,  # answers per question (Step 1 uses three)
@@ -59,15 +99,20 @@ def closed_book(client,  # a `kgrag_nb.llm.LLMClient`
                 n_samples: int = 10,  # answers for Hits@k
                 sample_temperature: float = 0.7,  # temperature of the Hits@k samples (awakening App. C)
                 max_tokens: int = 24,  # short answers
-                seed: int = 0) -> pd.DataFrame:
+                seed: int = 0,
+                decoding: str = "free") -> pd.DataFrame:  # Step 1's answers: "free" (the paper's) | "constrained" | "decoupled"
     "Answer each question closed-book; one row per question with the answers, ACC_R per answer, answerability and Hits@k."
+    check_decoding(decoding)
     records = [r for r in records if r.answers]
     if not records: raise ValueError("closed_book: no record has a gold answer; pick a QA set with answers")
     prompts = [no_rag_prompt(r.question) for r in records]
     temps = draw_temperatures(len(records), n_probe, seed=seed)
     # Step 1: answer j of every question at its own temperature (one batch per j keeps the server full)
-    probes = [client.complete(prompts, temperature=[float(x) for x in temps[:, j]], max_tokens=max_tokens, stop=["\n"],
-                              seed=seed + j, desc=f"step-1 answer {j + 1}/{n_probe}") for j in range(n_probe)]
+    # under `decoding` (`SHORT_ANSWER`); `free` sends exactly the requests (and cache keys) of a plain `client.complete`
+    probes, free = zip(*[decode(client, prompts, SHORT_ANSWER, decoding, REFORMAT_SHORT, temperature=[float(x) for x in temps[:, j]],
+                                max_tokens=max_tokens, stop=["\n"], seed=seed + j, desc=f"step-1 answer {j + 1}/{n_probe}")
+                         for j in range(n_probe)]) if n_probe else ((), ())
+    # the Hits@k samples stay free in every mode: they are the No-RAG row the (free) awakening answers are compared with
     samples = client.complete(prompts, n=n_samples, temperature=sample_temperature, max_tokens=max_tokens, stop=["\n"],
                               seed=seed, desc=f"{n_samples} samples") if n_samples else [[] for _ in records]
     rows = []
@@ -77,9 +122,11 @@ def closed_book(client,  # a `kgrag_nb.llm.LLMClient`
         probe_ok = [acc_r(a, r.answers) for a in probe_answers]
         sample_ok = [acc_r(a, r.answers) for a in sample_answers]
         rows.append(dict(id=r.id, question=r.question, gold=list(r.answers), probe_temperatures=list(temps[i]),
+                         probe_raw=[probes[j][i][0] for j in range(n_probe)],
                          probe_answers=probe_answers, probe_correct=probe_ok, answerable=int(any(probe_ok)),
                          samples=sample_answers, sample_correct=sample_ok,
-                         hits1=int(bool(sample_ok[:1]) and sample_ok[0] == 1), hits10=int(any(sample_ok[:10]))))
+                         hits1=int(bool(sample_ok[:1]) and sample_ok[0] == 1), hits10=int(any(sample_ok[:10])))
+                    | ({"probe_free": [free[j][i][0] for j in range(n_probe)]} if decoding == "decoupled" else {}))
     return pd.DataFrame(rows)
 
 # %% ../nbs/09_baselines.ipynb #c011

@@ -444,3 +444,146 @@ def test_constrained_probing_embedded(embedded_server, tmp_path):
     assert all(v in (True, False) for r in rows for v in r["probe_verdicts"])
     qa = probe(client, ["What is the adjoins of Belgium?"], "qa", ["France"], decoding="constrained")[0]
     assert all(parse_short_answer(a) for a in qa["probe_raw"]) and qa["probe_status"] == ["ok"] * 3, qa["probe_raw"]
+
+
+# ---------------------------------------------------------------- Step 1 under the run's decoding (issue 21)
+class _Rec:
+    def __init__(self, i, q, a): self.id, self.question, self.answers = i, q, a
+
+
+class _Recorder(_Fake):
+    "Records every complete() call's keyword arguments."
+    def __init__(self): super().__init__(); self.kw = []
+    def complete(self, prompts, n=1, temperature=0.0, constraint=None, **kw):
+        self.kw.append(dict(prompts=list(prompts), n=n, temperature=temperature, constraint=constraint, **kw))
+        return super().complete(prompts, n=n, temperature=temperature, constraint=constraint, **kw)
+
+
+def test_step1_constraint_is_declared_next_to_its_parser():
+    "Step 1's answers (App. E closed-book prompt) are bound by `SHORT_ANSWER`, declared in baselines beside `parse_short_answer`."
+    import kgrag_nb.baselines as B
+    import kgrag_nb.awaken as A
+    assert B.SHORT_ANSWER is A.SHORT_ANSWER and B.decode is A.decode and B.DECODINGS == DECODINGS == ("free", "constrained", "decoupled")
+    assert REFORMAT["qa"] == B.REFORMAT_SHORT
+    for seed in range(3):  # what the stub writes for the constraint is read ok by Step 1's parser
+        out = fill_constraint(B.SHORT_ANSWER.spec(), seed=seed)
+        assert B.parse_short_answer(out) and parse_status(out, "qa") == "ok", out
+
+
+@pytest.mark.parametrize("decoding", DECODINGS)
+def test_closed_book_step1_decoding(decoding):
+    from kgrag_nb.baselines import closed_book, draw_temperatures, no_rag_prompt
+    recs = [_Rec("q1", "What is the capital of France?", ["Paris"]), _Rec("q2", "Who wrote Hamlet?", ["Shakespeare"])]
+    fake = _Recorder()
+    cb = closed_book(fake, recs, n_probe=3, n_samples=2, seed=5, decoding=decoding)
+    step1 = [k for k in fake.kw if k["desc"].startswith("step-1")]
+    samples = [k for k in fake.kw if k["desc"] == "2 samples"]
+    assert len(samples) == 1 and samples[0]["constraint"] is None  # the Hits@k samples stay free in every mode
+    assert [k["constraint"] for k in step1] == {"free": [None] * 3, "constrained": [SHORT_ANSWER] * 3,
+                                                "decoupled": [None, SHORT_ANSWER] * 3}[decoding]
+    temps = draw_temperatures(2, 3, seed=5)
+    if decoding == "free":  # exactly the requests of the plain call it replaced (n=1 and no constraint are the defaults)
+        old = [dict(prompts=[no_rag_prompt(r.question) for r in recs], temperature=[float(x) for x in temps[:, j]], max_tokens=24,
+                    stop=["\n"], seed=5 + j, desc=f"step-1 answer {j + 1}/3") for j in range(3)]
+        assert [{k: v for k, v in s.items() if k not in ("n", "constraint")} for s in step1] == old
+        assert all(s["n"] == 1 for s in step1)
+        assert cb["probe_answers"].tolist() == [["I think so. It is true"] * 3] * 2 and "probe_free" not in cb
+    else:  # the stub's filling is readable and (being 'a'-like) wrong: every question is unanswerable
+        assert all(parse_status(a, "qa") == "ok" for raw in cb["probe_raw"] for a in raw)
+        assert cb["answerable"].tolist() == [0, 0]
+        assert ("probe_free" in cb) == (decoding == "decoupled")
+    if decoding == "decoupled":  # the restatement: greedy, after the prompt, the free answer and REFORMAT_SHORT
+        restated = [k for k in step1 if k["constraint"] is not None]
+        assert all(k["temperature"] == 0.0 for k in restated)
+        assert restated[0]["prompts"][0] == no_rag_prompt(recs[0].question) + " I think so. It is true" + REFORMAT["qa"]
+    with pytest.raises(ValueError, match="use 'free'"): closed_book(fake, recs, decoding="json")
+
+
+def test_step1_counts_hand_computed():
+    from kgrag_nb.awaken import step1_counts
+    q = pd.DataFrame(dict(id=["q1", "q2", "q3"], status=["ok", "ok", "no gold 2-hop path"], answerable=[0, 1, None],
+                          step1_raw=[[" Paris.", "\n- Short Answer: Rome", "\n"], [" Bonn"] * 3, None]))
+    row = step1_counts({"questions": q, "params": {"decoding": "constrained"}}).iloc[0]
+    assert row[["decoding", "questions", "answers", "ok", "repaired", "failed", "unanswerable"]].tolist() == ["constrained", 2, 6, 4, 1, 1, 1]
+    assert row["readable %"] == 83.3
+    assert np.isnan(step1_counts({"questions": q.drop(columns="step1_raw")}).iloc[0]["readable %"])  # older runs: no raw answers
+
+
+@pytest.mark.llm
+def test_constrained_step1_embedded(embedded_server, tmp_path):
+    "Step 1 constrained on the real model: every closed-book answer is a readable one-line short answer (issue 21)."
+    from kgrag_nb.llm import LLMClient
+    from kgrag_nb.baselines import closed_book
+    client = LLMClient(embedded_server.url, cache=tmp_path / "llm.sqlite", progress=False)
+    recs = [_Rec("q1", "What country is north of France and borders Belgium?", ["Netherlands"]),
+            _Rec("q2", "Who was the brother of John F. Kennedy?", ["Ted Kennedy"])]
+    cb = closed_book(client, recs, n_probe=3, n_samples=0, decoding="constrained")
+    raw = [a for r in cb["probe_raw"] for a in r]
+    assert len(raw) == 6 and all(re.fullmatch(SHORT_ANSWER.value, a) for a in raw), raw
+    assert all(parse_status(a, "qa") == "ok" and parse_short_answer(a) for a in raw), raw
+    assert cb["answerable"].isin([0, 1]).all()
+
+
+# ---------------------------------------------------------------- the format-tax arm (issue 21 item 4)
+FORMAT_TAX_KEYS = {"item", "metric", "parsed", "fired", "finished", "kept"}
+
+
+def _check_arm_rows(rows, n):
+    assert 1 <= len(rows) <= n
+    for r in rows:
+        assert FORMAT_TAX_KEYS <= set(r) and isinstance(r["item"], str) and r["item"].endswith("/T1")
+        assert r["metric"] is None or (isinstance(r["metric"], float) and 0 <= r["metric"] <= 1)
+        assert isinstance(r["parsed"], float) and 0 <= r["parsed"] <= 1
+        assert r["fired"] is None and r["finished"] is None and isinstance(r["kept"], bool)
+
+
+def test_format_tax_arm_with_stub_answers():
+    "Same items in every arm; the stub's constrained answers: readable, ' True' x3 (kept), a wrong short answer (metric 0)."
+    from kgrag_nb.awaken import FORMAT_TAX, format_tax_arm, format_tax_items
+    assert FORMAT_TAX["study"] == "awakening" and "Table 7" in FORMAT_TAX["paper"]
+    items = format_tax_items(2)
+    assert [i["text"] for i in items] == ["Belgium, adjoins, France", "Ted Kennedy, sibling, John F. Kennedy"]
+    rows = {d: format_tax_arm(_Fake(), d, 2) for d in DECODINGS}
+    for d, rs in rows.items():
+        _check_arm_rows(rs, 2)
+        assert [r["item"] for r in rs] == [i["item"] for i in items]
+    # free: ' I think so. It is true' reads as True (repaired) for NLI, and as a wrong but readable short answer for QA
+    assert [(r["parsed"], r["kept"], r["metric"]) for r in rows["free"]] == [(1.0, True, 0.0)] * 2
+    assert [(r["parsed"], r["kept"], r["metric"], r["nli_true"]) for r in rows["constrained"]] == [(1.0, True, 0.0, 3)] * 2
+    with pytest.raises(ValueError, match="at least one item"): format_tax_items(0)
+
+
+@pytest.mark.llm
+def test_format_tax_arm_constrained_embedded(embedded_server, tmp_path):
+    "The awakening format-tax arm on the real model, constrained: one item, every answer readable."
+    from kgrag_nb.llm import LLMClient
+    from kgrag_nb.awaken import format_tax_arm
+    client = LLMClient(embedded_server.url, cache=tmp_path / "llm.sqlite", progress=False)
+    rows = format_tax_arm(client, "constrained", 1)
+    _check_arm_rows(rows, 1)
+    assert rows[0]["parsed"] == 1.0 and rows[0]["nli_readable"] == 3 and rows[0]["qa_readable"] == 3, rows
+
+
+# ---------------------------------------------------------------- the paper's settings passed to the general layers (issue 24)
+def test_awakening_passes_its_app_c_settings(monkeypatch):
+    "Step 2 caps each 2-hop subgraph at App. C's 40,000; `kgrag bench relation-retrieval` passes the cap and the IVF settings."
+    import kgrag_nb.awaken as A
+    from kgrag_nb.hooks import BENCHMARKS
+    assert (A.AWAKENING_MAX_SUBGRAPH_TRIPLES, A.AWAKENING_IVF) == (40_000, dict(nlist=4096, train_factor=40, sample_per_batch=20_000))
+    caps = []
+    class Recording(LocalBackend):
+        def khop_triples(self, seeds, hops=2, max_triples=None):
+            caps.append(max_triples); return super().khop_triples(seeds, hops, max_triples)
+    dotted = {"owned_by": "x.y.owned_by", "won": "x.y.won"}
+    kg = KG.from_triples([(h, dotted.get(r, r), t) for h, r, t in TRIPLES], name="toy3", entity_labels=LABELS)
+    class Rec:
+        id, question, answers = "toy-1", "Team owner Tom Gores won the Championship in what year?", ["2004 NBA Finals"]
+        topic_entities, evidence, meta = [{"id": "tom", "name": "Tom Gores"}], [], {}
+        evidence_ids = [("pistons", "x.y.owned_by", "tom"), ("pistons", "x.y.won", "finals2004")]
+    extract_knowledge(Rec(), Recording(kg), types=("T1",), query_modes=("triple",), scorer=overlap_scorer)
+    assert caps == [40_000, 40_000]
+    seen = {}
+    monkeypatch.setattr(A, "bench_relation_retrieval", lambda **kw: seen.update(kw) or {"ok": True})
+    fn = BENCHMARKS["relation-retrieval"][0]
+    assert fn.__module__ == "kgrag_nb.awaken" and fn(n=300, llm_url="x", k=3) == {"ok": True}
+    assert seen == dict(n=300, k=3, max_triples=40_000, ivf=A.AWAKENING_IVF)

@@ -16,6 +16,8 @@ from kgrag_nb.backends import (SparqlDialect, kg_to_rdf, kg_to_store, LocalBacke
                                SparqlCache, SparqlError, SparqlQueryError, SparqlUnavailableError, DIRECTIONS, FB, WD,
                                WDT, RDFS_LABEL, CountingEncoder, RelationRetriever, RELATION_MODES, cwq_relation_queries,
                                bench_relation_retrieval, _retry_after)
+# the awakening paper's App. C settings, which the study passes to this general layer (issue 24: no paper defaults here)
+from kgrag_nb.awaken import AWAKENING_IVF, AWAKENING_MAX_SUBGRAPH_TRIPLES
 
 SEED = "/m/02d02"  # Detroit Tigers, a CWQ topic entity; its 2-hop subgraph in FB15k-237 has 2,447 triples
 
@@ -393,7 +395,7 @@ def retrievers(rel_kg, model):
     out = {}
     for mode in RELATION_MODES:
         enc = CountingEncoder(model)
-        out[mode] = (RelationRetriever(rel_kg, mode, enc, cache_dir=False), enc)
+        out[mode] = (RelationRetriever(rel_kg, mode, enc, cache_dir=False, **AWAKENING_IVF), enc)
     return out
 
 
@@ -449,7 +451,7 @@ def test_fixed_nprobe_search_and_errors(retrievers):
 
 
 def test_benchmark_small(model):
-    res = bench_relation_retrieval(n=300, k=3, n_queries=6)
+    res = bench_relation_retrieval(n=300, k=3, n_queries=6, max_triples=AWAKENING_MAX_SUBGRAPH_TRIPLES, ivf=AWAKENING_IVF)
     assert res["triples"] == 300 and res["queries"] == 6
     assert res["encoder_calls_faithful"] == 300 + 6
     assert res["encoder_calls_distinct"] == res["relations"] + 6 and res["index_vectors_distinct"] == res["relations"]
@@ -459,7 +461,7 @@ def test_benchmark_small(model):
 
 def test_certified_search_beats_fixed_nprobe(rel_kg, retrievers, model):
     "Many lists, nprobe=1: the plain IVF search misses relations; the certified faithful search still matches distinct."
-    f = RelationRetriever(rel_kg, "faithful", model, cache_dir=False, train_factor=4, nprobe=1)
+    f = RelationRetriever(rel_kg, "faithful", model, cache_dir=False, nlist=AWAKENING_IVF["nlist"], train_factor=4, nprobe=1)
     d = retrievers["distinct"][0]
     assert f.nlist_used == 612 // 4 and f.nprobe == 1
     misses = 0
@@ -469,3 +471,13 @@ def test_certified_search_beats_fixed_nprobe(rel_kg, retrievers, model):
         ids, _ = f.top_triples(q, len(exact), nprobe=1)
         misses += not np.array_equal(np.sort(ids), exact)
     assert misses > 0
+
+
+def test_no_paper_defaults_in_backends(local):
+    "The k-hop methods cap nothing unless asked (a study passes its cap), and the IVF settings are DenseIndex's generic ones."
+    import inspect
+    for f in (LocalBackend.khop_triples, LocalBackend.subgraph_kg, SparqlBackend.khop_triples):
+        assert inspect.signature(f).parameters["max_triples"].default is None, f
+    p = inspect.signature(RelationRetriever).parameters
+    assert (p["nlist"].default, p["train_factor"].default, p["sample_per_batch"].default) == (None, 40, 20_000)
+    assert len(local.khop_triples(SEED, 2)) == len(local.khop_triples(SEED, 2, None)) == 2447

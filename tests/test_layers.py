@@ -1,6 +1,7 @@
 """The package's layers read top-down: a static check of every `import` in `kgrag_nb/*.py` (issue 8, item 2).
 
-Every module of the package has a place in `LAYERS` (the order of CONTRIBUTING.md's "Layers" section, lowest first). A module may
+Every module of the package has a place in `LAYERS` (the order of the layer diagram in `LAYERS_DOC`, docs/layers.md, lowest
+first; `test_layer_diagram_names_every_layer` checks that the page exists and names every module). A module may
 import only modules of a lower layer; the study layer is split into studies, each an ordered list of its own modules,
 and a study module may import an earlier module of its own study but never a module of another study. Both the imports
 at the top of a module and those hidden inside functions count, so the import graph is checked for cycles too.
@@ -22,8 +23,9 @@ Not allowed although sometimes imported late: faiss 0.08 s, bm25s 0.1 s, openai 
 anyway), httpx 0.06 s, pooch 0.03 s, pyoxigraph 0.03 s, pyarrow (pandas imports it already), tqdm, the rest of the
 standard library, and every `kgrag_nb` module: those belong at the top, where the reader sees them.
 
-The base layers `kg` and `retrieval` hold no paper's defaults: no parameter defaults to, and no module constant is
-named after, a paper (`AWAKENING_...`, `BRINK_...`); a study passes its paper's values.
+The base layers `kg`, `retrieval` and `backends` hold no paper's defaults: no parameter defaults to, and no module constant
+is named after, a paper (`AWAKENING_...`, `BRINK_...`); a study passes its paper's values. A name in `NO_PAPER_DEFAULTS`
+that is not a module of the package fails the check (a renamed module must not turn it off).
 
 `KNOWN_UPWARD`, `KNOWN_HIDDEN` and `KNOWN_PAPER_CONSTANTS` name the offenders left in modules that other branches of issue 8 own; the
 coordinator shrinks them when those branches merge (a stale entry fails `test_known_lists_are_not_stale`).
@@ -36,11 +38,12 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "kgrag_nb"
+LAYERS_DOC = Path(__file__).resolve().parents[1] / "docs" / "layers.md"  # the layer diagram this file enforces
 NOT_MODULES = {"__init__", "_modidx"}  # the package root (only `__version__`) and nbdev's index, below every layer
 
-# The layers, lowest first (CONTRIBUTING.md, "Layers"; new modules included before they exist). A layer is a list of modules of equal
+# The layers, lowest first (docs/layers.md, `LAYERS_DOC`; new modules included before they exist). A layer is a list of modules of equal
 # rank that may not import each other, except the study layer: a dict study -> its modules in import order.
-# As CONTRIBUTING.md says: `backends` sits above `retrieval` (an early design put it right above `kg`): its `RelationRetriever`
+# As docs/layers.md says: `backends` sits above `retrieval` (an early design put it right above `kg`): its `RelationRetriever`
 # (Awakening §5.2) embeds and indexes relation texts with `retrieval`, and its `kgrag bench relation-retrieval`
 # loads `datasets`; nothing below `retrieval` uses it. `baselines` is the awakening paper's closed-book
 # protocol (App. E prompt, §4.2 Step 1, App. C sampling, Table 3 No-RAG row), used only by `awaken`, `unseen` and the
@@ -77,9 +80,9 @@ KNOWN_UPWARD: set[tuple[str, str]] = set()
 KNOWN_HIDDEN: set[tuple[str, str]] = set()
 
 
-# paper-named constants still defined in a base layer for modules of other branches; shrink after merging
+# paper-named constants still defined in a base layer for modules of other branches; shrink after merging.
 KNOWN_PAPER_CONSTANTS: set[tuple[str, str]] = set()
-NO_PAPER_DEFAULTS = ["kg", "retrieval"]  # issue 8 item 2: paper-specific defaults leave these base layers
+NO_PAPER_DEFAULTS = ["kg", "retrieval", "backends"]  # issue 8 item 2, issue 24 item 1: paper-specific defaults leave these base layers
 PAPER_PREFIXES = ("AWAKENING", "BRINK", "UNSEEN", "JCQL", "COE", "MKR", "MISSING")
 
 
@@ -155,7 +158,7 @@ def hidden_imports() -> list[tuple[str, str, int]]:
 
 def test_every_module_has_a_layer():
     missing = [m for m in MODULES if m not in RANK]
-    assert not missing, f"modules without a layer: {missing}; add each to LAYERS in tests/test_layers.py (and to CONTRIBUTING.md's Layers section)"
+    assert not missing, f"modules without a layer: {missing}; add each to LAYERS in tests/test_layers.py (and to the diagram in docs/layers.md)"
     dup = [m for m, n in Counter(m for layer in LAYERS for m in (sum(layer.values(), []) if isinstance(layer, dict) else layer)).items() if n > 1]
     assert not dup, f"modules in two layers: {dup}"
 
@@ -194,9 +197,32 @@ def test_no_hidden_imports_beyond_the_allow_list():
 
 def test_known_lists_are_not_stale():
     hidden = {(m, n) for m, n, _ in hidden_imports()}
-    consts = set().union(*(paper_defaults(m)[1] for m in NO_PAPER_DEFAULTS if m in IMPORTS))
+    consts = set().union(*(paper_defaults(m)[1] for m in NO_PAPER_DEFAULTS))  # a missing module fails here too
     stale = sorted((KNOWN_HIDDEN - hidden) | (KNOWN_UPWARD - upward_imports()) | (KNOWN_PAPER_CONSTANTS - consts))
     assert not stale, f"fixed offenders still listed: {stale}; delete them from tests/test_layers.py (KNOWN_HIDDEN / KNOWN_UPWARD / KNOWN_PAPER_CONSTANTS)"
+
+
+def missing_modules(names) -> list[str]:
+    "The names among `names` that are not modules of the package (`kgrag_nb/<name>.py`)."
+    return [m for m in names if not (PKG / f"{m}.py").exists()]
+
+
+def test_paper_default_modules_exist():
+    "Every module the paper-defaults check names exists: a renamed or removed module fails, it does not skip the check."
+    assert not missing_modules(NO_PAPER_DEFAULTS), (f"NO_PAPER_DEFAULTS names {missing_modules(NO_PAPER_DEFAULTS)}, which are not "
+                                                    "modules of kgrag_nb; rename them in tests/test_layers.py")
+    assert missing_modules(["kg", "no_such_module"]) == ["no_such_module"]  # the check itself, on a hand case
+
+
+def test_layer_diagram_names_every_layer():
+    "The layer diagram this file enforces is in the repository (docs/layers.md) and names every module, lowest layer first."
+    assert LAYERS_DOC.is_file(), f"{LAYERS_DOC} is missing: the layer diagram that LAYERS follows must be in the repository"
+    text = LAYERS_DOC.read_text()
+    flat = [m for layer in LAYERS for m in (sum(layer.values(), []) if isinstance(layer, dict) else layer)]
+    absent = [m for m in flat if f"`{m}`" not in text]
+    assert not absent, f"docs/layers.md does not name the modules {absent}; add them to its diagram and table"
+    order = [text.index(f"`{layer[0] if isinstance(layer, list) else next(iter(layer.values()))[0]}`") for layer in LAYERS]
+    assert order == sorted(order), "docs/layers.md lists the layers in another order than LAYERS (lowest first)"
 
 
 def _paper_names(node) -> set[str]:
