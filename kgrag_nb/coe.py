@@ -24,17 +24,17 @@ __all__ = ['EXTRACT_INTENT_KEYWORDS_PROMPT', 'EXTRACT_RELATIONS_PROMPT', 'INTENT
            'RELATION_TOKENS', 'DECODINGS', 'REFORMAT', 'DATASETS', 'VARIANTS', 'MARKUP', 'PLACEMENTS',
            'BROADER_TERM_PROMPT', 'MISINFORMATION_PROMPT', 'CONDITIONS', 'ANSWER_TOKENS', 'JUDGE_TOKENS', 'ANSWER_STOP',
            'RAG_TOP_K', 'PAPER', 'PAPER_MODELS', 'OPEN_STAND_INS', 'CONDITION_TABLE', 'DEVIATIONS',
-           'DECODING_DEVIATION', 'fill', 'parse_features', 'parse_relations', 'parse_verdict', 'judge_verdict',
-           'parse_phrase', 'split_sentences', 'sentence_spans', 'check_decoding', 'decode_traced', 'extract_features',
-           'discrimination_prompts', 'coe_decision', 'discriminate', 'contains', 'load_released', 'quirks',
-           'piece_counts', 'sample_records', 'irrelevant_chars', 'irrelevant_context', 'misinformation_needed',
-           'misinformation_context', 'swap_answer', 'wrong_answers', 'is_yes_no', 'rebuild_samples', 'rebuild_summary',
-           'make_misinformation', 'answer_prompt', 'first_line', 'following', 'build_contexts', 'run_conditions',
-           'cell_table', 'significance', 'discrimination_rates', 'minimal_coverage', 'distractor_index',
-           'pool_released', 'pool_hotpot', 'rag_select', 'scope_coe', 'scope_coe_many', 'run_usability',
-           'usability_table', 'setting_label', 'ours_vs_paper_cells', 'stars_vs_paper', 'deviations',
+           'DECODING_DEVIATION', 'FORMAT_TAX', 'FT_DATASET', 'FT_P', 'fill', 'parse_features', 'parse_relations',
+           'parse_verdict', 'judge_verdict', 'parse_phrase', 'split_sentences', 'sentence_spans', 'check_decoding',
+           'decode_traced', 'extract_features', 'discrimination_prompts', 'coe_decision', 'discriminate', 'contains',
+           'load_released', 'quirks', 'piece_counts', 'sample_records', 'irrelevant_chars', 'irrelevant_context',
+           'misinformation_needed', 'misinformation_context', 'swap_answer', 'wrong_answers', 'is_yes_no',
+           'rebuild_samples', 'rebuild_summary', 'make_misinformation', 'answer_prompt', 'first_line', 'following',
+           'build_contexts', 'run_conditions', 'cell_table', 'significance', 'discrimination_rates', 'minimal_coverage',
+           'distractor_index', 'pool_released', 'pool_hotpot', 'rag_select', 'scope_coe', 'scope_coe_many',
+           'run_usability', 'usability_table', 'setting_label', 'ours_vs_paper_cells', 'stars_vs_paper', 'deviations',
            'released_overview', 'misinformation_counts', 'usability_questions', 'hotpot_questions', 'bm25_distractors',
-           'report_condition', 'report_usability', 'decoding_of', 'report_table1']
+           'report_condition', 'report_usability', 'decoding_of', 'report_table1', 'format_tax_arm']
 
 # %% ../nbs/19_coe.ipynb #c005
 # chain_of_evidence.txt App. A, "Intent and Keyword Extraction Prompt" (verbatim; 5 few-shot examples)
@@ -1033,3 +1033,48 @@ def report_table1(run, xp, papers_mod) -> dict:
     run.save_table(rebuilt.round(2), "rebuilt_samples", "New samples from HotpotQA (§4.1–4.2): candidates, CoE accepted, SenP / WordP made, records that cannot be perturbed" + _dec(dec))
     info = xp.load("run_info")
     return dict(quirks=q, both=both, rates=rates, rebuilt=rebuilt, rebuilt_rows=rb, info=info, decoding=dec)
+
+# %% ../nbs/19_coe.ipynb #ft01
+FORMAT_TAX = dict(study="coe",
+                  step="App. A feature JSON, App. B discrimination yes/no (§3.2), correctness judge (ACC, §5.1) and "
+                       "groundedness judge (FR, §6.1), chain_of_evidence.txt; HotpotQA, CoE, irrelevant p=0.5",
+                  metric="ACC of the CoE answer with irrelevant information (p=0.5) as judged",
+                  paper="92.0% ACC: chain_of_evidence.txt §5.2 Finding-1 (CoE, average of five LLMs, two datasets, all p); "
+                        "Table 2 HotpotQA CoE p=0.5: 86.1-91.8% (Qwen2.5-32B to GPT-4)")
+FT_DATASET, FT_P = "hotpotqa", 0.5  # one dataset and one irrelevant proportion (Table 2's middle column); one seed
+
+def format_tax_arm(client,  # LLMClient (answers, features, verdicts and judges: the generator judges below full)
+                   decoding: str,  # every parsed output: "free" (the paper), "constrained" or "decoupled"
+                   n: int,  # the first n de-duplicated released HotpotQA records
+                   seed: int = 0,  # the answer / judge seed and the context shuffle
+                   cfg=None) -> list[dict]:
+    "The study's parsed step on the first `n` items (same items, prompts and seeds in every arm) under `decoding`."
+    check_decoding(decoding)
+    if n < 1: raise ValueError(f"n={n}: ask for at least one record")
+    recs = sample_records(load_released(FT_DATASET, cfg), 10 ** 9).head(n).reset_index(drop=True)  # all, file order
+    ids = [str(i) for i in recs["id"]]
+    feats = extract_features(client, list(recs["question"]), ids, decoding=decoding)
+    todo = [i for i, f in enumerate(feats) if f is not None]
+    disc = dict(zip(todo, discriminate(client, [(ids[i], feats[i], recs.loc[i, "CoE"]) for i in todo], decoding=decoding)))
+    jobs, _ = build_contexts(recs.assign(misinformation=""), [FT_P], ("irrelevant", "faithfulness"), seed=seed)
+    jobs = [j for j in jobs if j["variant"] == "CoE"]
+    rows = run_conditions(client, client, jobs, [seed], decoding=decoding)
+    out = []
+    for i, iid in enumerate(ids):
+        g = rows[rows["id"] == recs.loc[i, "id"]]
+        acc = g.loc[g["condition"] == "irrelevant", "acc"]
+        judged = g[g["judge_raw"].notna()]
+        d = disc.get(i)
+        n_out = 1 + (d is not None) + (d["calls"] if d else 0) + len(judged)
+        n_ok = (feats[i] is not None) + bool(d and feats[i]["relations_ok"]) + (d["calls"] - d["unreadable"] if d else 0) \
+               + int((~judged["judge_unreadable"].astype(bool)).sum())
+        out.append(dict(item=f"{FT_DATASET}:{iid}", metric=float(acc.iloc[0]) if len(acc) else None, parsed=n_ok / n_out,
+                        fired=None, finished=None, kept=None, features_ok=feats[i] is not None,
+                        verdicts=(d["calls"] if d else 0) + len(judged),
+                        verdicts_readable=(d["calls"] - d["unreadable"] if d else 0) + int((~judged["judge_unreadable"].astype(bool)).sum()),
+                        is_coe=d["is_coe"] if d else None,
+                        fr=float(g.loc[g["condition"] == "faithfulness", "fr"].iloc[0]) if (g["condition"] == "faithfulness").any() else None,
+                        question=recs.loc[i, "question"], answer=recs.loc[i, "answer"],
+                        answer_text=g.loc[g["condition"] == "irrelevant", "answer_text"].tolist(), decoding=decoding))
+    return out
+

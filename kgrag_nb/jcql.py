@@ -17,6 +17,7 @@ from .llm import run_sync, Constraint
 from .retrieval import BM25Index
 from .metrics import kbqa_hits_at_1, brink_normalize, bootstrap_ci
 from .papers import paper_numbers, compare
+from .jcql_kbc import fb15k237_splits, build_kbc_data, metric_cis  # the KBC side of the format-tax arm (w/o complete: no checkpoint)
 from .kgqa import (BaseMethod, Question, Prediction, TraceWriter, register_method, get_method, METHODS, relation_names, candidate_steps,
                            parse_steps, step_label, expand_beam, beam_ends, beam_context, path_text)
 
@@ -25,17 +26,18 @@ __all__ = ['ACTIONS', 'INSTRUCTION_HEAD', 'ACTION_SENTENCES', 'EXAMPLE_TRAIN', '
            'PROMPT_RELATIONS', 'PROMPT_GENERATE', 'EXAMPLE_HINT', 'PROMPT_MODIFY', 'PROMPT_SCHEMA', 'PROMPT_PATHS',
            'DECODINGS', 'REFORMAT', 'COT_ANSWER', 'SHORT_ANSWER', 'IO_PROMPT', 'COT_PROMPT', 'TOG_PRUNE', 'TOG_ANSWER',
            'PAPER', 'DEVIATIONS', 'DECODING_DEVIATION', 'PAPER_ROW', 'TABLE3_ROW', 'TABLE4_ROW', 'NO_KB',
-           'DATASET_LABEL', 'agent_instruction', 'agent_example', 'ParsedStep', 'parse_step', 'check_decoding',
-           'step_constraint', 'entity_constraint', 'relations_constraint', 'triples_constraint', 'schema_constraint',
-           'paths_constraint', 'decode', 'entity_names', 'relation_names_of', 'name_kg', 'AgentKB', 'triple_line',
-           'TailFrequencyKBC', 'GoldLeakError', 'gold_leaks', 'AgentConfig', 'parse_triples', 'step_prompt',
-           'parse_choice', 'parse_relation_choice', 'JCQLAgent', 'io_prompt', 'cot_prompt', 'parse_short', 'parse_cot',
-           'majority', 'BaselineConfig', 'IOBaseline', 'CoTBaseline', 'SCBaseline', 'ToGStyle', 'bfs_path',
-           'expand_paths', 'parse_trajectory', 'parse_paths', 'replay_batch', 'slm_triples', 'jcql_train',
-           'kbqa_questions', 'prediction_frame', 'hits_table', 'failure_table', 'efficiency_table', 'format_table',
-           'deviations', 'decoding_note', 'select_questions', 'run_methods', 'special_test_set', 'special_first',
-           'replay_study', 'training_curve', 'named_triples', 'paper_rows', 'ours_for_table', 'experiment_frames',
-           'versus_paper', 'disabled_attempts', 'plot_lines']
+           'DATASET_LABEL', 'FORMAT_TAX', 'FT_VARIANT', 'FT_MAX_STEPS', 'FT_KEEP', 'FT_HOPS', 'FT_MAX_TRIPLES',
+           'agent_instruction', 'agent_example', 'ParsedStep', 'parse_step', 'check_decoding', 'step_constraint',
+           'entity_constraint', 'relations_constraint', 'triples_constraint', 'schema_constraint', 'paths_constraint',
+           'decode', 'entity_names', 'relation_names_of', 'name_kg', 'AgentKB', 'triple_line', 'TailFrequencyKBC',
+           'GoldLeakError', 'gold_leaks', 'AgentConfig', 'parse_triples', 'step_prompt', 'parse_choice',
+           'parse_relation_choice', 'JCQLAgent', 'io_prompt', 'cot_prompt', 'parse_short', 'parse_cot', 'majority',
+           'BaselineConfig', 'IOBaseline', 'CoTBaseline', 'SCBaseline', 'ToGStyle', 'bfs_path', 'expand_paths',
+           'parse_trajectory', 'parse_paths', 'replay_batch', 'slm_triples', 'jcql_train', 'kbqa_questions',
+           'prediction_frame', 'hits_table', 'failure_table', 'efficiency_table', 'format_table', 'deviations',
+           'decoding_note', 'select_questions', 'run_methods', 'special_test_set', 'special_first', 'replay_study',
+           'training_curve', 'named_triples', 'paper_rows', 'ours_for_table', 'experiment_frames', 'versus_paper',
+           'disabled_attempts', 'plot_lines', 'format_tax_arm']
 
 # %% ../nbs/17b_jcql.ipynb #c005
 ACTIONS = ("search", "complete", "generate", "finish")  # §3.2-3.3: the agent's action space
@@ -1335,7 +1337,8 @@ def replay_study(load_model,  # () -> a fresh KBCModel from the shared checkpoin
     paths = list(dict.fromkeys(tuple(t) for b in path_batches for t in b))
     def ev(m, tri, what, size, log):
         r = m.evaluate(list(tri), list(filter_triples), R=R, seed=seed)
-        return dict(replay=size, on=what, n=r["n"], MRR=r["mrr"], **{"Hits@1": r["hits@1"], "Hits@10": r["hits@10"]}, **log)
+        return dict(replay=size, on=what, n=r["n"], MRR=r["mrr"], **{"Hits@1": r["hits@1"], "Hits@10": r["hits@10"]},
+                    **metric_cis(r["per_triple"], seed=seed), **log)  # issue 22 item 5: bootstrap CIs over the triples
     base = load_model()
     rows = [ev(base, paths, "path triples", "none", {}), ev(base, held_out, "held-out triples", "none", {})]
     for k in sizes:
@@ -1419,3 +1422,41 @@ def plot_lines(df: pd.DataFrame, x: str, y: str, hue: str, title: str = "", xlab
     ax.set_xlabel(xlabel or x); ax.set_ylabel(ylabel or y); ax.set_title(title, fontsize=9); ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+# %% ../nbs/17b_jcql.ipynb #ft01
+FORMAT_TAX = dict(study="jcql",
+                  step="each ReAct step (Thought + one enabled action and its argument; jcql_joint_kbc_kbqa.txt §3.2-3.4, "
+                       "App. E Prompt 2) and Prompts 3-6, variant JCQL w/o complete",
+                  metric="Hits@1 (KBQA; §4.1, App. B)",
+                  paper="0.475 Hits@1: jcql_joint_kbc_kbqa.txt Table 3, JCQL w/o complete, CWQ, 50% KB (GPT-4o-mini)")
+FT_VARIANT, FT_MAX_STEPS = "jcql w/o complete", 2  # Table 3's variant without the SLM; L as the tiny profile (paper: 10)
+FT_KEEP, FT_HOPS, FT_MAX_TRIPLES = 0.5, 2, 500  # 50% KB (§4.1); the slice around the questions' topics (ours)
+
+def format_tax_arm(client,  # LLMClient
+                   decoding: str,  # every agent step and auxiliary prompt: "free" (the paper), "constrained", "decoupled"
+                   n: int,  # the first n CWQ test questions (file order) with a topic entity in FB15k-237
+                   seed: int = 0,  # KB edge deletion, slice cap and the agent's sampling seed
+                   max_steps: int = FT_MAX_STEPS,  # L (paper: 10; `functools.partial` sets it for an arm)
+                  ) -> list[dict]:
+    "The study's parsed step on the first `n` items (same items, prompts and seeds in every arm) under `decoding`."
+    check_decoding(decoding)
+    if n < 1: raise ValueError(f"n={n}: ask for at least one question")
+    splits = fb15k237_splits(); full = splits["all"]
+    qs = kbqa_questions("cwq", "test", full, None, seed)[:n]
+    data = build_kbc_data(splits, keep=FT_KEEP, seed=seed, topics=[m for q in qs for m in q.meta["mids"]], hops=FT_HOPS,
+                          max_triples=FT_MAX_TRIPLES)
+    kb = AgentKB(name_kg(data.train, "slice", {nm: r for r, nm in relation_names_of(full).items()}))
+    cfg = AgentConfig(max_steps=max_steps, seed=seed, decoding=decoding)
+    preds = get_method(FT_VARIANT).answer_all(qs, kb, client, cfg)
+    out = []
+    for q, p in zip(qs, preds):
+        m = p.meta
+        cot = not m["steps"]  # §4.1: no topic entity in the KB -> CoT
+        parsed = (m["steps_ok"] / m["n_steps"]) if not cot else float(bool(p.ranked))
+        out.append(dict(item=q.id, metric=kbqa_hits_at_1(p.ranked, list(q.answers)) if p.ranked else 0.0, parsed=float(parsed),
+                        fired=None, finished=bool(m["finished"]), kept=None, cot_fallback=cot, n_steps=m["n_steps"],
+                        steps_ok=m["steps_ok"], steps_repaired=m["steps_repaired"], llm_calls=p.n_llm_calls,
+                        question=q.text, answers=list(q.answers), prediction=list(p.ranked), failures=dict(m["failures"]),
+                        actions=[s["action"] for s in m["steps"]], decoding=decoding))
+    return out
+

@@ -30,7 +30,8 @@ __all__ = ['DEVIATIONS', 'DECODING_DEVIATIONS', 'NQ_MISSING_PROMPT', 'MED_MISSIN
            'MED_ANSWER_PROMPT', 'MISSING_SECTION', 'PARSE_STATUSES', 'DECODINGS', 'MISSING_SCHEMA', 'MISSING_JSON',
            'MISSING_BLOCK_OPEN', 'MISSING_REASON_STOP', 'MISSING_RESTATE', 'BGE_QUERY_PREFIX', 'RAG_ROWS', 'MISK_ROWS',
            'ROWS', 'BUDGET_RULE', 'SPLIT_POLICY', 'FALLBACK_POLICY', 'PSEUDO_QA_PROMPT', 'JUDGE_GT_PROMPT',
-           'JUDGE_ATTR_PROMPT', 'ATTRIBUTION', 'ATTRIBUTION_RESTATE', 'PAPER', 'fill', 'standard_prompt',
+           'JUDGE_ATTR_PROMPT', 'ATTRIBUTION', 'ATTRIBUTION_RESTATE', 'PAPER', 'FORMAT_TAX', 'FT_TOPK', 'FT_POOL',
+           'FT_DISTRACTORS', 'FT_N_CTX', 'FT_MAX_TOKENS', 'FT_MAX_TOKENS_MISSING', 'fill', 'standard_prompt',
            'direct_prompt', 'Chunk', 'format_contexts', 'clip_chunks', 'balanced_objects', 'parse_json_verdict',
            'jieba_words', 'KnowledgeBase', 'kb_statistics', 'load_nq_oracle', 'load_distractors', 'load_medical',
            'qa_text', 'leaks', 'cmekg_texts', 'cmekg_subjects', 'nq_setup', 'medical_setup', 'second_retrieval',
@@ -39,7 +40,7 @@ __all__ = ['DEVIATIONS', 'DECODING_DEVIATIONS', 'NQ_MISSING_PROMPT', 'MED_MISSIN
            'JiebaTokenizer', 'nq_scores', 'med_scores', 'corpus_bleu', 'bleu_resamples', 'table1', 'table3', 'table4',
            'fig3_data', 'generator', 'judge_client', 'format_rates', 'run_settings', 'run_nq', 'run_med',
            'setting_label', 'vs_paper', 'table2_vs_paper', 'table4_vs_paper', 'fig3_figure', 'settings_lines',
-           'open_artefact', 'caption', 'deviations', 'load_predictions', 'save_predictions']
+           'open_artefact', 'caption', 'deviations', 'load_predictions', 'save_predictions', 'format_tax_arm']
 
 # %% ../nbs/18_missing.ipynb #m005
 DEVIATIONS = [
@@ -1121,3 +1122,65 @@ def save_predictions(xp, name: str, df: pd.DataFrame):
     "Store a prediction frame as JSON records (lists of chunks, parse details) and record its question count."
     xp.save(f"{name}_predictions", json.loads(df.to_json(orient="records", force_ascii=False)))
     xp.record_sample_size(f"{name} questions", int(df["qid"].nunique()))
+
+# %% ../nbs/18_missing.ipynb #ft01
+FORMAT_TAX = dict(study="misk",
+                  step="the one-pass missing-knowledge JSON of Fig. 4 (missing_knowledge_rag.txt App. A, §2.2), NQ, "
+                       "row Misk Merged KB at TopK=4",
+                  metric="EM (strict, SQuAD-normalised) of the Misk Merged KB answer on NQ",
+                  paper="37.11 EM: missing_knowledge_rag.txt Table 1, TopK=4, Misk Merged KB (NQ dev, 256 sampled "
+                        "questions, Llama3.3-70B); §3.3 'EM score of 37.11%'")
+FT_TOPK, FT_POOL, FT_DISTRACTORS = 4, 100, 100  # TopK of the paper's headline row; pool sizes ours (smallest real KB)
+FT_N_CTX, FT_MAX_TOKENS, FT_MAX_TOKENS_MISSING = 2048, 24, 192  # as the tiny/smoke profiles of misk_runs
+
+def format_tax_arm(client,  # LLMClient (the generator)
+                   decoding: str,  # the Fig. 4 call: "free" (the paper), "constrained" or "decoupled"
+                   n: int,  # the first n questions of the seeded NQ pool
+                   seed: int = 0,  # pool sample (`nq_setup`)
+                   cfg: Config | None = None) -> list[dict]:
+    "The study's parsed step on the first `n` items (same items, prompts and seeds in every arm) under `decoding`."
+    if decoding not in DECODINGS: raise ValueError(f"decoding={decoding!r}: use one of {DECODINGS}")
+    if n < 1: raise ValueError(f"n={n}: ask for at least one question")
+    cfg = cfg or get_config()
+    s = nq_setup(load_nq_oracle(cfg), n, max(n, FT_POOL), load_distractors(cfg), FT_DISTRACTORS, seed)
+    texts = s["wiki"] + s["qa"]
+    kb = KnowledgeBase("Merged KB", texts, ["wiki"] * len(s["wiki"]) + ["qa"] * len(s["qa"]), "dense", load_embedder(None, cfg))
+    qs, K = [q["question"] for q in s["questions"]], FT_TOPK
+    hits = kb.search(qs, K)
+    room = lambda mt: int((FT_N_CTX - mt - 16) * 3.0)  # chars_per_token_en of run_nq
+    ans_stop, std = ["\n\n", "\n## "], standard_prompt("nq")
+    first = [_fit(std, h[:K // 2], None, dict(query=q), "nq", room(FT_MAX_TOKENS)) for q, h in zip(qs, hits)]
+    fill_k = [_fit(std, h[:K], None, dict(query=q), "nq", room(FT_MAX_TOKENS)) for q, h in zip(qs, hits)]
+    got = _complete(client, [p for p, _ in first + fill_k], FT_MAX_TOKENS, ans_stop)
+    res1, resk = got[:n], got[n:]
+    mp = [_fit(NQ_MISSING_PROMPT, h[:K // 2], None, dict(query=q, first_round_prediction=t.strip()), "nq",
+               room(FT_MAX_TOKENS_MISSING)) for q, h, (t, _) in zip(qs, hits, res1)]
+    mres = complete_as(client, [p for p, _ in mp], FT_MAX_TOKENS_MISSING, ["\n## ", "\n\n\n"], MISSING_JSON, decoding,
+                       reason_tokens=FT_MAX_TOKENS_MISSING // 4, reason_stop=MISSING_REASON_STOP, lead=MISSING_BLOCK_OPEN,
+                       restate=MISSING_RESTATE)  # exactly run_pipeline's Fig. 4 call
+    parsed = [parse_json_verdict(m["text"], finish_reason=m["finish_reason"]) for m in mres]
+    fjobs, reasons, seconds = {}, [], []
+    for i, (q, h, p) in enumerate(zip(qs, hits, parsed)):
+        v = p["value"] or {}
+        mq = [x for x in v.get("query", []) if x.strip()]
+        reason = "parse failed" if p["status"] == "failed" else "judge=false" if not v.get("judge") else "no query" if not mq else ""
+        second = [] if reason else second_retrieval(kb, mq, K // 2, [c.md5 for c in h[:K // 2]])
+        if not reason and not second: reason = "nothing new retrieved"
+        if not reason: fjobs[i] = _fit(NQ_ANSWER_PROMPT, h[:K // 2], second, dict(query=q, thought=v.get("thought", "")),
+                                       "nq", room(FT_MAX_TOKENS))[0]
+        reasons.append(reason); seconds.append(second)
+    fout = dict(zip(fjobs, _complete(client, list(fjobs.values()), FT_MAX_TOKENS, ans_stop)))
+    out = []
+    for i, (q, p) in enumerate(zip(s["questions"], parsed)):
+        t = (fout[i] if i in fjobs else resk[i])[0]  # fallback: standard RAG on the merged KB with K chunks (same budget)
+        pred = clean_answer(t, "nq")
+        v = p["value"] or {}
+        out.append(dict(item=f"nq:{seed}:{i}", metric=exact_match(pred, q["answers"]),
+                        parsed=float(p["status"] != "failed"), fired=i in fjobs, finished=None, kept=None,
+                        em_contain=containment_em(pred, q["answers"]), f1=token_f1(pred, q["answers"])[2],
+                        question=q["question"], answers=list(q["answers"]), prediction=pred, parse_status=p["status"],
+                        parse_reason=p["reason"], judge=v.get("judge"), mis_queries=list(v.get("query", [])),
+                        fallback_reason=reasons[i], second_chunks=len(seconds[i]), missing_text=mres[i]["text"],
+                        decoding=decoding))
+    return out
+

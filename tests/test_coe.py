@@ -450,3 +450,50 @@ def test_constrained_steps_embedded(embedded_server, tmp_path):
           for a in (rec["answer"][0], "I do not know")]
     out = client.complete(jp, max_tokens=coe.JUDGE_TOKENS, constraint=coe.JUDGE_VERDICT)
     assert all(o[0] in coe.JUDGE_VERDICT.value and coe.parse_verdict(o[0]) is not None for o in out), out
+
+
+# ---------------------------------------------------------------- format tax (issue 21 item 4)
+def test_format_tax_declaration_and_bad_decoding():
+    from kgrag_nb.coe import FORMAT_TAX, format_tax_arm
+    assert set(FORMAT_TAX) == {"study", "step", "metric", "paper"} and FORMAT_TAX["study"] == "coe"
+    assert "92.0%" in FORMAT_TAX["paper"] and "Table 2" in FORMAT_TAX["paper"]
+    with pytest.raises(ValueError, match="decoding"):
+        format_tax_arm(None, "json", 1)
+
+
+@pytest.mark.llm
+def test_format_tax_arm_constrained_embedded(embedded_server, tmp_path):
+    "The CoE format-tax arm (constrained) on the real server: one record with the contract's keys and types."
+    from kgrag_nb.llm import LLMClient
+    from kgrag_nb.coe import format_tax_arm
+    from kgrag_nb.metrics import FORMAT_TAX_KEYS, _check_tax_record
+    client = LLMClient(embedded_server.url, cache=tmp_path / "llm.sqlite", progress=False)
+    out = format_tax_arm(client, "constrained", 1)
+    assert len(out) == 1
+    r = _check_tax_record(out[0], "coe")
+    assert set(FORMAT_TAX_KEYS) <= set(r) and isinstance(r["item"], str) and r["item"].startswith("hotpotqa:")
+    assert isinstance(r["parsed"], float) and 0 <= r["parsed"] <= 1 and r["metric"] in (0.0, 1.0)
+    assert r["fired"] is None and r["finished"] is None and r["kept"] is None
+    assert r["features_ok"] and r["verdicts"] >= 2 and 0 <= r["verdicts_readable"] <= r["verdicts"]
+
+
+def test_format_tax_arm_counts_with_the_stub():
+    "The arm on 2 released records with the stub's rule (constraint filled, free text otherwise): free reads nothing,"
+    " constrained and decoupled read every output; the same items in every arm."
+    from kgrag_nb.llm import fill_constraint
+    from kgrag_nb.metrics import _check_tax_record
+
+    class Stub:
+        def __init__(self): self.calls = 0
+        def complete(self, prompts, constraint=None, n=1, **kw):
+            self.calls += len(prompts)
+            return [[fill_constraint(constraint.spec()) if constraint is not None else " free text, no format"] * n for _ in prompts]
+    arms = {d: coe.format_tax_arm(Stub(), d, 2) for d in ("free", "constrained", "decoupled")}
+    assert [r["item"] for r in arms["free"]] == [r["item"] for r in arms["constrained"]] == [r["item"] for r in arms["decoupled"]]
+    for d, out in arms.items():
+        assert len(out) == 2 and all(_check_tax_record(r, d) for r in out)
+    # free: features unreadable (no discrimination), two unreadable judge replies -> 0 of 3 outputs read, ACC 0
+    assert all((r["parsed"], r["features_ok"], r["verdicts"], r["verdicts_readable"], r["metric"]) == (0.0, False, 2, 0, 0.0)
+               for r in arms["free"])
+    for d in ("constrained", "decoupled"):  # the stub's minimal features: intent + 1 keyword, no relation -> 2 + 2 judge verdicts
+        assert all((r["parsed"], r["features_ok"], r["verdicts"], r["verdicts_readable"]) == (1.0, True, 4, 4) for r in arms[d])

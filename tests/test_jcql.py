@@ -311,3 +311,47 @@ def test_constrained_step_embedded(embedded_server, tmp_path):
         s = parse_step(out, actions)
         assert s.failure is None and s.action in actions and recs[0]["constrained"], out
         assert f"\nAction 2: {s.action.capitalize()}[" in out
+
+
+# ---------------------------------------------------------------- format tax (issue 21 item 4)
+def test_format_tax_declaration_and_bad_decoding():
+    from kgrag_nb.jcql import FORMAT_TAX, FT_VARIANT, format_tax_arm
+    assert set(FORMAT_TAX) == {"study", "step", "metric", "paper"} and FORMAT_TAX["study"] == "jcql"
+    assert "0.475" in FORMAT_TAX["paper"] and "Table 3" in FORMAT_TAX["paper"]
+    assert "complete" not in get_method(FT_VARIANT).actions  # the arm's variant needs no SLM checkpoint
+    with pytest.raises(ValueError, match="decoding"):
+        format_tax_arm(None, "json", 1)
+
+
+@pytest.mark.llm
+def test_format_tax_arm_constrained_embedded(embedded_server, tmp_path):
+    "The JCQL format-tax arm (constrained) on the real server: one record with the contract's keys and types."
+    from kgrag_nb.llm import LLMClient
+    from kgrag_nb.jcql import format_tax_arm, FT_MAX_STEPS
+    from kgrag_nb.metrics import FORMAT_TAX_KEYS, _check_tax_record
+    client = LLMClient(embedded_server.url, cache=tmp_path / "llm.sqlite", progress=False)
+    out = format_tax_arm(client, "constrained", 1)
+    assert len(out) == 1
+    r = _check_tax_record(out[0], "jcql")
+    assert set(FORMAT_TAX_KEYS) <= set(r) and isinstance(r["item"], str)
+    assert isinstance(r["parsed"], float) and 0 <= r["parsed"] <= 1 and r["metric"] in (0.0, 1.0)
+    assert isinstance(r["finished"], bool) and r["fired"] is None and r["kept"] is None
+    assert r["cot_fallback"] or 1 <= r["n_steps"] <= FT_MAX_STEPS
+    assert r["finished"] == ("finish" in r["actions"])  # Finish is the agent's own action, never forced
+    if not r["cot_fallback"]: assert r["parsed"] == r["steps_ok"] / r["n_steps"]
+
+
+@pytest.mark.slow  # builds the KB slice and runs the agent twice (about 20 s on 2 busy cores)
+def test_format_tax_arm_counts_with_the_stub():
+    "The arm on 2 CWQ questions with the stub's rule: free steps never parse (no Finish, L steps); constrained steps all"
+    " parse as an enabled action (decoupled = `decode`, tested above); Finish is only ever the agent's own action."
+    from kgrag_nb.jcql import format_tax_arm, FT_MAX_STEPS
+    from kgrag_nb.metrics import _check_tax_record
+    arms = {d: format_tax_arm(_FakeClient(), d, 2) for d in ("free", "constrained")}
+    assert [r["item"] for r in arms["free"]] == [r["item"] for r in arms["constrained"]]
+    for d, out in arms.items():
+        assert len(out) == 2 and all(_check_tax_record(r, d) for r in out)
+        assert all(r["finished"] == ("finish" in r["actions"]) for r in out)
+    assert all((r["parsed"], r["finished"], r["n_steps"], r["metric"]) == (0.0, False, FT_MAX_STEPS, 0.0)
+               for r in arms["free"] if not r["cot_fallback"])
+    assert all(r["parsed"] == 1.0 and set(r["actions"]) <= {"search", "generate", "finish"} for r in arms["constrained"])

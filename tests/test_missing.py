@@ -300,3 +300,45 @@ def test_constrained_fig4_step_embedded(embedded_server):
     attr = M.complete_as(client, [M.fill(M.JUDGE_ATTR_PROMPT, gt="Jefferson wrote it.", context="The Nile is a river.")], 24, ["\n"],
                          M.ATTRIBUTION, "constrained")[0]
     assert M.parse_attribution(attr["text"])["status"] == "ok", attr
+
+
+# ---------------------------------------------------------------- format tax (issue 21 item 4)
+def test_format_tax_declaration_and_bad_decoding():
+    assert set(M.FORMAT_TAX) == {"study", "step", "metric", "paper"} and M.FORMAT_TAX["study"] == "misk"
+    assert "37.11" in M.FORMAT_TAX["paper"] and "Table 1" in M.FORMAT_TAX["paper"]
+    with pytest.raises(ValueError, match="decoding"):
+        M.format_tax_arm(None, "json", 1)
+    with pytest.raises(ValueError, match="n=0"):
+        M.format_tax_arm(None, "free", 0)
+
+
+@pytest.mark.llm
+def test_format_tax_arm_constrained_embedded(embedded_server):
+    "The MisK format-tax arm (constrained) on the real server: one record with the contract's keys and types."
+    from kgrag_nb.config import get_config
+    from kgrag_nb.llm import LLMClient
+    from kgrag_nb.metrics import FORMAT_TAX_KEYS, _check_tax_record
+    client = LLMClient.from_config(get_config(), base_url=embedded_server.url)
+    out = M.format_tax_arm(client, "constrained", 1)
+    assert len(out) == 1
+    r = _check_tax_record(out[0], "misk")
+    assert set(FORMAT_TAX_KEYS) <= set(r) and isinstance(r["item"], str) and r["item"] == "nq:0:0"
+    assert isinstance(r["parsed"], float) and 0 <= r["parsed"] <= 1 and r["metric"] in (0.0, 1.0)
+    assert isinstance(r["fired"], bool) and r["finished"] is None and r["kept"] is None
+    assert r["fired"] == (r["judge"] is True and r["fallback_reason"] == "")  # fired only on a parsed judge=true
+    assert (r["parsed"] == 1.0) == (r["parse_status"] != "failed")
+
+
+@pytest.mark.slow  # three arms, each embeds its ~300-passage KB (about 15 s on 2 busy cores)
+def test_format_tax_arm_fires_with_the_stub():
+    "The arm on 2 NQ questions with the stub's rule: free never parses (no second retrieval); constrained and decoupled"
+    " parse every Fig. 4 output, and the stub's judge=true with one query fires the second retrieval."
+    from kgrag_nb.metrics import _check_tax_record
+    arms = {d: M.format_tax_arm(_StubClient(), d, 2) for d in ("free", "constrained", "decoupled")}
+    assert [r["item"] for r in arms["free"]] == [r["item"] for r in arms["decoupled"]] == ["nq:0:0", "nq:0:1"]
+    for d, out in arms.items():
+        assert all(_check_tax_record(r, d) for r in out)
+    assert all((r["parsed"], r["fired"], r["fallback_reason"]) == (0.0, False, "parse failed") for r in arms["free"])
+    for d in ("constrained", "decoupled"):
+        assert all((r["parsed"], r["judge"], r["fired"], len(r["mis_queries"])) == (1.0, True, True, 1) for r in arms[d])
+        assert all(r["second_chunks"] == M.FT_TOPK // 2 for r in arms[d])
