@@ -9,8 +9,9 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from kgrag_nb.jcql_kbc import (NOOP, SPECIALS, ContextIndex, KBCData, KBCModel, PyKEENBaseline, SLMConfig, build_kbc_data,
-                               build_tokenizer, fb15k237_splits, kbc_input, kbc_training_triples, relation_cooccurrence,
-                               sampled_filtered_rank, slice_topics, train_kbc, unique_names)
+                               build_tokenizer, cap_tail_share, fb15k237_splits, kbc_input, kbc_training_triples,
+                               metric_cis, random_ranking, relation_cooccurrence, result_row, sampled_filtered_rank,
+                               slice_topics, tail_share, train_kbc, unique_names)
 from kgrag_nb.kg import KG
 from kgrag_nb.metrics import filtered_ranks, ranking_metrics
 
@@ -207,3 +208,70 @@ def test_kbcmodel_interface(toy_model, tmp_path):
     with pytest.raises(ValueError, match="no triples"): m2.fine_tune([], [], lr=1e-2)
     with pytest.raises(KeyError, match="not a candidate entity"): m.evaluate([("Ann", "parent", "Zed")], [], R=None)
     with pytest.raises(FileNotFoundError, match="no saved KBCModel"): KBCModel.load(tmp_path / "nothing")
+
+
+# ---------------------------------------------------------------- issue 22 item 6: baselines that are baselines
+CYC_E = [f"e{i}" for i in range(30)]
+CYC = [(CYC_E[i], "next", CYC_E[(i + 1) % 30]) for i in range(30)] + [(CYC_E[i], "skip", CYC_E[(i + 7) % 30]) for i in range(30)]
+
+
+@pytest.mark.parametrize("model", ["TransE", "DistMult", "ComplEx", "RotatE"])
+def test_pykeen_baseline_fits_its_training_triples(model):
+    # The issue-22 bug: with PyKEEN's sLCWA defaults (our old PyKEENBaseline: lr 0.01, N(0,1)-initialised ComplEx, NSSA RotatE)
+    # ComplEx/RotatE ranked even their own training triples at random (smoke: train MRR 0.002 = random). A baseline must fit a
+    # KB it can represent: every "next"/"skip" triple of a 30-cycle, unfiltered, far above random (H_30/30 = 0.133).
+    data = KBCData(CYC_E, ["next", "skip"], CYC, [], [], CYC)
+    pk = PyKEENBaseline(data, model, dim=32, seed=0)  # the defaults: LCWA, cross-entropy, lr 0.05, 20 epochs
+    assert pk.info["training_loop"] == "lcwa"
+    random_mrr = random_ranking(data, CYC, [])["mrr"]
+    assert random_mrr == pytest.approx(sum(1 / k for k in range(1, 31)) / 30)
+    assert pk.evaluate(CYC, [])["mrr"] > 0.5 > 3 * random_mrr, model
+
+
+def test_old_slcwa_complex_does_not_fit():
+    # the regime the fix replaced, kept selectable: it stays near random on the same KB (documents the bug the test above catches)
+    data = KBCData(CYC_E, ["next", "skip"], CYC, [], [], CYC)
+    old = PyKEENBaseline(data, "ComplEx", dim=32, epochs=20, lr=0.01, training_loop="slcwa", loss=None, seed=0)
+    assert old.evaluate(CYC, [])["mrr"] < 0.3
+
+
+def test_random_ranking_hand_computed():
+    # 4 candidates; (a, p) has another known tail (b): 3 unfiltered candidates -> E[RR] = (1 + 1/2 + 1/3) / 3, Hits@1 = 1/3
+    d = KBCData(["a", "b", "c", "d"], ["p"], [("a", "p", "b")], [], [("a", "p", "c")], [("a", "p", "b"), ("a", "p", "c")])
+    r = random_ranking(d, d.test, d.known)
+    assert r["mrr"] == pytest.approx((1 + 1 / 2 + 1 / 3) / 3) and r["hits@1"] == pytest.approx(1 / 3)
+    assert r["hits@3"] == 1.0 and r["per_triple"][0]["candidates"] == 3 and r["per_triple"][0]["rank"] == 2.0
+    assert random_ranking(d, d.test, [])["mrr"] == pytest.approx((1 + 1 / 2 + 1 / 3 + 1 / 4) / 4)
+
+
+@settings(max_examples=80, deadline=None)
+@given(tails=st.lists(st.sampled_from("UUUUUUabcdefg"), min_size=1, max_size=60), n=st.integers(1, 40),
+       share=st.sampled_from([0.05, 0.1, 0.2, 0.5, 1.0]), seed=st.integers(0, 3))
+def test_cap_tail_share_holds_its_cap(tails, n, share, seed):
+    tri = [(f"h{i}", "p", t) for i, t in enumerate(tails)]
+    s = cap_tail_share(tri, n, share, seed)
+    assert len(s) <= n and set(s) <= set(tri) and len(set(s)) == len(s)
+    if s: assert tail_share(s) <= max(share, 1 / len(s)) + 1e-12
+    if s and tail_share(s) > share: assert len(set(t for *_, t in s)) == len(s)  # only when every tail appears once
+    assert s == sorted(s, key=tri.index)
+
+
+def test_cap_tail_share_smoke_like_sample():
+    # 121 of 199 test tails one country (the smoke slice): a 50-triple sample at 10% holds at most 5 of them
+    tri = [(f"h{i}", "nationality", "USA") for i in range(121)] + [(f"g{i}", "nationality", f"c{i % 40}") for i in range(78)]
+    s = cap_tail_share(tri, 50, 0.1, seed=0)
+    assert len(s) == 50 and sum(t == "USA" for *_, t in s) == 5 and tail_share(s) <= 0.1
+
+
+# ---------------------------------------------------------------- issue 22 item 5: CIs over the evaluated triples
+def test_metric_cis_bracket_and_use_expected_values():
+    ranks = [1.0, 2.0, math.inf, 4.0, 1.0, 10.0]
+    ci = metric_cis([dict(rank=r) for r in ranks], seed=0)
+    m = ranking_metrics(ranks)
+    for k, name in [("mrr", "MRR"), ("hits@1", "Hits@1"), ("hits@3", "Hits@3"), ("hits@10", "Hits@10")]:
+        assert ci[f"{name} CI low"] <= m[k] <= ci[f"{name} CI high"]
+    assert ci["MRR CI low"] < ci["MRR CI high"] and metric_cis([dict(rank=r) for r in ranks], seed=0) == ci  # seeded
+    rnd = [dict(rank=2.0, rr=0.6, **{"hits@1": 0.2, "hits@3": 0.6, "hits@10": 1.0})] * 3
+    assert metric_cis(rnd)["MRR CI low"] == metric_cis(rnd)["MRR CI high"] == 0.6  # the expectation, not 1/E[rank] = 0.5
+    row = result_row("m", "v", 0.5, "exact", {**m, "n": 6, "per_triple": [dict(rank=r) for r in ranks]})
+    assert row["MRR CI low"] == ci["MRR CI low"]
