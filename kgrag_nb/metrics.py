@@ -520,7 +520,7 @@ def format_tax_run(client,  # the LLM client every arm uses (its `usage` counter
             wall, after = time.perf_counter() - t0, copy.copy(client.usage)
             where = f"format_tax_arm of {study!r} ({decoding})"
             if not out: raise ValueError(f"{where} returned no records; it must return one per item (n={n})")
-            rows += [dict(study=study, decoding=decoding, **_check_tax_record(r, where)) for r in out]
+            rows += [{**_check_tax_record(r, where), "study": study, "decoding": decoding} for r in out]  # ours win over extras
             cost.append(dict(study=study, decoding=decoding, items=len(out), wall_s=wall,
                              **{k: getattr(after, k) - getattr(before, k) for k in _COST_FIELDS if k != "wall_s"}))
     return pd.DataFrame(rows), pd.DataFrame(cost)

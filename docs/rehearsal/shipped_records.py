@@ -19,6 +19,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 OUT = ROOT / "kgrag_nb" / "rehearsal" / "full.csv"
+FT_ARMS = ["free", "constrained", "decoupled"]
 COLUMNS = ["id", "kind", "model", "role", "requests", "prompt_tokens", "completion_tokens_max", "n_samples", "status", "source", "note"]
 
 
@@ -152,6 +153,20 @@ def main():
                     n_train * (agent_prompt + 400), n_train * (agent_comp + aux), 1, "estimated",
                     "not rehearsed: estimated from jcql_kbqa_sizes.csv and the per-question call bounds (README.md)",
                     f"{n_train:,} training questions (2 KB settings) x <= {agent_calls + 1} calls; " + note))
+
+    # format tax (issue 21): each study's format_tax_arm under free, constrained and decoupled on `n` items; not rehearsed.
+    # Requests per item and arm as the arms send them cold (helpers' measurements on the embedded server, issue 21 notes):
+    # awakening 6 (3 NLI + 3 QA probes), unseen 4 (+2 restating), brink 1, jcql <= 9 (L=2 agent + restating), misk 4,
+    # coe 17 (+11 restating); decoupled re-uses the free answers and adds only the restating pass.
+    ft = full["format_tax_runs"]
+    per_item = {"awakening": (6, 6, 6), "unseen_entity": (4, 4, 2), "brink": (1, 1, 1), "jcql": (5, 9, 3), "misk": (3, 4, 2),
+                "coe": (17, 17, 11)}
+    arms = ft["decodings"]
+    req = ft["n"] * sum(per_item[s][FT_ARMS.index(a)] for s in ft["studies"] for a in arms)
+    rows.append(row("format_tax_runs", "experiment", "{model}", "format tax: every study's parsed step x 3 decodings", req, req * 500,
+                    req * 96, 1, "estimated", "not rehearsed: requests per item from the arms' cold runs on the embedded server (issue 21)",
+                    f"{ft['n']} items x {len(ft['studies'])} studies x {len(arms)} decodings; ~500 prompt tokens and <= 96 completion "
+                    "tokens per request assumed (the arms' prompts are the studies' own)"))
 
     df = pd.DataFrame(rows, columns=COLUMNS)
     llm_ids = {k for sec in ("experiments", "artifacts") for k, v in reg[sec].items() if v.get("needs_llm")}
