@@ -9,9 +9,8 @@ from .metrics import acc_r, percent_cis
 from .llm import Constraint
 
 # %% auto #0
-__all__ = ['AWAKENING_NO_RAG_TEMPLATE', 'SHORT_ANSWER', 'DECODINGS', 'REFORMAT_SHORT', 'DEVIATIONS', 'no_rag_prompt',
-           'parse_short_answer', 'check_decoding', 'decode', 'draw_temperatures', 'closed_book',
-           'summarize_closed_book', 'paper_no_rag_rows']
+__all__ = ['AWAKENING_NO_RAG_TEMPLATE', 'SHORT_ANSWER', 'REFORMAT_SHORT', 'DEVIATIONS', 'no_rag_prompt', 'parse_short_answer',
+           'decode', 'draw_temperatures', 'closed_book', 'summarize_closed_book', 'paper_no_rag_rows']
 
 # %% ../nbs/09_baselines.ipynb #c004
 # awakening_unseen_entity_kgqa.txt, App. E, "The prompt template used in Unanswerable Question select" (verbatim)
@@ -53,16 +52,9 @@ def parse_short_answer(completion: str) -> str:
 SHORT_ANSWER = Constraint.regex(r" ?[^ \t\n\r][^\n]*\n?")
 
 # %% ../nbs/09_baselines.ipynb #b104
-DECODINGS = ("free", "constrained", "decoupled")
+from .llm import DECODINGS, check_decoding  # issue 21: one list of decodings and one check for every study (issue 24)
 # decoupled's second pass for a short answer: one line after the free answer asking to restate it in the format
 REFORMAT_SHORT = "\n- Restate the short answer above on one line:"
-
-def check_decoding(decoding: str) -> str:
-    "`decoding` if it is one of `DECODINGS`, else a ValueError naming them."
-    if decoding not in DECODINGS:
-        raise ValueError(f"decoding={decoding!r}: use 'free' (the paper's protocol), 'constrained' (every output bound by its "
-                         f"declared format) or 'decoupled' (free answer, then a constrained restatement)")
-    return decoding
 
 def decode(client,  # `kgrag_nb.llm.LLMClient`
            prompts: list[str],  # completion prompts

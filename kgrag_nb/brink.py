@@ -22,13 +22,13 @@ from .rules import groundings  # rules, then brink, then brink_methods: the BRIN
 from .metrics import bootstrap_ci, bootstrap_ratio_ci, brink_normalize, brink_per_question, hard_hits_rate, permissive_scores
 
 # %% auto #0
-__all__ = ['BRINK_PER_RULE', 'BRINK_SPLIT', 'BRINK_TAU', 'BRINK_TEMPERATURE', 'SPLITS', 'QG_PROMPT', 'QUESTION_LINE', 'DECODINGS',
+__all__ = ['BRINK_PER_RULE', 'BRINK_SPLIT', 'BRINK_TAU', 'BRINK_TEMPERATURE', 'SPLITS', 'QG_PROMPT', 'QUESTION_LINE',
            'QG_REFORMAT', 'DEVIATIONS', 'BENCHMARK_FILES', 'TABLE3_METRICS', 'PREDICTION_KEYS', 'Removal',
            'select_removals', 'incomplete_kg', 'is_grounding', 'verify_inferable', 'complete_answers', 'downsample',
-           'split_sizes', 'assign_splits', 'qg_prompt', 'parse_question', 'mentions', 'check_decoding',
-           'candidate_questions', 'generate_questions', 'Benchmark', 'build_benchmark', 'load_questions',
-           'load_benchmark', 'benchmark_statistics', 'PredictionFormatError', 'read_predictions', 'evaluate',
-           'format_evaluation', 'failure_analysis']
+           'split_sizes', 'assign_splits', 'qg_prompt', 'parse_question', 'mentions', 'candidate_questions',
+           'generate_questions', 'Benchmark', 'build_benchmark', 'load_questions', 'load_benchmark',
+           'benchmark_statistics', 'PredictionFormatError', 'read_predictions', 'evaluate', 'format_evaluation',
+           'failure_analysis']
 
 # %% ../nbs/12_brink.ipynb #c004
 BRINK_PER_RULE = 30  # groundings per rule, BRINK (brink_incomplete_kg_benchmark.txt) §3.2 "up to 30 groundings"
@@ -249,16 +249,9 @@ def mentions(question: str,  # question text
 QUESTION_LINE = Constraint.regex(r"(?:[^\n?]{0,80}\n){0,4}Output:\n[A-Z0-9][^\n?]{2,160}\?")
 
 # %% ../nbs/12_brink.ipynb #c032b
-DECODINGS = ("free", "constrained", "decoupled")  # issue 21: free = the paper's protocol
+from .llm import DECODINGS, check_decoding  # issue 21: one list of decodings and one check for every study (issue 24)
 # decoupled's second pass (ours): one line after the free output asking to restate it in the format `QUESTION_LINE` enforces
 QG_REFORMAT = "\nRestate the question above.\n"
-
-def check_decoding(decoding: str) -> str:
-    "`decoding` if it is one of `DECODINGS`, else a ValueError naming them."
-    if decoding not in DECODINGS:
-        raise ValueError(f"decoding={decoding!r}: use 'free' (the paper's protocol), 'constrained' (every parsed output bound "
-                         f"by its declared format) or 'decoupled' (free output, then a constrained restatement)")
-    return decoding
 
 # %% ../nbs/12_brink.ipynb #c034
 def _rule_type(rule) -> str: return str(getattr(rule, "type", "other"))

@@ -21,18 +21,18 @@ __all__ = ['EXTRACT_INTENT_KEYWORDS_PROMPT', 'EXTRACT_RELATIONS_PROMPT', 'INTENT
            'WRONG_ANSWER_PROMPT', 'VERDICT_CUE', 'ANSWER_SYSTEM_PROMPT', 'ANSWER_USER_TEMPLATE', 'ANSWER_CUE',
            'CORRECTNESS_JUDGE_PROMPT', 'GROUNDEDNESS_JUDGE_PROMPT', 'FEATURES_SCHEMA', 'FEATURES', 'RELATIONS_SCHEMA',
            'RELATIONS', 'VERDICT', 'JUDGE_VERDICT', 'PHRASE', 'SENTENCE', 'VERDICT_TOKENS', 'FEATURE_TOKENS',
-           'RELATION_TOKENS', 'DECODINGS', 'REFORMAT', 'DATASETS', 'VARIANTS', 'MARKUP', 'PLACEMENTS',
-           'BROADER_TERM_PROMPT', 'MISINFORMATION_PROMPT', 'CONDITIONS', 'ANSWER_TOKENS', 'JUDGE_TOKENS', 'ANSWER_STOP',
-           'RAG_TOP_K', 'PAPER', 'PAPER_MODELS', 'OPEN_STAND_INS', 'CONDITION_TABLE', 'DEVIATIONS',
-           'DECODING_DEVIATION', 'FORMAT_TAX', 'FT_DATASET', 'FT_P', 'fill', 'parse_features', 'parse_relations',
-           'parse_verdict', 'judge_verdict', 'parse_phrase', 'split_sentences', 'sentence_spans', 'check_decoding',
-           'decode_traced', 'extract_features', 'discrimination_prompts', 'coe_decision', 'discriminate', 'contains',
-           'load_released', 'quirks', 'piece_counts', 'sample_records', 'irrelevant_chars', 'irrelevant_context',
-           'misinformation_needed', 'misinformation_context', 'swap_answer', 'wrong_answers', 'is_yes_no',
-           'rebuild_samples', 'rebuild_summary', 'make_misinformation', 'answer_prompt', 'first_line', 'following',
-           'build_contexts', 'run_conditions', 'cell_table', 'significance', 'discrimination_rates', 'minimal_coverage',
-           'distractor_index', 'pool_released', 'pool_hotpot', 'rag_select', 'scope_coe', 'scope_coe_many',
-           'run_usability', 'usability_table', 'setting_label', 'ours_vs_paper_cells', 'stars_vs_paper', 'deviations',
+           'RELATION_TOKENS', 'REFORMAT', 'DATASETS', 'VARIANTS', 'MARKUP', 'PLACEMENTS', 'BROADER_TERM_PROMPT',
+           'MISINFORMATION_PROMPT', 'CONDITIONS', 'ANSWER_TOKENS', 'JUDGE_TOKENS', 'ANSWER_STOP', 'RAG_TOP_K', 'PAPER',
+           'PAPER_MODELS', 'OPEN_STAND_INS', 'CONDITION_TABLE', 'DEVIATIONS', 'DECODING_DEVIATION', 'FORMAT_TAX',
+           'FT_DATASET', 'FT_P', 'fill', 'parse_features', 'parse_relations', 'parse_verdict', 'judge_verdict',
+           'parse_phrase', 'split_sentences', 'sentence_spans', 'decode_traced', 'extract_features',
+           'discrimination_prompts', 'coe_decision', 'discriminate', 'contains', 'load_released', 'quirks',
+           'piece_counts', 'sample_records', 'irrelevant_chars', 'irrelevant_context', 'misinformation_needed',
+           'misinformation_context', 'swap_answer', 'wrong_answers', 'is_yes_no', 'rebuild_samples', 'rebuild_summary',
+           'make_misinformation', 'answer_prompt', 'first_line', 'following', 'build_contexts', 'run_conditions',
+           'cell_table', 'significance', 'discrimination_rates', 'minimal_coverage', 'distractor_index',
+           'pool_released', 'pool_hotpot', 'rag_select', 'scope_coe', 'scope_coe_many', 'run_usability',
+           'usability_table', 'setting_label', 'ours_vs_paper_cells', 'stars_vs_paper', 'deviations',
            'released_overview', 'misinformation_counts', 'usability_questions', 'hotpot_questions', 'bm25_distractors',
            'report_condition', 'report_usability', 'decoding_of', 'report_table1', 'format_tax_arm']
 
@@ -313,7 +313,7 @@ def _traced(client, prompts: list, ids: list, stages: list, method: str, trace: 
             trace.write(q, method, st, p, o, v, **((extras[i] if extras else None) or {}))
     return outs, parsed
 
-DECODINGS = ("free", "constrained", "decoupled")  # issue 21; free = the paper's protocol (library default)
+from .llm import DECODINGS, check_decoding  # issue 21: one list of decodings and one check for every study (issue 24)
 
 # ours (issue 21, decoupled decoding): appended to original prompt + free output, then the constrained continuation
 REFORMAT = {"features": 'Restate the output above as one JSON object with "Intent" and "Keywords", consistent with the examples.\nOutput:',
@@ -322,11 +322,6 @@ REFORMAT = {"features": 'Restate the output above as one JSON object with "Inten
             "judge": "Restate the response above as only yes or no.\nCompareGPT response:",
             "phrase": "Restate the output above as one phrase.\nOutput:",
             "sentence": "Restate the output above as one sentence.\nSentence:"}
-
-def check_decoding(decoding: str) -> str:  # free | constrained | decoupled
-    "`decoding` itself when it is one of `DECODINGS`; a ValueError naming the choices otherwise."
-    if decoding not in DECODINGS: raise ValueError(f"decoding={decoding!r}: use one of {DECODINGS} (free = the paper's protocol)")
-    return decoding
 
 def decode_traced(client, prompts: list, ids: list, stages: list, method: str, trace: TraceWriter | None,
                   parse,  # the step's parser (None: raw outputs)

@@ -24,20 +24,19 @@ from .kgqa import (BaseMethod, Question, Prediction, TraceWriter, register_metho
 # %% auto #0
 __all__ = ['ACTIONS', 'INSTRUCTION_HEAD', 'ACTION_SENTENCES', 'EXAMPLE_TRAIN', 'EXAMPLE_TEST', 'PROMPT_ENTITY',
            'PROMPT_RELATIONS', 'PROMPT_GENERATE', 'EXAMPLE_HINT', 'PROMPT_MODIFY', 'PROMPT_SCHEMA', 'PROMPT_PATHS',
-           'DECODINGS', 'REFORMAT', 'COT_ANSWER', 'SHORT_ANSWER', 'IO_PROMPT', 'COT_PROMPT', 'TOG_PRUNE', 'TOG_ANSWER',
-           'PAPER', 'DEVIATIONS', 'DECODING_DEVIATION', 'PAPER_ROW', 'TABLE3_ROW', 'TABLE4_ROW', 'NO_KB',
-           'DATASET_LABEL', 'FORMAT_TAX', 'FT_VARIANT', 'FT_MAX_STEPS', 'FT_KEEP', 'FT_HOPS', 'FT_MAX_TRIPLES',
-           'agent_instruction', 'agent_example', 'ParsedStep', 'parse_step', 'check_decoding', 'step_constraint',
-           'entity_constraint', 'relations_constraint', 'triples_constraint', 'schema_constraint', 'paths_constraint',
-           'decode', 'entity_names', 'relation_names_of', 'name_kg', 'AgentKB', 'triple_line', 'TailFrequencyKBC',
-           'GoldLeakError', 'gold_leaks', 'AgentConfig', 'parse_triples', 'step_prompt', 'parse_choice',
-           'parse_relation_choice', 'JCQLAgent', 'io_prompt', 'cot_prompt', 'parse_short', 'parse_cot', 'majority',
-           'BaselineConfig', 'IOBaseline', 'CoTBaseline', 'SCBaseline', 'ToGStyle', 'bfs_path', 'expand_paths',
-           'parse_trajectory', 'parse_paths', 'replay_batch', 'slm_triples', 'jcql_train', 'kbqa_questions',
-           'prediction_frame', 'hits_table', 'failure_table', 'efficiency_table', 'format_table', 'deviations',
-           'decoding_note', 'select_questions', 'run_methods', 'special_test_set', 'special_first', 'replay_study',
-           'training_curve', 'named_triples', 'paper_rows', 'ours_for_table', 'experiment_frames', 'versus_paper',
-           'disabled_attempts', 'plot_lines', 'format_tax_arm']
+           'REFORMAT', 'COT_ANSWER', 'SHORT_ANSWER', 'IO_PROMPT', 'COT_PROMPT', 'TOG_PRUNE', 'TOG_ANSWER', 'PAPER',
+           'DEVIATIONS', 'DECODING_DEVIATION', 'PAPER_ROW', 'TABLE3_ROW', 'TABLE4_ROW', 'NO_KB', 'DATASET_LABEL',
+           'FORMAT_TAX', 'FT_VARIANT', 'FT_MAX_STEPS', 'FT_KEEP', 'FT_HOPS', 'FT_MAX_TRIPLES', 'agent_instruction',
+           'agent_example', 'ParsedStep', 'parse_step', 'step_constraint', 'entity_constraint', 'relations_constraint',
+           'triples_constraint', 'schema_constraint', 'paths_constraint', 'decode', 'entity_names', 'relation_names_of',
+           'name_kg', 'AgentKB', 'triple_line', 'TailFrequencyKBC', 'GoldLeakError', 'gold_leaks', 'AgentConfig',
+           'parse_triples', 'step_prompt', 'parse_choice', 'parse_relation_choice', 'JCQLAgent', 'io_prompt',
+           'cot_prompt', 'parse_short', 'parse_cot', 'majority', 'BaselineConfig', 'IOBaseline', 'CoTBaseline',
+           'SCBaseline', 'ToGStyle', 'bfs_path', 'expand_paths', 'parse_trajectory', 'parse_paths', 'replay_batch',
+           'slm_triples', 'jcql_train', 'kbqa_questions', 'prediction_frame', 'hits_table', 'failure_table',
+           'efficiency_table', 'format_table', 'deviations', 'decoding_note', 'select_questions', 'run_methods',
+           'special_test_set', 'special_first', 'replay_study', 'training_curve', 'named_triples', 'paper_rows',
+           'ours_for_table', 'experiment_frames', 'versus_paper', 'disabled_attempts', 'plot_lines', 'format_tax_arm']
 
 # %% ../nbs/17b_jcql.ipynb #c005
 ACTIONS = ("search", "complete", "generate", "finish")  # §3.2-3.3: the agent's action space
@@ -328,13 +327,8 @@ def parse_step(text: str,  # the completion after 'Thought i:'
 # issue 21: how the LLM's outputs are decoded. The paper decodes freely ("free", the default of every function here);
 # "constrained" restricts each parsed output to its format (a `Constraint` next to its parser); "decoupled" decodes
 # freely first, then a second, constrained call only restates the free text in the required format.
-DECODINGS = ("free", "constrained", "decoupled")
+from .llm import DECODINGS, check_decoding  # issue 21: one list of decodings and one check for every study (issue 24)
 REFORMAT = "\n\nRestate the text above in the format of the example, without changing its content.\n"  # ours (decoupled)
-
-def check_decoding(decoding: str) -> str:
-    "`decoding` if it is one of `DECODINGS`, else a ValueError naming the choices."
-    if decoding not in DECODINGS: raise ValueError(f"decoding={decoding!r}: use one of {DECODINGS} ('free' is the paper's protocol)")
-    return decoding
 
 _ARG = r"[^\]\[\n| ][^\]\[\n|]{0,79}"  # one argument: no brackets, bars or newlines, not blank (parse_step strips it)
 _ARGS = _ARG + r"(?: \| " + _ARG + r"){0,3}"  # arg1 | arg2 | ... (at most 4, as the agent looks up at most 3 entities)
@@ -404,7 +398,6 @@ async def decode(client,  # kgrag_nb.llm.LLMClient
         tail = prompt.rsplit("\n", 1)[-1]  # the label the output follows ('Thought 3:', 'Answers:', 'Related relations:', '1.')
         recs = [free, await call(prompt + free["text"] + REFORMAT + tail, constraint, " reformat")]
     return recs[-1]["text"], recs
-
 
 # %% ../nbs/17b_jcql.ipynb #c012
 def _norm(s: str) -> str: return " ".join(str(s).lower().replace("’", "'").split()).strip(" .,;:'\"`")

@@ -17,13 +17,13 @@ from tqdm import tqdm
 from .config import CACHE_MODES, Config, get_config
 
 # %% auto #0
-__all__ = ['CONSTRAINT_KINDS', 'BACKENDS', 'VLLM_STRUCTURED_OUTPUTS_SINCE', 'MAX_CHARS_PER_TOKEN', 'CacheMissError',
+__all__ = ['CONSTRAINT_KINDS', 'DECODINGS', 'BACKENDS', 'VLLM_STRUCTURED_OUTPUTS_SINCE', 'MAX_CHARS_PER_TOKEN', 'CacheMissError',
            'ModelNotServedError', 'EndpointUnreachableError', 'UnsupportedConstraintError', 'ServerDiedError',
-           'MalformedResponseError', 'public_url', 'canonical_json', 'request_key', 'Constraint', 'parse_regex',
-           'regex_to_gbnf', 'constraint_gbnf', 'fill_constraint', 'vllm_version_tuple', 'constraint_body',
-           'process_alive', 'seal_response', 'open_response', 'ResponseCache', 'Usage', 'run_sync', 'is_retryable',
-           'backoff_delay', 'retrying', 'replace_surrogates', 'parse_response', 'progress_stream', 'check_sampling',
-           'tls_context', 'LLMClient', 'local_server_death', 'GroupCommit']
+           'MalformedResponseError', 'public_url', 'canonical_json', 'request_key', 'Constraint', 'check_decoding',
+           'parse_regex', 'regex_to_gbnf', 'constraint_gbnf', 'fill_constraint', 'vllm_version_tuple',
+           'constraint_body', 'process_alive', 'seal_response', 'open_response', 'ResponseCache', 'Usage', 'run_sync',
+           'is_retryable', 'backoff_delay', 'retrying', 'replace_surrogates', 'parse_response', 'progress_stream',
+           'check_sampling', 'tls_context', 'LLMClient', 'local_server_death', 'GroupCommit']
 
 # %% ../nbs/03_llm.ipynb #c005
 class CacheMissError(KeyError):
@@ -167,6 +167,16 @@ class Constraint:
     def __repr__(self):
         v = self.value if len(str(self.value)) <= 80 else str(self.value)[:77] + "..."
         return f"Constraint.{'json_schema' if self.kind == 'json' else self.kind}({v!r})"
+
+# %% ../nbs/03_llm.ipynb #dec01
+DECODINGS = ("free", "constrained", "decoupled")  # the papers' protocol first
+
+def check_decoding(decoding: str) -> str:
+    "`decoding` if it is one of `DECODINGS`, else a ValueError naming them."
+    if decoding not in DECODINGS:
+        raise ValueError(f"decoding={decoding!r}: use 'free' (the paper's protocol), 'constrained' (every parsed output bound "
+                         f"by its declared format) or 'decoupled' (free output, then a constrained restatement)")
+    return decoding
 
 # %% ../nbs/03_llm.ipynb #k004
 _REGEX_SUBSET = ("literals, escaped punctuation, \\n \\t \\r \\f \\v \\xHH \\uHHHH, \\d \\w \\s, '.', [classes] and [^classes], "

@@ -16,6 +16,8 @@ import numpy as np
 import pandas as pd
 from sacrebleu.metrics import BLEU
 
+from .llm import DECODINGS
+
 # %% auto #0
 __all__ = ['TIE_POLICIES', 'FORMAT_TAX_DECODINGS', 'FORMAT_TAX_KEYS', 'acc_r_tokens', 'squad_normalize', 'brink_normalize',
            'acc_r', 'hits_at_k', 'unanswerable', 'brink_split', 'brink_sets', 'brink_scores', 'brink_per_question',
@@ -479,7 +481,7 @@ def percent_cis(rows,  # per-question rows: a DataFrame (or dict of arrays) with
     return out
 
 # %% ../nbs/06_metrics.ipynb #ftax1
-FORMAT_TAX_DECODINGS = ("free", "constrained", "decoupled")  # the papers' protocol first
+FORMAT_TAX_DECODINGS = DECODINGS  # `kgrag_nb.llm`: free (the papers' protocol), constrained, decoupled
 FORMAT_TAX_KEYS = ("item", "metric", "parsed", "fired", "finished", "kept")  # every record of a `format_tax_arm`
 _COST_FIELDS = ("requests", "cache_hits", "prompt_tokens", "completion_tokens", "wall_s")
 

@@ -27,7 +27,7 @@ from .metrics import (exact_match, token_f1, squad_normalize, rouge_scores, Char
 
 # %% auto #0
 __all__ = ['DEVIATIONS', 'DECODING_DEVIATIONS', 'NQ_MISSING_PROMPT', 'MED_MISSING_PROMPT', 'NQ_ANSWER_PROMPT',
-           'MED_ANSWER_PROMPT', 'MISSING_SECTION', 'PARSE_STATUSES', 'DECODINGS', 'MISSING_SCHEMA', 'MISSING_JSON',
+           'MED_ANSWER_PROMPT', 'MISSING_SECTION', 'PARSE_STATUSES', 'MISSING_SCHEMA', 'MISSING_JSON',
            'MISSING_BLOCK_OPEN', 'MISSING_REASON_STOP', 'MISSING_RESTATE', 'BGE_QUERY_PREFIX', 'RAG_ROWS', 'MISK_ROWS',
            'ROWS', 'BUDGET_RULE', 'SPLIT_POLICY', 'FALLBACK_POLICY', 'PSEUDO_QA_PROMPT', 'JUDGE_GT_PROMPT',
            'JUDGE_ATTR_PROMPT', 'ATTRIBUTION', 'ATTRIBUTION_RESTATE', 'PAPER', 'FORMAT_TAX', 'FT_TOPK', 'FT_POOL',
@@ -343,7 +343,7 @@ def parse_json_verdict(completion: str,  # the model's completion only (never pr
     return out
 
 # %% ../nbs/18_missing.ipynb #d17e6ec6
-DECODINGS = ("free", "constrained", "decoupled")  # issue 21; "free" = the paper's protocol
+from .llm import DECODINGS, check_decoding  # issue 21: one list of decodings and one check for every study (issue 24)
 
 def _strings(min_items: int, max_items: int, max_len: int = 60) -> dict:
     return {"type": "array", "items": {"type": "string", "minLength": 2, "maxLength": max_len},

@@ -317,13 +317,9 @@ def test_format_tax_arm_constrained_embedded(embedded_server):
     "The MisK format-tax arm (constrained) on the real server: one record with the contract's keys and types."
     from kgrag_nb.config import get_config
     from kgrag_nb.llm import LLMClient
-    from kgrag_nb.metrics import FORMAT_TAX_KEYS, _check_tax_record
-    client = LLMClient.from_config(get_config(), base_url=embedded_server.url)
-    out = M.format_tax_arm(client, "constrained", 1)
-    assert len(out) == 1
-    r = _check_tax_record(out[0], "misk")
-    assert set(FORMAT_TAX_KEYS) <= set(r) and isinstance(r["item"], str) and r["item"] == "nq:0:0"
-    assert isinstance(r["parsed"], float) and 0 <= r["parsed"] <= 1 and r["metric"] in (0.0, 1.0)
+    from _format_tax import one_constrained_record
+    r = one_constrained_record(M.format_tax_arm, LLMClient.from_config(get_config(), base_url=embedded_server.url), "misk")
+    assert r["item"] == "nq:0:0"
     assert isinstance(r["fired"], bool) and r["finished"] is None and r["kept"] is None
     assert r["fired"] == (r["judge"] is True and r["fallback_reason"] == "")  # fired only on a parsed judge=true
     assert (r["parsed"] == 1.0) == (r["parse_status"] != "failed")
