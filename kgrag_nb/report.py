@@ -10,7 +10,8 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pandas as pd
-from jinja2 import DictLoader
+from jinja2 import DictLoader, Environment, StrictUndefined
+from markupsafe import Markup
 
 from .config import Config, get_config
 from .hooks import subcommand
@@ -86,24 +87,61 @@ def href(path: str) -> str:
     "A relative path as an attribute value: URL-quoted (a `:` cannot make it a scheme) and HTML-escaped."
     return html.escape(quote(path, safe="/#"), quote=True)
 
-def _cell(v) -> str:
-    if isinstance(v, Link): return f'<a href="{href(v.href)}">{html.escape(v.text)}</a>'
+
+# %% ../nbs/16_report.ipynb #c012d
+_TEMPLATES: dict[str, str] = {}  # name -> jinja2 source; each page's template is added next to the function that renders it
+
+_TEMPLATES["macros.html"] = """\
+{% macro link(path, text) %}<a href="{{ path|href }}">{{ text }}</a>{% endmacro %}
+{% macro code(text) %}<code>{{ text }}</code>{% endmacro %}
+{% macro cell(v) %}{% if v is link %}{{ link(v.href, v.text) }}{% else %}{{ v|text }}{% endif %}{% endmacro %}
+{% macro dl(items) %}<dl>{% for k, v in items if v %}<dt>{{ k }}</dt><dd>{{ v }}</dd>{% endfor %}</dl>{% endmacro %}
+{% macro table(columns, rows, more) %}
+<table>
+<thead><tr>{% for c in columns %}<th>{{ c }}</th>{% endfor %}</tr></thead>
+<tbody>
+{% for r in rows %}
+<tr>{% for c in columns %}<td>{{ cell(r.get(c)) }}</td>{% endfor %}</tr>
+{% endfor %}
+</tbody></table>
+{%- if more %}
+
+<p class="note">{{ more }} more rows in the CSV.</p>
+{%- endif %}
+{% endmacro %}
+"""
+
+def _escape(value) -> Markup:
+    "What a template prints: `Markup` as it is (HTML this module made), anything else escaped as `html.escape` does."
+    return value if isinstance(value, Markup) else Markup(html.escape(str(value)))
+
+def _text(v) -> str:
+    "A table cell's text: '' for None and NaN, a float to four significant digits, anything else as `str`."
     if v is None or (isinstance(v, float) and v != v): return ""
-    if isinstance(v, float): return html.escape(f"{v:.4g}")
-    return html.escape(str(v))
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+_ENV = Environment(loader=DictLoader(_TEMPLATES), autoescape=True, finalize=_escape, undefined=StrictUndefined,
+                   trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+_ENV.filters.update(href=lambda path: Markup(href(path)),  # Markup: `href` escapes the path itself
+                    text=_text)
+_ENV.tests["link"] = lambda v: isinstance(v, Link)
+
+def _macro(name: str):
+    "A macro of `macros.html`, callable from Python; it returns `Markup`."
+    return getattr(_ENV.get_template("macros.html").module, name)
+
+def _render(name: str, **context) -> Markup:
+    "Template `name` rendered; `Markup` because the environment escaped every value in it."
+    return Markup(_ENV.get_template(name).render(**context))
 
 def html_table(rows: list[dict] | pd.DataFrame,  # records (dicts) or a DataFrame
                columns: list[str] | None = None,  # columns to show, in order (default: every key, first seen first)
-               max_rows: int | None = None) -> str:  # show at most this many rows, with a note on the rest
-    "An escaped HTML table of `rows`."
+               max_rows: int | None = None) -> Markup:  # show at most this many rows, with a note on the rest
+    "An escaped HTML table of `rows` (`Markup`, a `str`, so a template prints it as it is)."
     if isinstance(rows, pd.DataFrame): rows = rows.to_dict("records")
     columns = list(columns or dict.fromkeys(k for r in rows for k in r))
     shown = rows if max_rows is None else rows[:max_rows]
-    out = ["<table>", "<thead><tr>" + "".join(f"<th>{html.escape(str(c))}</th>" for c in columns) + "</tr></thead>", "<tbody>"]
-    out += ["<tr>" + "".join(f"<td>{_cell(r.get(c))}</td>" for c in columns) + "</tr>" for r in shown]
-    out.append("</tbody></table>")
-    if len(shown) < len(rows): out.append(f'<p class="note">{len(rows) - len(shown)} more rows in the CSV.</p>')
-    return "\n".join(out)
+    return _macro("table")(columns, shown, len(rows) - len(shown))
 
 # %% ../nbs/16_report.ipynb #c015
 def anchor(sid: str) -> str:
@@ -239,71 +277,86 @@ def provenance_mismatch(entry: dict,  # an artefact's manifest entry
             f"({run}, model {this}): {'; '.join(why)}. figures/{aid}/ is shared by every run; {rerun}.")
 
 # %% ../nbs/16_report.ipynb #c022
+_TEMPLATES["section.html"] = """\
+{% from "macros.html" import dl %}
+<section id="{{ anchor }}">
+<h2>{{ aid }}</h2>
+<p class="title">{{ title }}</p>
+{% if status != "ok" %}
+<p class="error">{{ status }}: {{ error }}</p>
+{% endif %}
+{% if stale %}
+<p class="error stale">{{ stale }}</p>
+{% endif %}
+{{ dl(facts) }}
+{% for caption, table in comparisons %}
+<h3>Ours vs the paper: {{ caption }}</h3>
+{{ table }}
+{% endfor %}
+{% if has_files and not comparisons %}
+<p class="note">No table comparing with the paper (no <code>*vs_paper*</code> table).</p>
+{% endif %}
+{% if figures %}
+<h3>Figures</h3><div class="figures">
+{% for f in figures %}
+<figure><a href="{{ f.src|href }}"><img src="{{ f.src|href }}" alt="{{ f.stem }}" width="360"></a><figcaption>{{ f.stem }}\
+{% if f.pdf %} · <a href="{{ f.pdf|href }}">PDF</a>{% endif %}</figcaption></figure>
+{% endfor %}
+</div>
+{% endif %}
+{% if tables %}
+<h3>Tables</h3><ul>{% for t in tables %}<li>{{ t.stem }}{% if t.caption %}: {{ t.caption }}{% endif %} (\
+{% for label, path in t.links %}{% if not loop.first %} · {% endif %}<a href="{{ path|href }}">{{ label }}</a>{% endfor %})</li>\
+{% endfor %}</ul>
+{% endif %}
+{% if missing %}
+<p class="warn">listed but missing: {{ missing }}</p>
+{% endif %}
+<h3>Deviations from the paper</h3>\
+{% if deviations %}<ol>{% for d in deviations %}<li>{{ d }}</li>{% endfor %}</ol>{% else %}<p class="note">none recorded</p>{% endif +%}
+<h3>Provenance</h3>
+{{ dl(provenance) }}
+</section>"""
+
 def artifact_section(entry: dict,  # the artefact's manifest entry
                      title: str,  # its registry title
                      manifest: dict,  # the run's manifest (run id, git sha)
                      out: Path,  # the report folder (files are copied under it)
                      cfg: Config,
-                     notebook: str | None = None) -> str:  # relative link to its rendered notebook
+                     notebook: str | None = None) -> Markup:  # relative link to its rendered notebook
     "The HTML section of one artefact; copies its files into `out/files/<artefact>/`."
-    aid, esc = entry["artifact"], html.escape
+    aid = entry["artifact"]
     files, missing = artifact_files(entry, cfg)
     dest = out / "files" / aid; dest.mkdir(parents=True, exist_ok=True)
     rel = {}
     for p in files:
         shutil.copy2(p, dest / p.name); rel[p] = f"files/{aid}/{p.name}"
-    status = entry.get("status", "unknown")
     usage = entry.get("usage") or {}
-    parts = [f'<section id="{anchor(aid)}">', f"<h2>{esc(aid)}</h2>", f'<p class="title">{esc(title)}</p>']
-    if status != "ok":
-        parts.append(f'<p class="error">{esc(status)}: {esc(str(entry.get("error") or "no error recorded"))}</p>')
-    if files and (other := provenance_mismatch(entry, manifest, cfg)):  # before any number of another run
-        parts.append(f'<p class="error stale">{esc(other)}</p>')
-    parts.append(_dl([
-        ("paper", esc(entry.get("paper") or "")), ("in the paper", esc(paper_ref(title))),
-        ("model", esc(", ".join(entry.get("models") or []) or "none (no LLM used)")),
-        ("sample sizes", esc(sizes_text(entry.get("sample_sizes")) or "n/a")),
-        ("seed", esc(str(entry.get("seed", "n/a")))),
-        ("run", esc(f"{manifest.get('run_id')} (git {manifest.get('git_sha')}, profile {manifest.get('profile')})")),
-        ("source notebook", esc(entry.get("notebook") or "")),
-        ("executed notebook", f'<a href="{href(notebook)}">rendered HTML</a>' if notebook else "not executed in this run"),
-        ("wall time", esc(f"{entry.get('wall_s', 'n/a')} s")),
-        ("LLM usage", esc(f"{usage.get('requests', 0)} requests, {usage.get('cache_hits', 0)} cache hits") if usage else ""),
-        ("experiments used", esc(", ".join(f"{k} (key {str(v)[:16]})" for k, v in (entry.get("experiments") or {}).items()))),
-    ]))
-    comparisons = [p for p in files if p.suffix == ".csv" and "vs_paper" in p.stem]
-    for p in comparisons:
-        df = pd.read_csv(p, keep_default_na=False)
-        cap = _caption(p.with_suffix(".md")) or p.stem
-        parts += [f"<h3>Ours vs the paper: {esc(cap)}</h3>", html_table(df, max_rows=40)]
-    if files and not comparisons: parts.append('<p class="note">No table comparing with the paper (no <code>*vs_paper*</code> table).</p>')
-    figs = [p for p in files if p.suffix in _FIGURES]
-    if figs:
-        parts.append('<h3>Figures</h3><div class="figures">')
-        for p in figs:
-            pdf = p.with_suffix(".pdf")
-            extra = f' · <a href="{href(rel[pdf])}">PDF</a>' if pdf in rel else ""
-            parts.append(f'<figure><a href="{href(rel[p])}"><img src="{href(rel[p])}" alt="{esc(p.stem, quote=True)}" width="360"></a>'
-                         f"<figcaption>{esc(p.stem)}{extra}</figcaption></figure>")
-        parts.append("</div>")
-    tables = sorted({p.stem for p in files if p.suffix in (".csv", ".md")})
-    if tables:
-        items = []
-        for stem in tables:
-            links = " · ".join(f'<a href="{href(rel[q])}">{q.suffix[1:].upper()}</a>' for q in files if q.stem == stem and q.suffix in (".csv", ".md"))
-            cap = next((c for q in files if q.stem == stem and q.suffix == ".md" and (c := _caption(q))), "")
-            items.append(f"<li>{esc(stem)}{': ' + esc(cap) if cap else ''} ({links})</li>")
-        parts.append("<h3>Tables</h3><ul>" + "".join(items) + "</ul>")
-    if missing: parts.append("<p class=\"warn\">listed but missing: " + esc(", ".join(missing)) + "</p>")
-    devs = entry.get("deviations") or []
-    parts.append("<h3>Deviations from the paper</h3>" + ("<ol>" + "".join(f"<li>{esc(d)}</li>" for d in devs) + "</ol>" if devs
-                                                         else '<p class="note">none recorded</p>'))
-    prov = [("data sha256", html_table([{"file": k, "sha256": v} for k, v in sorted((entry.get("datasets") or {}).items())])
-             if entry.get("datasets") else ""),
-            ("parameters", html_table([{"parameter": k, "value": json.dumps(v)} for k, v in (entry.get("parameters") or {}).items()])
-             if entry.get("parameters") else "")]
-    parts += ["<h3>Provenance</h3>", _dl(prov), "</section>"]
-    return "\n".join(parts)
+    facts = [
+        ("paper", entry.get("paper") or ""), ("in the paper", paper_ref(title)),
+        ("model", ", ".join(entry.get("models") or []) or "none (no LLM used)"),
+        ("sample sizes", sizes_text(entry.get("sample_sizes")) or "n/a"),
+        ("seed", str(entry.get("seed", "n/a"))),
+        ("run", f"{manifest.get('run_id')} (git {manifest.get('git_sha')}, profile {manifest.get('profile')})"),
+        ("source notebook", entry.get("notebook") or ""),
+        ("executed notebook", _macro("link")(notebook, "rendered HTML") if notebook else "not executed in this run"),
+        ("wall time", f"{entry.get('wall_s', 'n/a')} s"),
+        ("LLM usage", f"{usage.get('requests', 0)} requests, {usage.get('cache_hits', 0)} cache hits" if usage else ""),
+        ("experiments used", ", ".join(f"{k} (key {str(v)[:16]})" for k, v in (entry.get("experiments") or {}).items()))]
+    comparisons = [(_caption(p.with_suffix(".md")) or p.stem, html_table(pd.read_csv(p, keep_default_na=False), max_rows=40))
+                   for p in files if p.suffix == ".csv" and "vs_paper" in p.stem]
+    figures = [{"src": rel[p], "stem": p.stem, "pdf": rel.get(p.with_suffix(".pdf"))} for p in files if p.suffix in _FIGURES]
+    tables = [{"stem": stem, "caption": next((c for q in files if q.stem == stem and q.suffix == ".md" and (c := _caption(q))), ""),
+               "links": [(q.suffix[1:].upper(), rel[q]) for q in files if q.stem == stem and q.suffix in (".csv", ".md")]}
+              for stem in sorted({p.stem for p in files if p.suffix in (".csv", ".md")})]
+    datasets, params = sorted((entry.get("datasets") or {}).items()), (entry.get("parameters") or {}).items()
+    provenance = [("data sha256", html_table([{"file": k, "sha256": v} for k, v in datasets]) if datasets else ""),
+                  ("parameters", html_table([{"parameter": k, "value": json.dumps(v)} for k, v in params]) if params else "")]
+    return _render("section.html", anchor=anchor(aid), aid=aid, title=title, status=entry.get("status", "unknown"),
+                   error=str(entry.get("error") or "no error recorded"),
+                   stale=provenance_mismatch(entry, manifest, cfg) if files else "",  # said before any number of another run
+                   facts=facts, comparisons=comparisons, has_files=bool(files), figures=figures, tables=tables,
+                   missing=", ".join(missing), deviations=[str(d) for d in entry.get("deviations") or []], provenance=provenance)
 
 # %% ../nbs/16_report.ipynb #c024
 _CSS = """body{font-family:system-ui,sans-serif;max-width:80em;margin:1em auto;padding:0 1em;color:#222}
@@ -313,28 +366,68 @@ section{border-top:2px solid #888;margin-top:2em}.figures{display:flex;flex-wrap
 img{border:1px solid #ddd;max-width:100%;height:auto}.error{color:#a00;font-weight:600}.warn{color:#a60}.note{color:#666;font-size:.9em}
 .title{font-size:1.1em}"""
 
-def _page(title: str, body: list[str]) -> str:
-    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n" + _CSP_META + "\n"
-            f"<title>{html.escape(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n" + "\n".join(body) + "\n</body>\n</html>\n")
+_TEMPLATES["page.html"] = """\
+<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+{{ csp_meta }}
+<title>{{ title }}</title>
+<style>{{ css }}</style>
+</head>
+<body>
+{% block body %}{% endblock %}
+</body>
+</html>
+"""
+
+_TEMPLATES["index.html"] = """\
+{% extends "page.html" %}
+{% block body %}
+<h1>kgrag_nb report: run {{ run_id }}</h1>
+<p class="note">{{ n_ok }} of {{ n }} artefacts ok. Our numbers come from the model and sample sizes shown with each \
+artefact (at the tiny and smoke profiles a small model on a handful of questions), next to the paper's numbers, never \
+in their place.</p>
+{% if status != "finished" %}
+<p class="error">This run did not finish (status: {{ status }}): its results may be incomplete.</p>
+{% endif %}
+<h2>Run</h2>
+{{ summary }}
+<h2>Artefacts</h2>
+{{ artefacts }}
+{% if experiments %}
+<h2>Experiments</h2>
+{{ experiments }}
+{% endif %}
+{% for section in sections %}
+{{ section }}
+{% endfor %}
+{% endblock %}"""
+
+def _page(name: str,  # the template of the page, one that extends `page.html`
+          title: str,  # the page's <title>
+          **context) -> str:
+    "A whole page: the shared head (CSP meta first, then title and CSS) around template `name`'s body."
+    # Markup: the CSP and the CSS are this module's constants, not text from a run (escaping would break the policy's quotes)
+    return _render(name, title=title, csp_meta=Markup(_CSP_META), css=Markup(_CSS), **context)
 
 def _titles(cfg: Config) -> dict[str, str]:
     "Registry titles of artefacts and experiments ({} when the checkout has no readable studies.yaml)."
     try: return {k: v.title for k, v in {**load_experiments(cfg=cfg), **load_registry(cfg=cfg)}.items()}
     except (FileNotFoundError, ValueError): return {}
 
-def run_summary(manifest: dict) -> str:
+def run_summary(manifest: dict) -> Markup:
     "The run's provenance as a definition list."
-    esc, u = html.escape, manifest.get("llm_usage") or {}
-    rerun = rerun_command(manifest)
-    return _dl([("run id", esc(str(manifest.get("run_id")))), ("status", esc(str(manifest.get("status") or "unknown"))),
-                ("git sha", esc(str(manifest.get("git_sha")))),
-                ("profile", esc(str(manifest.get("profile")))), ("started", esc(str(manifest.get("started")))),
-                ("wall time", esc(f"{manifest.get('wall_s')} s")), ("model", esc(str(manifest.get("model") or "none (no LLM used)"))),
-                ("endpoint", esc(str(manifest.get("llm_url")))), ("python", esc(str(manifest.get("python")))),
-                ("LLM usage", esc(", ".join(f"{k}={v}" for k, v in u.items())) or "none"),
-                ("failed", esc(", ".join(manifest.get("failed") or [])) or "none"),
-                ("skipped", esc(", ".join(manifest.get("skipped") or [])) or "none"),
-                ("rerun with", f"<code>{esc(rerun)}</code>")])
+    u = manifest.get("llm_usage") or {}
+    return _macro("dl")([
+        ("run id", str(manifest.get("run_id"))), ("status", str(manifest.get("status") or "unknown")),
+        ("git sha", str(manifest.get("git_sha"))), ("profile", str(manifest.get("profile"))), ("started", str(manifest.get("started"))),
+        ("wall time", f"{manifest.get('wall_s')} s"), ("model", str(manifest.get("model") or "none (no LLM used)")),
+        ("endpoint", str(manifest.get("llm_url"))), ("python", str(manifest.get("python"))),
+        ("LLM usage", ", ".join(f"{k}={v}" for k, v in u.items()) or "none"),
+        ("failed", ", ".join(manifest.get("failed") or []) or "none"),
+        ("skipped", ", ".join(manifest.get("skipped") or []) or "none"),
+        ("rerun with", _macro("code")(rerun_command(manifest)))])
 
 # %% ../nbs/16_report.ipynb #c025
 REPORT_MARKER = ".kgrag-report"  # in every folder `kgrag report` writes: only such a folder is rebuilt in place
@@ -372,22 +465,15 @@ def build_report(run_id: str | None = None,  # run to report on (default: the la
                  "notebook": Link("notebook", rendered[("experiment", e["experiment"])]) if ("experiment", e["experiment"]) in rendered
                              else ("reused from the cache" if e.get("status") == "reused" else "")}
                 for e in manifest.get("experiments", [])]
-    n_ok = sum(e.get("status") == "ok" for e in arts)
-    body = [f"<h1>kgrag_nb report: run {html.escape(str(manifest.get('run_id')))}</h1>",
-            f'<p class="note">{n_ok} of {len(arts)} artefacts ok. Our numbers come from the model and sample sizes shown '
-            "with each artefact (at the tiny and smoke profiles a small model on a handful of questions), next to the "
-            "paper's numbers, never in their place.</p>"]
-    if manifest.get("status") != "finished":
-        body.append(f'<p class="error">This run did not finish (status: {html.escape(str(manifest.get("status") or "unknown"))}): '
-                    "its results may be incomplete.</p>")
-    body += [
-            "<h2>Run</h2>", run_summary(manifest),
-            "<h2>Artefacts</h2>", html_table(index_rows(manifest, titles, {s for k, s in rendered if k == "artifact"}))]
-    if exp_rows: body += ["<h2>Experiments</h2>", html_table(exp_rows)]
-    body += [artifact_section(e, titles.get(e["artifact"], e["artifact"]), manifest, out, cfg, rendered.get(("artifact", e["artifact"])))
-             for e in arts]
     index = out / "index.html"
-    index.write_text(_page(f"kgrag_nb report: run {manifest.get('run_id')}", body), encoding="utf-8")
+    index.write_text(_page(
+        "index.html", f"kgrag_nb report: run {manifest.get('run_id')}", run_id=str(manifest.get("run_id")),
+        n_ok=sum(e.get("status") == "ok" for e in arts), n=len(arts), status=str(manifest.get("status") or "unknown"),
+        summary=run_summary(manifest),
+        artefacts=html_table(index_rows(manifest, titles, {s for k, s in rendered if k == "artifact"})),
+        experiments=html_table(exp_rows) if exp_rows else "",
+        sections=[artifact_section(e, titles.get(e["artifact"], e["artifact"]), manifest, out, cfg,
+                                   rendered.get(("artifact", e["artifact"]))) for e in arts]), encoding="utf-8")
     return index
 
 # %% ../nbs/16_report.ipynb #c029

@@ -6,7 +6,8 @@ second on the real embedded llama.cpp server), build its report with `kgrag repo
 and check: it loads, every link resolves (pages are opened, files read back by the browser), every image has a natural
 width, and no console error, exception or failed load happens on any page. `test_the_checker_finds_broken_pages`
 shows that the same checker fails on a page with a missing image, a dangling link and a script error.
-They skip, saying why, only when no Chromium is installed (`apt-get install chromium`; `.ci/run` installs it).
+They skip, saying why, only when no Chromium is installed (`apt-get install chromium`; `.ci/run` installs it) and the
+environment is not a CI: under `CI=true` a missing Chromium fails them (issue 22 item 14: a CI without Chromium is a failed CI).
 """
 from __future__ import annotations
 import html, json, os, re, shutil, subprocess, time, urllib.request
@@ -24,7 +25,9 @@ from kgrag_nb.reproduce import load_registry, reproduce
 from kgrag_nb.report import Link, href, html_table, index_rows, paper_ref
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on PATH: `apt-get install chromium` (Debian; .ci/run does it)")
+NO_CHROMIUM = "no Chromium on PATH: `apt-get install chromium` (Debian; .ci/run does it)"
+IN_CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")  # GitHub Actions, GitLab CI, ... set CI=true
+needs_chromium = pytest.mark.skipif(CHROMIUM is None and not IN_CI, reason=NO_CHROMIUM)  # in CI: never skipped (the fixture fails)
 
 
 # ---------------------------------------------------------------- pure parts
@@ -204,7 +207,9 @@ def check_site(browser: Chromium, index: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    if CHROMIUM is None: pytest.skip("no Chromium on PATH: `apt-get install chromium` (Debian; .ci/run does it)")
+    if CHROMIUM is None:
+        if IN_CI: pytest.fail(f"CI=true and {NO_CHROMIUM}: a CI without Chromium is a failed CI, not a skipped browser test")
+        pytest.skip(NO_CHROMIUM)
     b = Chromium(tmp_path_factory.mktemp("chromium-profile"))
     yield b
     b.close()
@@ -255,7 +260,7 @@ def real_report(tmp_path_factory, embedded_server):
 
 @pytest.mark.llm
 @needs_chromium
-def test_real_report_opens_with_no_broken_link_image_or_console_error(real_report, browser):
+def test_real_report_opens_with_no_broken_link_image_or_console_error(browser, real_report):  # browser first: no Chromium fails fast
     t0 = time.time()
     res = check_site(browser, real_report["index"])
     print(f"\nbrowser check: {len(res['pages'])} pages, {len(res['files'])} files, {len(res['images'])} images in {time.time() - t0:.1f} s")
@@ -469,3 +474,49 @@ def test_notebook_scripts_do_not_run_in_the_browser(browser, tmp_path):
     for page in res["pages"]:
         browser.open(page)
         assert browser.eval("typeof window.pwned") == "undefined", page
+
+
+# ---------------------------------------------------------------- issue 24 item 2: templates escape everything a run wrote
+
+SCRIPT = "<script>alert(1)</script>"
+
+
+class _Tags(__import__("html.parser").parser.HTMLParser):
+    "The start tags of a page and its text, as a browser's parser reads them."
+    def __init__(self, text: str):
+        super().__init__(convert_charrefs=True); self.tags, self.text = [], []
+        self.feed(text); self.close()
+    def handle_starttag(self, tag, attrs): self.tags.append(tag)
+    def handle_data(self, data): self.text.append(data)
+
+
+def test_a_script_in_any_string_of_a_run_renders_as_text(tmp_path):
+    "A dataset name, an artefact title, a table caption, a table cell, a deviation and an error holding `<script>` show"
+    " as text in both the index and the artefact's section: no script element, the string readable as written."
+    (tmp_path / "studies.yaml").write_text(  # a real registry: the index takes the artefact's title from it
+        f'artifacts:\n  art_s: {{paper: p.txt, title: "X Table 1: title {SCRIPT}", notebook: nbs/s.ipynb}}\n')
+    cfg = get_config(root=tmp_path, runs_dir=tmp_path / "runs", figures_dir=tmp_path / "figures")
+    folder = cfg.figures_dir / "art_s"; folder.mkdir(parents=True)
+    (folder / "t_vs_paper.csv").write_text(f"source,Hits@1\n{SCRIPT},0.1\npaper,0.6\n")
+    (folder / "t_vs_paper.md").write_text(f"**caption {SCRIPT}**\n\n| source |\n")
+    _manifest(cfg.runs_dir / "r-s", run_id="r-s", started="2026", status="finished", profile="tiny", artifacts=[
+        {"artifact": "art_s", "status": "ok", "outputs": [str(folder / "t_vs_paper.csv"), str(folder / "t_vs_paper.md")],
+         "sample_sizes": {SCRIPT: 3}, "datasets": {f"data/{SCRIPT}.jsonl": "ab" * 32}, "deviations": [SCRIPT]},
+        {"artifact": "art_f", "status": "failed", "error": SCRIPT}])
+    page = kgrag_nb.report.build_report("r-s", cfg=cfg).read_text()
+    parsed = _Tags(page)
+    assert "script" not in parsed.tags and "<script" not in page.lower()
+    text = "".join(parsed.text)
+    for shown in (f"title {SCRIPT}", f"{SCRIPT}=3", f"caption {SCRIPT}", f"data/{SCRIPT}.jsonl", f"failed: {SCRIPT}"):
+        assert shown in text, shown  # readable as text
+    index, sections = page[:page.index("<section")], page[page.index("<section"):]
+    esc = html.escape(SCRIPT)
+    index_table = index[index.index("<h2>Artefacts</h2>"):]
+    assert f"<td>X Table 1: title {esc}</td>" in index_table and f"<td>{esc}=3</td>" in index_table
+    art_s = sections[:sections.index("</section>")]
+    assert f'<p class="title">X Table 1: title {esc}</p>' in art_s and f"<dd>{esc}=3</dd>" in art_s
+    assert f"<h3>Ours vs the paper: caption {esc}</h3>" in art_s and f"<td>{esc}</td><td>0.1</td>" in art_s
+    assert f"<li>t_vs_paper: caption {esc} (" in art_s and f"<td>data/{esc}.jsonl</td>" in art_s and f"<li>{esc}</li>" in art_s
+    assert f'<p class="error">failed: {esc}</p>' in sections[sections.index('<section id="art-art_f">'):]
+    head = page[:page.index("</head>")]
+    assert f'<meta http-equiv="Content-Security-Policy" content="{kgrag_nb.report.CSP}">' in head  # kept, unescaped
