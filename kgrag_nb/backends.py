@@ -4,7 +4,7 @@
 
 # %% ../nbs/01b_kg_backends.ipynb #c003
 from __future__ import annotations
-import abc, email.utils, hashlib, json, re, sqlite3, threading, time, warnings, contextlib
+import email.utils, hashlib, json, re, threading, time, warnings
 from abc import ABC, abstractmethod
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -16,10 +16,12 @@ import faiss
 import httpx
 import numpy as np
 import pyoxigraph as ox
+from fastcore.basics import patch
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 from tqdm.auto import tqdm
 
 from .config import Config, get_config
+from .store import SqliteStore  # the package's one SQLite rule (WAL, busy timeout, atomic writes)
 from .kg import KG
 from .datasets import load_kg, load_qa, mid_to_fb15k
 from .retrieval import DEFAULT_NPROBE, DenseIndex, embed, load_embedder
@@ -28,7 +30,7 @@ from .retrieval import DEFAULT_NPROBE, DenseIndex, embed, load_embedder
 __all__ = ['RDFS_LABEL', 'RDF_TYPE', 'WD', 'WDT', 'FB', 'WIKIDATA_ENDPOINT', 'DIALECTS', 'DEFAULT_BASE_IRI', 'DIRECTIONS',
            'Triple', 'RETRY_STATUSES', 'DEFAULT_USER_AGENT', 'RELATION_MODES', 'SparqlDialect', 'kg_to_rdf',
            'kg_to_store', 'KGBackend', 'LocalBackend', 'SparqlError', 'SparqlQueryError', 'SparqlUnavailableError',
-           'SparqlCache', 'patch_method', 'SparqlBackend', 'OxigraphEndpoint', 'CountingEncoder', 'RelationRetriever',
+           'SparqlCache', 'SparqlBackend', 'OxigraphEndpoint', 'CountingEncoder', 'RelationRetriever',
            'cwq_relation_queries', 'relation_benchmark_kg', 'bench_relation_retrieval']
 
 # %% ../nbs/01b_kg_backends.ipynb #c006
@@ -339,38 +341,36 @@ def _query_start(query: str, n: int = 160) -> str:
     q = " ".join(query.split())
     return q if len(q) <= n else q[:n] + "…"
 
+_SPARQL_SCHEMA = ("CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, query TEXT NOT NULL, result TEXT NOT NULL, "
+                  "endpoint TEXT, created REAL)")
+
 class SparqlCache:
     "SQLite store of SPARQL JSON results keyed by the sha256 of the query text (endpoint-independent)."
     def __init__(self,
                  path: Path | str):  # SQLite file (its folder is created on first write)
         self.path = Path(path)
+        self.store = SqliteStore(self.path, _SPARQL_SCHEMA, what="SPARQL result cache")  # opened on first use
 
     @staticmethod
     def key(query: str) -> str: return hashlib.sha256(query.strip().encode("utf-8")).hexdigest()
 
-    def _connect(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        con = sqlite3.connect(self.path, timeout=60)
-        con.execute("CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, query TEXT NOT NULL, result TEXT NOT NULL, "
-                    "endpoint TEXT, created REAL)")
-        return con
-
     def get(self, query: str) -> dict | None:
         "The cached result of `query`, or None."
-        if not self.path.exists(): return None
-        with contextlib.closing(self._connect()) as con:
-            row = con.execute("SELECT result FROM results WHERE key = ?", (self.key(query),)).fetchone()
+        if not self.path.exists(): return None  # a read never creates the file
+        row = self.store.read_one("SELECT result FROM results WHERE key = ?", (self.key(query),))
         return None if row is None else json.loads(row[0])
 
     def put(self, query: str, result: dict, endpoint: str = ""):
         "Store `result` (parsed SPARQL JSON) for `query`; `endpoint` is kept for provenance only."
-        with contextlib.closing(self._connect()) as con, con:
-            con.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?)",
-                        (self.key(query), query, json.dumps(result), endpoint, time.time()))
+        self.store.write(("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?)",
+                          (self.key(query), query, json.dumps(result), endpoint, time.time())))
 
     def __len__(self) -> int:
         if not self.path.exists(): return 0
-        with contextlib.closing(self._connect()) as con: return con.execute("SELECT COUNT(*) FROM results").fetchone()[0]
+        return self.store.read_one("SELECT COUNT(*) FROM results")[0]
+
+    def close(self): self.store.close()  # the connection reopens on next use
+
 
 # %% ../nbs/01b_kg_backends.ipynb #c024
 class _Retry(Exception):
@@ -389,14 +389,6 @@ def _sparql_literal(text: str, lang: str | None = None) -> str:
     "A SPARQL string literal (escaped), language-tagged when `lang` is given."
     esc = (text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t"))
     return f'"{esc}"' + (f"@{lang}" if lang else "")
-
-def patch_method(cls):
-    "Decorator: attach the function to `cls` (a class built cell by cell) and refresh its abstract-method set."
-    def attach(f):
-        f.__qualname__ = f"{cls.__name__}.{f.__name__}"
-        setattr(cls, f.__name__, f); abc.update_abstractmethods(cls)
-        return f
-    return attach
 
 DEFAULT_USER_AGENT = ("kgrag_nb/0.1 (research reproduction; set SparqlBackend(user_agent=...) to a string with your "
                       "contact, per https://meta.wikimedia.org/wiki/User-Agent_policy) httpx")
@@ -439,7 +431,9 @@ class SparqlBackend(KGBackend):
         self._last_start, self._lock = None, threading.Lock()
 
     def __repr__(self): return f"SparqlBackend({self.url!r}, {self.dialect.name!r})"
-    def close(self): self.client.close()
+    def close(self):
+        self.client.close()
+        if self.cache is not None: self.cache.close()
     def __enter__(self): return self
     def __exit__(self, *exc): self.close()
 
@@ -452,15 +446,15 @@ class SparqlBackend(KGBackend):
             self._last_start = time.monotonic()
 
 # %% ../nbs/01b_kg_backends.ipynb #c026
-@patch_method(SparqlBackend)
-def _send(self, query: str):
+@patch
+def _send(self: SparqlBackend, query: str):
     "One HTTP request for `query` (GET or POST form), or the transport exception."
     use_get = self.method == "get" or (self.method == "auto" and len(self.url) + len(urlencode({"query": query})) < 2000)
     if use_get: return self.client.get(self.url, params={"query": query})
     return self.client.post(self.url, data={"query": query})
 
-@patch_method(SparqlBackend)
-def _request(self, query: str) -> dict:
+@patch
+def _request(self: SparqlBackend, query: str) -> dict:
     "Send `query` with rate limiting and retries (tenacity; waits `backoff_s * 2**retry` or Retry-After); the parsed JSON."
     def attempt():
         self._wait_turn()
@@ -491,8 +485,8 @@ def _request(self, query: str) -> dict:
                                  f"{_query_start(query)!r}. The endpoint is down, overloaded or unreachable: try later, "
                                  f"raise max_retries / timeout, or lower the batch size / max_triples of heavy queries")
 
-@patch_method(SparqlBackend)
-def query_json(self, query: str) -> dict:
+@patch
+def query_json(self: SparqlBackend, query: str) -> dict:
     "The SPARQL JSON result of `query`: from the cache, else from the endpoint (then cached)."
     if not isinstance(query, str) or not query.strip(): raise ValueError("query must be a non-empty SPARQL string")
     if self.cache is not None:
@@ -502,8 +496,8 @@ def query_json(self, query: str) -> dict:
     if self.cache is not None: self.cache.put(query, result, self.url)
     return result
 
-@patch_method(SparqlBackend)
-def select(self, query: str) -> list[dict]:
+@patch
+def select(self: SparqlBackend, query: str) -> list[dict]:
     "Rows of a SELECT query as dicts variable -> value (IRIs and literals as strings; unbound variables absent)."
     res = self.query_json(query)
     if "results" not in res:
@@ -511,33 +505,33 @@ def select(self, query: str) -> list[dict]:
     return [{k: v["value"] for k, v in b.items()} for b in res["results"]["bindings"]]
 
 # %% ../nbs/01b_kg_backends.ipynb #c028
-@patch_method(SparqlBackend)
-def _values(self, var: str, iris: Iterable[str]) -> str:
+@patch
+def _values(self: SparqlBackend, var: str, iris: Iterable[str]) -> str:
     return f"VALUES ?{var} {{ " + " ".join(f"<{i}>" for i in iris) + " }"
 
-@patch_method(SparqlBackend)
-def _is_entity(self, var: str) -> str:
+@patch
+def _is_entity(self: SparqlBackend, var: str) -> str:
     "FILTER: `?var` is an entity IRI of the dialect."
     alts = " || ".join(f'STRSTARTS(STR(?{var}), "{p}")' for p in self.dialect.entity_prefixes)
     return f"FILTER(isIRI(?{var}) && ({alts}))"
 
-@patch_method(SparqlBackend)
-def _edge_query(self, iris: Sequence[str], direction: str, limit: int | None) -> str:
+@patch
+def _edge_query(self: SparqlBackend, iris: Sequence[str], direction: str, limit: int | None) -> str:
     "SELECT ?s ?p ?o of the out-edges (`direction='out'`) or in-edges ('in') of the entities `iris`."
     here, other = ("s", "o") if direction == "out" else ("o", "s")
     return (f"SELECT ?s ?p ?o WHERE {{ {self._values(here, iris)} ?s ?p ?o . "
             f'FILTER(STRSTARTS(STR(?p), "{self.dialect.relation_ns}")) {self._is_entity(other)} }}'
             + (f" LIMIT {int(limit)}" if limit is not None else ""))
 
-@patch_method(SparqlBackend)
-def _edges(self, iris: Sequence[str], direction: str, limit: int | None) -> list[Triple]:
+@patch
+def _edges(self: SparqlBackend, iris: Sequence[str], direction: str, limit: int | None) -> list[Triple]:
     "Triples of one edge query, in the endpoint's order, duplicates dropped."
     d = self.dialect
     rows = self.select(self._edge_query(iris, direction, limit))
     return list(dict.fromkeys((d.iri_to_entity(r["s"]), d.iri_to_relation(r["p"]), d.iri_to_entity(r["o"])) for r in rows))
 
-@patch_method(SparqlBackend)
-def neighbors(self, entity: str, direction: str = "both", limit: int | None = 10_000) -> list[Triple]:
+@patch
+def neighbors(self: SparqlBackend, entity: str, direction: str = "both", limit: int | None = 10_000) -> list[Triple]:
     "Triples touching `entity` (sorted); with `limit`, each direction's query is limited, then the first `limit` kept."
     _check_direction(direction)
     iri = self.dialect.entity_iri(entity)
@@ -546,8 +540,8 @@ def neighbors(self, entity: str, direction: str = "both", limit: int | None = 10
     return sorted(out)[:limit]
 
 # %% ../nbs/01b_kg_backends.ipynb #c029
-@patch_method(SparqlBackend)
-def khop_triples(self, seeds, hops: int = 2, max_triples: int | None = None) -> list[Triple]:
+@patch
+def khop_triples(self: SparqlBackend, seeds, hops: int = 2, max_triples: int | None = None) -> list[Triple]:
     "Triples within `hops` hops of `seeds`, both directions, at most `max_triples` (LIMIT per query; see above)."
     _check_cap(hops, max_triples)
     seeds = _seed_list(seeds)
@@ -578,8 +572,8 @@ def khop_triples(self, seeds, hops: int = 2, max_triples: int | None = None) -> 
     return sorted(taken)
 
 # %% ../nbs/01b_kg_backends.ipynb #c030
-@patch_method(SparqlBackend)
-def triples_with_relation(self, relation: str, limit: int | None = 100) -> list[Triple]:
+@patch
+def triples_with_relation(self: SparqlBackend, relation: str, limit: int | None = 100) -> list[Triple]:
     "Triples of `relation` (sorted); with `limit`, which ones is up to the endpoint unless it has at most `limit`."
     d = self.dialect
     p = d.relation_iri(relation)
@@ -588,8 +582,8 @@ def triples_with_relation(self, relation: str, limit: int | None = 100) -> list[
     return sorted({(d.iri_to_entity(r["s"]), d.iri_to_relation(p), d.iri_to_entity(r["o"]))
                    for r in rows})
 
-@patch_method(SparqlBackend)
-def _labels_of(self, iris: dict) -> dict:
+@patch
+def _labels_of(self: SparqlBackend, iris: dict) -> dict:
     "id -> label of the ids in `iris` (id -> IRI), batched; English first, then untagged, then the smallest string."
     by_iri, best = {v: k for k, v in iris.items()}, {}
     keys = sorted(by_iri)
@@ -602,18 +596,18 @@ def _labels_of(self, iris: dict) -> dict:
             if k not in best or cand < best[k]: best[k] = cand
     return {k: v[1] for k, v in sorted(best.items())}
 
-@patch_method(SparqlBackend)
-def labels(self, entities: Iterable[str]) -> dict:
+@patch
+def labels(self: SparqlBackend, entities: Iterable[str]) -> dict:
     "Entity id -> label (batched queries)."
     return self._labels_of({e: self.dialect.entity_iri(e) for e in _seed_list(entities)})
 
-@patch_method(SparqlBackend)
-def relation_labels(self, relations: Iterable[str]) -> dict:
+@patch
+def relation_labels(self: SparqlBackend, relations: Iterable[str]) -> dict:
     "Relation id -> label (Wikidata: the label of the property entity `wd:P…`)."
     return self._labels_of({r: self.dialect.relation_label_iri(r) for r in _seed_list(relations)})
 
-@patch_method(SparqlBackend)
-def find_entities(self, name: str, limit: int = 10) -> list[str]:
+@patch
+def find_entities(self: SparqlBackend, name: str, limit: int = 10) -> list[str]:
     "Entities whose label is exactly `name` (`@en` or untagged), sorted by id: the name -> QID step of Awakening §4.2."
     n = _norm_name(name)
     if not n: return []
@@ -621,11 +615,15 @@ def find_entities(self, name: str, limit: int = 10) -> list[str]:
          f"?e <{self.dialect.label_predicate}> ?l . {self._is_entity('e')} }} ORDER BY ?e LIMIT {int(limit)}")
     return sorted(self.dialect.iri_to_entity(r["e"]) for r in self.select(q))
 
-@patch_method(SparqlBackend)
-def entity_types(self, entity: str) -> list[str]:
+@patch
+def entity_types(self: SparqlBackend, entity: str) -> list[str]:
     "Type ids of `entity` from the dialect's type predicate (Wikidata P31, Freebase type.object.type, rdf:type)."
     q = f"SELECT DISTINCT ?t WHERE {{ <{self.dialect.entity_iri(entity)}> <{self.dialect.type_predicate}> ?t . FILTER(isIRI(?t)) }}"
     return sorted(self.dialect.iri_to_type(r["t"]) for r in self.select(q))
+
+# %% ../nbs/01b_kg_backends.ipynb #c030b
+SparqlBackend.__abstractmethods__ = frozenset(n for n in KGBackend.__abstractmethods__
+                                              if getattr(getattr(SparqlBackend, n), "__isabstractmethod__", False))
 
 # %% ../nbs/01b_kg_backends.ipynb #c032
 class OxigraphEndpoint:
@@ -753,8 +751,8 @@ class RelationRetriever:
                 f"{self.index_vectors:,} index vectors)")
 
 # %% ../nbs/01b_kg_backends.ipynb #c044
-@patch_method(RelationRetriever)
-def _build_faithful(self, nlist, train_factor, sample_per_batch, nprobe, progress):
+@patch
+def _build_faithful(self: RelationRetriever, nlist, train_factor, sample_per_batch, nprobe, progress):
     "Encode every triple's relation text (in batches of `sample_per_batch`), build the IVF index, note list radii."
     texts = self.texts[self._tid]
     parts = []
@@ -776,8 +774,8 @@ def _build_faithful(self, nlist, train_factor, sample_per_batch, nprobe, progres
             ids = faiss.rev_swig_ptr(ix.invlists.get_ids(l), size).copy()
             self._radius[l] = np.linalg.norm(x[ids] - self._centroids[l], axis=1).max()
 
-@patch_method(RelationRetriever)
-def _build_distinct(self):
+@patch
+def _build_distinct(self: RelationRetriever):
     "Embed each relation text that occurs once; exact inner-product index over them; triples grouped by text."
     self._present = np.flatnonzero(self._count)
     v = embed(self.texts[self._present].tolist(), self.encoder, cache_dir=self.cache_dir, batch_size=self.batch_size)
@@ -786,14 +784,14 @@ def _build_distinct(self):
     self._order = np.argsort(self._tid, kind="stable")
     self._indptr = np.concatenate([[0], np.cumsum(self._count)])
 
-@patch_method(RelationRetriever)
-def _query(self, text: str) -> np.ndarray:
+@patch
+def _query(self: RelationRetriever, text: str) -> np.ndarray:
     if not isinstance(text, str) or not text.strip(): raise ValueError(f"relation_text must be a non-empty string, got {text!r}")
     return embed([text], self.encoder, cache_dir=self.cache_dir, batch_size=self.batch_size)[0]
 
 # %% ../nbs/01b_kg_backends.ipynb #c045
-@patch_method(RelationRetriever)
-def _faithful_search(self, q: np.ndarray, k: int):
+@patch
+def _faithful_search(self: RelationRetriever, q: np.ndarray, k: int):
     "Certified IVF search: (triple ids of the top-k texts, [(text id, score)]), growing neighbours and nprobe."
     ix, n_all = self.dense.index, self.dense.index.ntotal
     nl, qn = ix.nlist, float(np.linalg.norm(q))
@@ -822,8 +820,8 @@ def _faithful_search(self, q: np.ndarray, k: int):
         P = int(min(nl, 4 * P))
     return np.sort(ids[in_top]), [(int(t), float(s)) for t, s in zip(top, ranked_scores[:k])]
 
-@patch_method(RelationRetriever)
-def _distinct_search(self, q: np.ndarray, k: int):
+@patch
+def _distinct_search(self: RelationRetriever, q: np.ndarray, k: int):
     "Exact search over the distinct relation texts, then every triple of the top-k texts."
     scores, ids = self.dense.search(q, k)
     self.distance_computations += self.index_vectors
@@ -831,24 +829,24 @@ def _distinct_search(self, q: np.ndarray, k: int):
     tri = np.concatenate([self._order[self._indptr[t]:self._indptr[t + 1]] for t in top])
     return np.sort(tri), [(int(t), float(s)) for t, s in zip(top, scores[0])]
 
-@patch_method(RelationRetriever)
-def nearest_relations(self, relation_text: str, k: int = 5) -> list[tuple[str, float]]:
+@patch
+def nearest_relations(self: RelationRetriever, relation_text: str, k: int = 5) -> list[tuple[str, float]]:
     "The `k` relation texts nearest to `relation_text`, with their inner-product scores, best first."
     if k < 1: raise ValueError(f"k={k} must be >= 1")
     q = self._query(relation_text)
     _, top = (self._faithful_search if self.mode == "faithful" else self._distinct_search)(q, k)
     return [(str(self.texts[t]), s) for t, s in top]
 
-@patch_method(RelationRetriever)
-def retrieve(self, relation_text: str, k: int = 1, as_strings: bool = False):
+@patch
+def retrieve(self: RelationRetriever, relation_text: str, k: int = 1, as_strings: bool = False):
     "Triples (sorted indices into `kg.triples`, or string triples) whose relation text is among the `k` nearest."
     if k < 1: raise ValueError(f"k={k} must be >= 1")
     q = self._query(relation_text)
     idx, _ = (self._faithful_search if self.mode == "faithful" else self._distinct_search)(q, k)
     return self.kg._names(idx) if as_strings else idx
 
-@patch_method(RelationRetriever)
-def top_triples(self, relation_text: str, n: int = 10, nprobe: int | None = None):
+@patch
+def top_triples(self: RelationRetriever, relation_text: str, n: int = 10, nprobe: int | None = None):
     "Faithful mode: the paper's plain search, the `n` nearest triple vectors at a fixed `nprobe`: (indices, scores)."
     if self.mode != "faithful": raise ValueError("top_triples searches the per-triple index; build with mode='faithful'")
     ix = self.dense.index

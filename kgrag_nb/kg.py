@@ -9,9 +9,10 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['COLUMNS', 'DISPLAY_MODES', 'PARQUET_FILES', 'KG', 'patch_kg']
+__all__ = ['COLUMNS', 'DISPLAY_MODES', 'PARQUET_FILES', 'KG']
 
 # %% ../nbs/01_kg.ipynb #c005
 COLUMNS = ("head", "relation", "tail")  # column names of triple tables
@@ -132,16 +133,8 @@ class KG:
         return (f"KG({self.name!r}: {self.num_triples:,} triples, {self.num_entities:,} entities, "
                 f"{self.num_relations:,} relations)")
 
-# %% ../nbs/01_kg.ipynb #c010
-def patch_kg(f):
-    "Decorator: attach function, property or classmethod `f` to `KG` under its own name (builds `KG` cell by cell)."
-    fn = f.fget if isinstance(f, property) else f.__func__ if isinstance(f, classmethod) else f
-    fn.__qualname__ = f"KG.{fn.__name__}"
-    setattr(KG, fn.__name__, f)
-    return f
-
 # %% ../nbs/01_kg.ipynb #c011
-@patch_kg
+@patch
 def entity_index(self: KG,
                  name: str) -> int:  # entity id, e.g. "/m/02mjmr"
     "Index of entity `name`; KeyError naming the entity and the KG when absent."
@@ -150,7 +143,7 @@ def entity_index(self: KG,
         raise KeyError(f"entity {name!r} is not in KG {self.name!r} ({self.num_entities:,} entities, "
                        f"e.g. {self.entities[:3].tolist()}); check the id spelling or pass its integer index") from None
 
-@patch_kg
+@patch
 def relation_index(self: KG,
                    name: str) -> int:  # relation id
     "Index of relation `name`; KeyError naming the relation and the KG when absent."
@@ -159,7 +152,7 @@ def relation_index(self: KG,
         raise KeyError(f"relation {name!r} is not in KG {self.name!r} ({self.num_relations} relations, "
                        f"e.g. {self.relations[:3].tolist()}); check the spelling or pass its integer index") from None
 
-@patch_kg
+@patch
 def _ent(self: KG, x) -> int:
     "One entity as an index: a str is looked up, an int is checked against the vocabulary size."
     if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
@@ -168,7 +161,7 @@ def _ent(self: KG, x) -> int:
         return int(x)
     return self.entity_index(x)
 
-@patch_kg
+@patch
 def _rel(self: KG, x) -> int:
     "One relation as an index (str looked up, int range-checked)."
     if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
@@ -177,7 +170,7 @@ def _rel(self: KG, x) -> int:
         return int(x)
     return self.relation_index(x)
 
-@patch_kg
+@patch
 def _ents(self: KG, xs) -> np.ndarray:
     "Entity indices of one entity or an iterable of them (names or ints)."
     if isinstance(xs, (str, int, np.integer)): return np.array([self._ent(xs)], dtype=np.int64)
@@ -220,9 +213,8 @@ def _codes(values: np.ndarray, vocab, what: str, kg_name: str):
     return codes, vocab
 
 # %% ../nbs/01_kg.ipynb #c016
-@patch_kg
-@classmethod
-def from_triples(cls,
+@patch(cls_method=True)
+def from_triples(cls: KG,
                  triples,  # iterable of (head, relation, tail) strings, or DataFrame with columns head/relation/tail
                  name: str = "kg",  # graph name
                  entity_labels: Mapping | None = None,  # entity id -> text label
@@ -238,7 +230,7 @@ def from_triples(cls,
     return cls.from_arrays(tri, ents, rels, entity_labels, relation_labels, name=name, dedup=True)
 
 # %% ../nbs/01_kg.ipynb #c019
-@patch_kg
+@patch
 def _sorted_keys(self: KG):
     "Sorted int64 triple keys and the triple index of each (cached)."
     if "keys" not in self._cache:
@@ -247,7 +239,7 @@ def _sorted_keys(self: KG):
         self._cache["keys"] = (k[order], order)
     return self._cache["keys"]
 
-@patch_kg
+@patch
 def encode(self: KG,
            triples) -> np.ndarray:  # string triples, DataFrame, or an int (m, 3) array (validated only)
     "Integer `(m, 3)` array of string triples (or a DataFrame) in this KG's vocabulary; KeyError on unknown ids."
@@ -259,7 +251,7 @@ def encode(self: KG,
     t, _ = _codes(df["tail"].to_numpy(object), self.entities, "entities", self.name)
     return np.stack([h, r, t], axis=1).astype(np.int32).reshape(-1, 3)
 
-@patch_kg
+@patch
 def index_of(self: KG,
              triples) -> np.ndarray:  # int (m, 3) array, string triples or DataFrame
     "Row index in `self.triples` of each given triple (int `(m, 3)` array or string triples), -1 when absent."
@@ -270,7 +262,7 @@ def index_of(self: KG,
     hit = (keys[pos] == qk) if len(keys) else np.zeros(len(qk), bool)
     return np.where(hit, order[pos] if len(keys) else -1, -1)
 
-@patch_kg
+@patch
 def contains(self: KG,
              h,  # head (name or index)
              r,  # relation (name or index)
@@ -281,13 +273,13 @@ def contains(self: KG,
     return bool(self.index_of(q)[0] >= 0)
 
 # %% ../nbs/01_kg.ipynb #c021
-@patch_kg
+@patch
 def entity_names(self: KG,
                  ids) -> np.ndarray:  # integer entity indices
     "Entity ids (strings) of integer entity indices."
     return self.entities[np.asarray(ids, dtype=np.int64)]
 
-@patch_kg
+@patch
 def to_dataframe(self: KG,
                  labels: bool = False) -> pd.DataFrame:  # text labels instead of ids (id when an item has no label)
     "The triples as a DataFrame of strings with columns head, relation, tail."
@@ -297,7 +289,7 @@ def to_dataframe(self: KG,
     return pd.DataFrame({"head": ents[h], "relation": rels[r], "tail": ents[t]})
 
 # %% ../nbs/01_kg.ipynb #c023
-@patch_kg
+@patch
 def _csr(self: KG, direction: str):
     "(indptr, order) of out-edges (`direction='out'`, grouped by head) or in-edges ('in', grouped by tail); cached."
     if direction not in ("out", "in"): raise ValueError(f"direction must be 'out' or 'in', got {direction!r}")
@@ -309,7 +301,7 @@ def _csr(self: KG, direction: str):
         self._cache[direction] = (indptr, order)
     return self._cache[direction]
 
-@patch_kg
+@patch
 def _gather(self: KG, direction: str, nodes: np.ndarray, owners: bool = False):
     "Triple indices of the `direction` edges of all `nodes` (and, with `owners`, the position in `nodes` of each)."
     indptr, order = self._csr(direction)
@@ -320,7 +312,7 @@ def _gather(self: KG, direction: str, nodes: np.ndarray, owners: bool = False):
     tri = order[offs]
     return (tri, np.repeat(np.arange(len(nodes)), lens)) if owners else tri
 
-@patch_kg
+@patch
 def incident(self: KG,
              entities,  # one entity or many (names or indices)
              direction: str = "both") -> np.ndarray:  # "out" (as head), "in" (as tail) or "both"
@@ -330,7 +322,7 @@ def incident(self: KG,
     parts = [self._gather(d, nodes) for d in (("out", "in") if direction == "both" else (direction,))]
     return np.unique(np.concatenate(parts))
 
-@patch_kg
+@patch
 def neighbors(self: KG,
               entity,  # entity name or index
               direction: str = "out",  # "out": (r, tail) of triples with entity as head; "in": (r, head); "both"
@@ -343,20 +335,18 @@ def neighbors(self: KG,
     nbr = t if direction == "out" else h if direction == "in" else np.where(h == e, t, h)
     return r.astype(np.int64), nbr.astype(np.int64)
 
-@patch_kg
-@property
+@patch(as_prop=True)
 def out_degree(self: KG) -> np.ndarray:
     "Number of triples with each entity as head (length `num_entities`)."
     return np.diff(self._csr("out")[0])
 
-@patch_kg
-@property
+@patch(as_prop=True)
 def in_degree(self: KG) -> np.ndarray:
     "Number of triples with each entity as tail (length `num_entities`)."
     return np.diff(self._csr("in")[0])
 
 # %% ../nbs/01_kg.ipynb #c027
-@patch_kg
+@patch
 def khop_triples(self: KG,
                  seeds,  # seed entity or entities (names or indices)
                  hops: int = 2,  # expansion steps (both directions)
@@ -389,7 +379,7 @@ def khop_triples(self: KG,
     order = np.argsort(idx, kind="stable")
     return (idx[order], hop[order]) if return_hops else idx[order]
 
-@patch_kg
+@patch
 def khop_subgraph(self: KG,
                   seeds,  # seed entity or entities (names or indices)
                   hops: int = 2,  # expansion steps (both directions)
@@ -400,7 +390,7 @@ def khop_subgraph(self: KG,
     return self._derive(self.triples[idx], f"{self.name}-{hops}hop")
 
 # %% ../nbs/01_kg.ipynb #c031
-@patch_kg
+@patch
 def triples_of_relation(self: KG,
                         r) -> np.ndarray:  # relation name or index
     "Sorted indices of the triples with relation `r` (name or index)."
@@ -413,7 +403,7 @@ def triples_of_relation(self: KG,
     i = self._rel(r)
     return order[indptr[i]:indptr[i + 1]]
 
-@patch_kg
+@patch
 def _step(self: KG, nodes: np.ndarray, direction: str):
     "All edges leaving `nodes`: (triple index, owner position in `nodes`, entity at the other end)."
     outs = [] if direction == "in" else [self._gather("out", nodes, owners=True) + (2,)]
@@ -421,7 +411,7 @@ def _step(self: KG, nodes: np.ndarray, direction: str):
     parts = [(tri, own, self.triples[tri, col].astype(np.int64)) for tri, own, col in outs + ins]
     return tuple(np.concatenate(x) for x in zip(*parts))
 
-@patch_kg
+@patch
 def distances(self: KG,
               sources,  # entity or entities (names or indices)
               max_hops: int = 4,  # stop after this many steps
@@ -436,13 +426,13 @@ def distances(self: KG,
     return dist
 
 # %% ../nbs/01_kg.ipynb #c032
-@patch_kg
+@patch
 def _names(self: KG, idx: np.ndarray) -> list:
     "Triples `idx` as (head, relation, tail) string tuples."
     h, r, t = self.triples[idx].T
     return list(zip(self.entities[h].tolist(), self.relations[r].tolist(), self.entities[t].tolist()))
 
-@patch_kg
+@patch
 def shortest_path(self: KG,
                   src,  # start entity (name or index)
                   dst,  # end entity
@@ -474,7 +464,7 @@ def shortest_path(self: KG,
     return idx if as_indices else self._names(idx)
 
 # %% ../nbs/01_kg.ipynb #c034
-@patch_kg
+@patch
 def paths_between(self: KG,
                   src,  # start entity (name or index)
                   dst,  # end entity
@@ -507,7 +497,7 @@ def paths_between(self: KG,
     return out if as_indices else [self._names(p) for p in out]
 
 # %% ../nbs/01_kg.ipynb #c037
-@patch_kg
+@patch
 def subgraph(self: KG,
              indices,  # triple indices to keep
              name: str | None = None) -> KG:  # name of the new graph
@@ -517,7 +507,7 @@ def subgraph(self: KG,
         raise IndexError(f"triple indices must be in [0, {self.num_triples}) for KG {self.name!r}")
     return self._derive(self.triples[idx], name or f"{self.name}-sub")
 
-@patch_kg
+@patch
 def remove_triples(self: KG,
                    indices_or_mask,  # triple indices, or a bool mask of length num_triples (True = remove)
                    name: str | None = None) -> KG:  # name of the new graph
@@ -536,7 +526,7 @@ def remove_triples(self: KG,
         drop = np.zeros(self.num_triples, bool); drop[x] = True
     return self._derive(self.triples[~drop], name or f"{self.name}-minus{int(drop.sum())}")
 
-@patch_kg
+@patch
 def subsample_edges(self: KG,
                     keep: float = 0.3,  # fraction of triples kept, in [0, 1]
                     seed: int = 0) -> KG:  # RNG seed
@@ -546,7 +536,7 @@ def subsample_edges(self: KG,
     idx = np.sort(np.random.default_rng(seed).choice(self.num_triples, k, replace=False))
     return self._derive(self.triples[idx], f"{self.name}-keep{keep:g}-s{seed}")
 
-@patch_kg
+@patch
 def mask_entities(self: KG,
                   entities) -> KG:  # entity or entities to hide (names or indices)
     "A new KG without any triple whose head or tail is one of `entities` (names or indices; vocabulary unchanged)."
@@ -555,7 +545,7 @@ def mask_entities(self: KG,
     return self._derive(self.triples[keep], f"{self.name}-masked")
 
 # %% ../nbs/01_kg.ipynb #c040
-@patch_kg
+@patch
 def _display_array(self: KG, mode: str, seed: int = 0) -> np.ndarray:
     "Shown string of every entity (aligned with `entities`) in labelling `mode`."
     if mode == "kg_id": return self.entities
@@ -572,19 +562,19 @@ def _display_array(self: KG, mode: str, seed: int = 0) -> np.ndarray:
         return self._cache["text"]
     raise ValueError(f"mode={mode!r} is not one of {DISPLAY_MODES} (BRINK §5.4)")
 
-@patch_kg
+@patch
 def _relation_text(self: KG) -> np.ndarray:
     "Relation text labels, the relation id where there is none."
     return np.array([self.relation_labels.get(r, r) for r in self.relations.tolist()], dtype=object)
 
-@patch_kg
+@patch
 def entity_display(self: KG,
                    mode: str = "text",  # "text", "kg_id" or "private_id" (seeded random integers; BRINK's default)
                    seed: int = 0) -> dict:  # RNG seed of the private-id permutation
     "Dict entity id -> the string shown for it in labelling `mode` (BRINK §4.2, §5.4)."
     return dict(zip(self.entities.tolist(), self._display_array(mode, seed).tolist()))
 
-@patch_kg
+@patch
 def verbalize(self: KG,
               triple_indices=None,  # triples to show (default: all)
               mode: str = "text",  # entity labelling mode, see `entity_display`
@@ -599,7 +589,7 @@ def verbalize(self: KG,
 # %% ../nbs/01_kg.ipynb #c043
 PARQUET_FILES = ("triples", "entities", "relations", "entity_labels", "relation_labels")
 
-@patch_kg
+@patch
 def to_parquet(self: KG,
                path) -> Path:  # folder to write (created)
     "Write the graph to folder `path` (created); `KG.from_parquet(path)` reads it back exactly."
@@ -614,9 +604,8 @@ def to_parquet(self: KG,
                        path / f"{what}.parquet")
     return path
 
-@patch_kg
-@classmethod
-def from_parquet(cls,
+@patch(cls_method=True)
+def from_parquet(cls: KG,
                  path) -> KG:  # folder written by `to_parquet`
     "Read a KG written by `KG.to_parquet`."
     path = Path(path)
@@ -630,7 +619,7 @@ def from_parquet(cls,
     return cls(tri, read("entities")["id"], read("relations")["id"], dict(zip(el["id"], el["label"])),
                dict(zip(rl["id"], rl["label"])), name=meta["name"])
 
-@patch_kg
+@patch
 def equals(self: KG,
            other: KG) -> bool:  # graph to compare with
     "Same name, triples (in order), vocabularies and labels."

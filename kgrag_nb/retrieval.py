@@ -4,7 +4,7 @@
 
 # %% ../nbs/05_retrieval.ipynb #c003
 from __future__ import annotations
-import contextlib, hashlib, json, math, os, re, sqlite3, time, warnings
+import contextlib, hashlib, json, math, os, re, time, warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -15,6 +15,7 @@ from bm25s.stopwords import STOPWORDS_EN
 from tqdm.auto import tqdm
 
 from .config import get_config, Config, DEFAULT_EMBEDDER, auto_threads
+from .store import SqliteStore  # the package's one SQLite rule (WAL, busy timeout, atomic writes)
 from .llm import progress_stream  # the bar goes where `kgrag reproduce` shows progress
 
 # %% auto #0
@@ -92,6 +93,8 @@ def _embedding_dim(model) -> int:
     return int(f())
 
 # %% ../nbs/05_retrieval.ipynb #c014
+_EMB_SCHEMA = "CREATE TABLE IF NOT EXISTS emb (key TEXT PRIMARY KEY, vec BLOB NOT NULL)"
+
 class EmbeddingCache:
     "SQLite store of float32 vectors for one (model, normalize) pair, keyed by the sha1 of each text."
     def __init__(self,
@@ -103,24 +106,22 @@ class EmbeddingCache:
         safe = re.sub(r"[^A-Za-z0-9._-]+", "_", model_name)[-60:]
         tag = hashlib.sha1(f"{model_name}\0{int(normalize)}".encode()).hexdigest()[:10]
         self.path = Path(cache_dir) / f"{safe}-{tag}-norm{int(normalize)}.sqlite"
+        self.store = SqliteStore(self.path, _EMB_SCHEMA, what="embedding cache")  # opened on first use
 
-    def _connect(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        con = sqlite3.connect(self.path, timeout=60)
-        con.execute("CREATE TABLE IF NOT EXISTS emb (key TEXT PRIMARY KEY, vec BLOB NOT NULL)")
-        return con
+    def _rows(self, cols: str, keys: list[str]):
+        "(`cols`) rows of the stored `keys`, one query per 500 keys."
+        for i in range(0, len(keys), 500):
+            part = keys[i:i + 500]
+            yield from self.store.read(f"SELECT {cols} FROM emb WHERE key IN ({','.join('?' * len(part))})", part)
 
     def read_into(self, keys: Sequence[str],  # sha1 keys (distinct)
                   out: np.ndarray) -> np.ndarray:  # (len(keys), dim) float32, filled where found
         "Copy the cached vectors of `keys` into the rows of `out`; a boolean array says which keys were found."
         found, keys = np.zeros(len(keys), bool), list(keys)
-        if not self.path.exists() or not keys: return found
+        if not self.path.exists() or not keys: return found  # a read never creates the file
         pos, dim = {k: i for i, k in enumerate(keys)}, out.shape[1]
-        with contextlib.closing(self._connect()) as con:
-            for i in range(0, len(keys), 500):
-                part = keys[i:i + 500]
-                for k, blob in con.execute(f"SELECT key, vec FROM emb WHERE key IN ({','.join('?' * len(part))})", part):
-                    if len(blob) == 4 * dim: j = pos[k]; out[j] = np.frombuffer(blob, dtype=np.float32); found[j] = True
+        for k, blob in self._rows("key, vec", keys):
+            if len(blob) == 4 * dim: j = pos[k]; out[j] = np.frombuffer(blob, dtype=np.float32); found[j] = True
         return found
 
     def has(self, keys: Sequence[str]) -> np.ndarray:
@@ -129,10 +130,7 @@ class EmbeddingCache:
         if not self.path.exists() or not keys: return found
         pos = {}
         for i, k in enumerate(keys): pos.setdefault(k, []).append(i)
-        with contextlib.closing(self._connect()) as con:
-            for i in range(0, len(keys), 500):
-                part = keys[i:i + 500]
-                for (k,) in con.execute(f"SELECT key FROM emb WHERE key IN ({','.join('?' * len(part))})", part): found[pos[k]] = True
+        for (k,) in self._rows("key", keys): found[pos[k]] = True
         return found
 
     def get(self, keys: Sequence[str], dim: int) -> dict:
@@ -144,12 +142,14 @@ class EmbeddingCache:
     def put(self, keys: Sequence[str], vectors: np.ndarray):
         "Store `vectors` (one row per key) in one transaction."
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-        with contextlib.closing(self._connect()) as con, con:
-            con.executemany("INSERT OR REPLACE INTO emb VALUES (?, ?)", [(k, v.tobytes()) for k, v in zip(keys, vectors)])
+        self.store.write_many("INSERT OR REPLACE INTO emb VALUES (?, ?)", [(k, v.tobytes()) for k, v in zip(keys, vectors)])
 
     def __len__(self):
         if not self.path.exists(): return 0
-        with contextlib.closing(self._connect()) as con: return con.execute("SELECT COUNT(*) FROM emb").fetchone()[0]
+        return self.store.read_one("SELECT COUNT(*) FROM emb")[0]
+
+    def close(self): self.store.close()  # the connection reopens on next use
+
 
 # %% ../nbs/05_retrieval.ipynb #c015
 def _check_texts(texts, what="texts") -> list[str]:
@@ -234,6 +234,7 @@ def embed(texts: Sequence[str],  # texts to embed
                 if store is not None: store.put([uniq[j] for j in part], out[part])
                 bar.update(len(part))
         bar.close()
+    if store is not None: store.close()
     if len(uniq) == len(keys): return out
     row = {k: i for i, k in enumerate(uniq)}
     return out[[row[k] for k in keys]]
