@@ -15,17 +15,13 @@ from .hooks import SUBCOMMANDS, BENCHMARKS, EVALUATORS, subcommand, load_study_m
 # %% auto #0
 __all__ = ['registry_graph', 'build_parser', 'main']
 
-# %% ../nbs/10_cli.ipynb #c004
-# The registries (`SUBCOMMANDS`, `BENCHMARKS`, `EVALUATORS`) and their decorators live in `kgrag_nb.hooks`, the lowest
-# layer, so that study modules register without importing the CLI; the CLI imports the study modules (entry points)
-# only when a command runs (`_dispatch`), never at import: `import kgrag_nb.cli` loads general layers only (issue 24).
-
 # %% ../nbs/10_cli.ipynb #c005
 def _parse_value(text: str):
     "A `--set key=value` value: JSON when it parses (numbers, lists, true/false/null), else the plain string."
     try: return json.loads(text)
     except json.JSONDecodeError: return text
 
+# %% ../nbs/10_cli.ipynb #60be0b2e
 @subcommand
 def _reproduce(sub):
     p = sub.add_parser("reproduce", help="run study notebooks with papermill and write figures/ and runs/<run_id>/")
@@ -75,6 +71,7 @@ def registry_graph(cfg=None) -> str:
     if alone: out += ["(stand-alone artefacts)"] + [line(a, "") for a in alone]
     return "\n".join(out)
 
+# %% ../nbs/10_cli.ipynb #ff5c42c9
 @subcommand
 def _list(sub):
     p = sub.add_parser("list", help="print the study registry as a graph: experiment -> the artefacts that use it")
@@ -177,10 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
     for add in SUBCOMMANDS: add(sub)
     return parser
 
+# %% ../nbs/10_cli.ipynb #eaa5b468
 def _terminate_like_ctrl_c(signum, frame):
     "SIGTERM handler: raise KeyboardInterrupt so every `finally` (servers, kernels, manifests) runs as on Ctrl-C."
     raise KeyboardInterrupt(f"signal {signum}")
 
+# %% ../nbs/10_cli.ipynb #678bc7ec
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `kgrag` console script (SIGTERM stops it like Ctrl-C: exit code 143, servers stopped)."
     terminated = []
@@ -194,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         return 143 if terminated else 130
     finally: signal.signal(signal.SIGTERM, previous)
 
+# %% ../nbs/10_cli.ipynb #cbf0ba99
 def _main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("KGRAG_DEBUG") == "1"
@@ -204,6 +204,7 @@ def _main(argv: list[str] | None = None) -> int:
         print(f"kgrag: error: {type(e).__name__}: {e}".splitlines()[0] + "  (run with --debug for the traceback)", file=sys.stderr)
         return 1
 
+# %% ../nbs/10_cli.ipynb #7744bb33
 def _dispatch(argv: list[str]) -> int:
     load_study_modules()  # study modules (entry points `kgrag_nb.studies`) register their subcommands when imported
     args = build_parser().parse_args(argv)

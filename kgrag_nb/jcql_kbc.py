@@ -29,7 +29,7 @@ __all__ = ['DEVIATIONS', 'NOOP', 'SEP', 'SPECIALS', 'CHECKPOINT_VERSION', 'PYKEE
            'SLMConfig', 'kbc_training_triples', 'KBCModel', 'train_kbc', 'checkpoint_key', 'train_or_load',
            'pykeen_factory', 'PyKEENBaseline', 'tune_pykeen', 'frequency_prior', 'random_ranking', 'cap_tail_share',
            'tail_share', 'triple_values', 'metric_cis', 'path_triples', 'table8', 'result_row', 'mark_paper_only',
-           'bench_kbc', 'experiment_checkpoint', 'ours_for_compare', 'table1_view', 'table9_view']
+           'bench_kbc', 'ours_for_compare', 'table1_view', 'table9_view']
 
 # %% ../nbs/17_jcql_kbc.ipynb #4f96fb0f
 DEVIATIONS = [
@@ -307,6 +307,7 @@ class SLMConfig:
         if self.context not in ("cooccurrence", "random", "none"):
             raise ValueError(f"context={self.context!r}: use 'cooccurrence', 'random' or 'none'")
 
+# %% ../nbs/17_jcql_kbc.ipynb #2ddbd124
 def kbc_training_triples(data: KBCData) -> list:  # the KBC task
     "The KBC training set {<h, r, t> in G} (Algorithm 1's replay memory): the KB's triples, noop self-loops included."
     return [tuple(t) for t in data.train]
@@ -364,175 +365,6 @@ def loss_on(self: KBCModel, triples) -> "torch.Tensor":
     y[y == 0] = -100
     return self.model(input_ids=x, attention_mask=m, labels=y).loss
 
-@patch
-def _param_vector(self: KBCModel):
-    torch = _torch(self.config.threads)
-    return torch.cat([p.detach().reshape(-1).clone() for p in self.model.parameters()])
-
-@patch
-def fine_tune(self: KBCModel, triples, replay, *,  # reasoning-path triples and replay triples (names)
-              lr: float, steps: int = 1, seed: int = 0) -> dict:  # learning rate, updates on this minibatch, seed
-    "One minibatch update of the FULL model on triples + replay (§3.3 IncFineTune): {'loss', 'param_change' (L2)}."
-    torch = _torch(self.config.threads)
-    from transformers.optimization import Adafactor  # heavy
-    batch = [tuple(t) for t in triples] + [tuple(t) for t in replay]
-    if not batch: raise ValueError("fine_tune got no triples; pass reasoning-path triples and/or replay triples")
-    if self._ft_opt is None:
-        self._ft_opt = Adafactor(self.model.parameters(), lr=lr, relative_step=False, scale_parameter=False, warmup_init=False)
-    for g in self._ft_opt.param_groups: g["lr"] = lr
-    torch.manual_seed(seed); before = self._param_vector(); self.model.train(); losses = []
-    for _ in range(int(steps)):
-        self._ft_opt.zero_grad(); loss = self.loss_on(batch); loss.backward(); self._ft_opt.step(); losses.append(loss.item())
-    self.model.eval()
-    return {"loss": float(np.mean(losses)), "param_change": float(torch.linalg.norm(self._param_vector() - before)),
-            "n": len(batch)}
-
-# %% ../nbs/17_jcql_kbc.ipynb #3010e43c
-@patch
-def _entity_labels(self: KBCModel):
-    if self._names is None:
-        y, _ = self._batch(self.entities, self.config.max_output_len); self._names = y
-    return self._names
-
-@patch
-def exact_scores_reference(self: KBCModel, h: str, r: str, exclude=None, chunk: int = 512) -> np.ndarray:
-    "`exact_scores` the straightforward way (full decoder on every chunk, labels padded to the longest name): the test oracle."
-    torch = _torch(self.config.threads)
-    x, m = self._batch([self.input_text(h, r, exclude)], self.config.max_input_len)
-    y = self._entity_labels(); out = np.empty(len(self.entities))
-    with torch.no_grad():
-        enc = self.model.get_encoder()(input_ids=x, attention_mask=m).last_hidden_state
-        for i in range(0, len(y), chunk):
-            yy = y[i:i + chunk]; n = len(yy)
-            lab = yy.clone(); lab[lab == 0] = -100
-            logits = self.model(encoder_outputs=(enc.expand(n, -1, -1),), attention_mask=m.expand(n, -1), labels=lab).logits
-            lp = torch.log_softmax(logits.float(), -1).gather(-1, yy.unsqueeze(-1)).squeeze(-1)
-            out[i:i + n] = (lp * (yy != 0)).sum(-1).cpu().numpy()
-    return out
-
-@patch
-def _label_chunks(self: KBCModel, chunk: int) -> list:
-    "[(entity indices, their label ids)] in chunks of names sorted by token length, each trimmed to its longest name."
-    if self._chunks is None or self._chunks[0] != chunk:
-        y = self._entity_labels(); lens = (y != 0).sum(1).cpu().numpy()
-        order = np.argsort(lens, kind="stable"); parts = []
-        for i in range(0, len(order), chunk):
-            idx = order[i:i + chunk]; parts.append((idx, y[idx][:, :int(lens[idx].max())].contiguous()))
-        self._chunks = (chunk, parts)
-    return self._chunks[1]
-
-@patch
-def exact_scores(self: KBCModel, h: str, r: str, exclude=None, chunk: int = 512) -> np.ndarray:
-    "Teacher-forced log P(name | input) of every candidate entity (the exact all-entity score)."
-    torch = _torch(self.config.threads)
-    from transformers.cache_utils import DynamicCache, EncoderDecoderCache  # heavy
-    x, m = self._batch([self.input_text(h, r, exclude)], self.config.max_input_len)
-    out = np.empty(len(self.entities))
-    with torch.no_grad():
-        enc = self.model.get_encoder()(input_ids=x, attention_mask=m).last_hidden_state  # encoded once per query
-        kv = []  # cross-attention keys/values of the encoder output, once per query (not once per candidate)
-        for blk in self.model.get_decoder().block:
-            a = blk.layer[1].EncDecAttention; shp = (1, enc.shape[1], -1, a.key_value_proj_dim)
-            kv.append((a.k(enc).view(shp).transpose(1, 2), a.v(enc).view(shp).transpose(1, 2)))
-        crosses = {}  # chunk size -> the filled cross-attention cache (read only once filled: shared by same-size chunks)
-        for idx, yy in self._label_chunks(chunk):
-            n = len(yy); cross = crosses.get(n)
-            if cross is None:
-                cross = crosses[n] = DynamicCache(config=self.model.config)
-                for li, (k, v) in enumerate(kv): cross.update(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1), li)
-            din = torch.cat([torch.zeros_like(yy[:, :1]), yy[:, :-1]], 1)  # teacher forcing: decoder start id 0, no loss
-            logits = self.model(encoder_outputs=(enc.expand(n, -1, -1),), attention_mask=m.expand(n, -1), decoder_input_ids=din,
-                                cache=EncoderDecoderCache(DynamicCache(config=self.model.config), cross), use_cache=True).logits
-            lp = torch.log_softmax(logits.float(), -1).gather(-1, yy.unsqueeze(-1)).squeeze(-1)
-            out[idx] = (lp * (yy != 0)).sum(-1).cpu().numpy()
-    return out
-
-@patch
-def sample_scores(self: KBCModel, h: str, r: str, R: int | None = None, seed: int = 0, exclude=None) -> tuple[np.ndarray, dict]:
-    "§3.4: R samples at temperature 1; outputs that are not entity names dropped; entity score = best sequence log-prob."
-    torch = _torch(self.config.threads)
-    R = int(R or self.R); torch.manual_seed(seed)
-    x, m = self._batch([self.input_text(h, r, exclude)], self.config.max_input_len)
-    with torch.no_grad():
-        g = self.model.generate(input_ids=x, attention_mask=m, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                                num_return_sequences=R, max_new_tokens=self.config.max_output_len,
-                                output_scores=True, return_dict_in_generate=True, num_beams=1)
-        lp = torch.stack([torch.log_softmax(s.float(), -1) for s in g.scores], 1)  # (R, steps, V)
-    seq = g.sequences[:, 1:]
-    tok_lp = lp.gather(-1, seq.unsqueeze(-1)).squeeze(-1)
-    eos = (seq == 1).int(); upto = (eos.cumsum(1) - eos) == 0  # positions up to and including the first eos
-    seq_lp = (tok_lp * upto).sum(1).cpu().numpy()
-    scores = np.full(len(self.entities), -np.inf); stats = Counter()
-    for ids, s in zip(seq.cpu().tolist(), seq_lp.tolist()):
-        ids = ids[:ids.index(1)] if 1 in ids else ids
-        name = self.tok.decode(ids)
-        i = self.eidx.get(name)
-        if i is None: stats["not_entity"] += 1; continue
-        stats["entity"] += 1; scores[i] = max(scores[i], s)
-    return scores, dict(stats, distinct=int(np.isfinite(scores).sum()), R=R)
-
-@patch
-def topk(self: KBCModel, head: str, relation: str, k: int = 5, R: int | None = None, seed: int = 0) -> list:
-    "Top-k (tail name, score) by §3.4 sampling (R = `self.R`), best first; only sampled KB entities, possibly < k."
-    s, _ = self.sample_scores(head, relation, R, seed)
-    order = [i for i in np.argsort(-s, kind="stable")[:k].tolist() if np.isfinite(s[i])]
-    return [(self.entities[i], float(s[i])) for i in order]
-
-# %% ../nbs/17_jcql_kbc.ipynb #1015bd63
-def _filter_index(filter_triples) -> dict:
-    known = defaultdict(set)
-    for h, r, t in filter_triples: known[(h, r)].add(t)
-    return known
-
-@patch
-def evaluate(self: KBCModel, triples, filter_triples, *,  # test triples; every known true triple (filter)
-             R: int | None, seed: int = 0,  # R samples per query (§3.4); None = the exact all-entity score
-             tie: str = "mean") -> dict:  # tie policy among scored entities
-    "Filtered MRR / Hits@1/3/10 of tail prediction over the candidate entities (+ per-triple ranks in `per_triple`)."
-    known, rows = _filter_index(filter_triples), []
-    for j, (h, r, t) in enumerate(triples):
-        if t not in self.eidx: raise KeyError(f"tail {t!r} of test triple {(h, r, t)} is not a candidate entity of this model")
-        mask = np.zeros(len(self.entities), bool)
-        for o in known.get((h, r), ()):
-            if o != t and o in self.eidx: mask[self.eidx[o]] = True
-        if R is None:
-            s = self.exact_scores(h, r, exclude=(h, r, t))  # the target is never in its own context
-            rank = float(filtered_ranks(s, [self.eidx[t]], mask, tie=tie)[0])
-        else:
-            s, _ = self.sample_scores(h, r, R, seed=seed + j, exclude=(h, r, t))
-            rank = sampled_filtered_rank(s, self.eidx[t], mask, tie=tie)
-        ctx = self.ctx.context(h, r, (h, r, t)) if self.config.context != "none" else []
-        rows.append(dict(head=h, relation=r, tail=t, rank=rank, score=float(s[self.eidx[t]]),
-                         tail_in_context=any(t in (a, c) for a, _, c in ctx)))
-    ranks = [x["rank"] for x in rows]
-    return {**ranking_metrics(ranks), "n": len(rows), "R": R, "per_triple": rows}
-
-# %% ../nbs/17_jcql_kbc.ipynb #95ce96f7
-@patch
-def save(self: KBCModel, path) -> None:
-    "Save model (safetensors), tokenizer, KB, config, candidates, curve and provenance under folder `path`."
-    p = Path(path); p.mkdir(parents=True, exist_ok=True)
-    self.model.save_pretrained(p / "model"); self.tok.save(str(p / "tokenizer.json"))
-    pd.DataFrame(self.kb, columns=["head", "relation", "tail"]).to_parquet(p / "kb.parquet")
-    meta = dict(config=asdict(self.config), entities=self.entities, relations=self.relations, history=self.history, info=self.info)
-    (p / "meta.json").write_text(json.dumps(meta, default=str))
-
-@patch(cls_method=True)
-def load(cls: KBCModel, path,  # folder written by `save`
-         device: str | None = None) -> KBCModel:  # "cpu", "cuda", "auto"; None = the saved config's
-    "A `KBCModel` saved with `save`."
-    p = Path(path)
-    if not (p / "meta.json").exists(): raise FileNotFoundError(f"{p} holds no saved KBCModel (meta.json missing); train one with train_kbc")
-    _torch(1)
-    from transformers import T5ForConditionalGeneration  # heavy
-    meta = json.loads((p / "meta.json").read_text())
-    if device is not None: meta["config"]["device"] = device
-    kb = pd.read_parquet(p / "kb.parquet")
-    m = cls(T5ForConditionalGeneration.from_pretrained(p / "model").eval(), Tokenizer.from_file(str(p / "tokenizer.json")),
-            SLMConfig(**meta["config"]), list(zip(kb["head"], kb["relation"], kb["tail"])), meta["entities"],
-            meta["relations"], meta["history"], meta["info"])
-    return m
-
 # %% ../nbs/17_jcql_kbc.ipynb #3e9f6d98
 def _new_model(cfg: SLMConfig, vocab: int):
     from transformers import T5Config, T5ForConditionalGeneration  # heavy
@@ -579,6 +411,179 @@ def train_kbc(data: KBCData,  # the KBC task (its `train` triples are the traini
                     parameters=sum(p.numel() for p in kbm.model.parameters()))
     return kbm
 
+# %% ../nbs/17_jcql_kbc.ipynb #3010e43c
+@patch
+def _entity_labels(self: KBCModel):
+    if self._names is None:
+        y, _ = self._batch(self.entities, self.config.max_output_len); self._names = y
+    return self._names
+
+@patch
+def exact_scores_reference(self: KBCModel, h: str, r: str, exclude=None, chunk: int = 512) -> np.ndarray:
+    "`exact_scores` the straightforward way (full decoder on every chunk, labels padded to the longest name): the test oracle."
+    torch = _torch(self.config.threads)
+    x, m = self._batch([self.input_text(h, r, exclude)], self.config.max_input_len)
+    y = self._entity_labels(); out = np.empty(len(self.entities))
+    with torch.no_grad():
+        enc = self.model.get_encoder()(input_ids=x, attention_mask=m).last_hidden_state
+        for i in range(0, len(y), chunk):
+            yy = y[i:i + chunk]; n = len(yy)
+            lab = yy.clone(); lab[lab == 0] = -100
+            logits = self.model(encoder_outputs=(enc.expand(n, -1, -1),), attention_mask=m.expand(n, -1), labels=lab).logits
+            lp = torch.log_softmax(logits.float(), -1).gather(-1, yy.unsqueeze(-1)).squeeze(-1)
+            out[i:i + n] = (lp * (yy != 0)).sum(-1).cpu().numpy()
+    return out
+
+# %% ../nbs/17_jcql_kbc.ipynb #5ad7ecf9
+@patch
+def _label_chunks(self: KBCModel, chunk: int) -> list:
+    "[(entity indices, their label ids)] in chunks of names sorted by token length, each trimmed to its longest name."
+    if self._chunks is None or self._chunks[0] != chunk:
+        y = self._entity_labels(); lens = (y != 0).sum(1).cpu().numpy()
+        order = np.argsort(lens, kind="stable"); parts = []
+        for i in range(0, len(order), chunk):
+            idx = order[i:i + chunk]; parts.append((idx, y[idx][:, :int(lens[idx].max())].contiguous()))
+        self._chunks = (chunk, parts)
+    return self._chunks[1]
+
+@patch
+def exact_scores(self: KBCModel, h: str, r: str, exclude=None, chunk: int = 512) -> np.ndarray:
+    "Teacher-forced log P(name | input) of every candidate entity (the exact all-entity score)."
+    torch = _torch(self.config.threads)
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache  # heavy
+    x, m = self._batch([self.input_text(h, r, exclude)], self.config.max_input_len)
+    out = np.empty(len(self.entities))
+    with torch.no_grad():
+        enc = self.model.get_encoder()(input_ids=x, attention_mask=m).last_hidden_state  # encoded once per query
+        kv = []  # cross-attention keys/values of the encoder output, once per query (not once per candidate)
+        for blk in self.model.get_decoder().block:
+            a = blk.layer[1].EncDecAttention; shp = (1, enc.shape[1], -1, a.key_value_proj_dim)
+            kv.append((a.k(enc).view(shp).transpose(1, 2), a.v(enc).view(shp).transpose(1, 2)))
+        crosses = {}  # chunk size -> the filled cross-attention cache (read only once filled: shared by same-size chunks)
+        for idx, yy in self._label_chunks(chunk):
+            n = len(yy); cross = crosses.get(n)
+            if cross is None:
+                cross = crosses[n] = DynamicCache(config=self.model.config)
+                for li, (k, v) in enumerate(kv): cross.update(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1), li)
+            din = torch.cat([torch.zeros_like(yy[:, :1]), yy[:, :-1]], 1)  # teacher forcing: decoder start id 0, no loss
+            logits = self.model(encoder_outputs=(enc.expand(n, -1, -1),), attention_mask=m.expand(n, -1), decoder_input_ids=din,
+                                cache=EncoderDecoderCache(DynamicCache(config=self.model.config), cross), use_cache=True).logits
+            lp = torch.log_softmax(logits.float(), -1).gather(-1, yy.unsqueeze(-1)).squeeze(-1)
+            out[idx] = (lp * (yy != 0)).sum(-1).cpu().numpy()
+    return out
+
+# %% ../nbs/17_jcql_kbc.ipynb #c3b19815
+@patch
+def sample_scores(self: KBCModel, h: str, r: str, R: int | None = None, seed: int = 0, exclude=None) -> tuple[np.ndarray, dict]:
+    "§3.4: R samples at temperature 1; outputs that are not entity names dropped; entity score = best sequence log-prob."
+    torch = _torch(self.config.threads)
+    R = int(R or self.R); torch.manual_seed(seed)
+    x, m = self._batch([self.input_text(h, r, exclude)], self.config.max_input_len)
+    with torch.no_grad():
+        g = self.model.generate(input_ids=x, attention_mask=m, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                                num_return_sequences=R, max_new_tokens=self.config.max_output_len,
+                                output_scores=True, return_dict_in_generate=True, num_beams=1)
+        lp = torch.stack([torch.log_softmax(s.float(), -1) for s in g.scores], 1)  # (R, steps, V)
+    seq = g.sequences[:, 1:]
+    tok_lp = lp.gather(-1, seq.unsqueeze(-1)).squeeze(-1)
+    eos = (seq == 1).int(); upto = (eos.cumsum(1) - eos) == 0  # positions up to and including the first eos
+    seq_lp = (tok_lp * upto).sum(1).cpu().numpy()
+    scores = np.full(len(self.entities), -np.inf); stats = Counter()
+    for ids, s in zip(seq.cpu().tolist(), seq_lp.tolist()):
+        ids = ids[:ids.index(1)] if 1 in ids else ids
+        name = self.tok.decode(ids)
+        i = self.eidx.get(name)
+        if i is None: stats["not_entity"] += 1; continue
+        stats["entity"] += 1; scores[i] = max(scores[i], s)
+    return scores, dict(stats, distinct=int(np.isfinite(scores).sum()), R=R)
+
+# %% ../nbs/17_jcql_kbc.ipynb #3052139d
+@patch
+def topk(self: KBCModel, head: str, relation: str, k: int = 5, R: int | None = None, seed: int = 0) -> list:
+    "Top-k (tail name, score) by §3.4 sampling (R = `self.R`), best first; only sampled KB entities, possibly < k."
+    s, _ = self.sample_scores(head, relation, R, seed)
+    order = [i for i in np.argsort(-s, kind="stable")[:k].tolist() if np.isfinite(s[i])]
+    return [(self.entities[i], float(s[i])) for i in order]
+
+# %% ../nbs/17_jcql_kbc.ipynb #1015bd63
+def _filter_index(filter_triples) -> dict:
+    known = defaultdict(set)
+    for h, r, t in filter_triples: known[(h, r)].add(t)
+    return known
+
+@patch
+def evaluate(self: KBCModel, triples, filter_triples, *,  # test triples; every known true triple (filter)
+             R: int | None, seed: int = 0,  # R samples per query (§3.4); None = the exact all-entity score
+             tie: str = "mean") -> dict:  # tie policy among scored entities
+    "Filtered MRR / Hits@1/3/10 of tail prediction over the candidate entities (+ per-triple ranks in `per_triple`)."
+    known, rows = _filter_index(filter_triples), []
+    for j, (h, r, t) in enumerate(triples):
+        if t not in self.eidx: raise KeyError(f"tail {t!r} of test triple {(h, r, t)} is not a candidate entity of this model")
+        mask = np.zeros(len(self.entities), bool)
+        for o in known.get((h, r), ()):
+            if o != t and o in self.eidx: mask[self.eidx[o]] = True
+        if R is None:
+            s = self.exact_scores(h, r, exclude=(h, r, t))  # the target is never in its own context
+            rank = float(filtered_ranks(s, [self.eidx[t]], mask, tie=tie)[0])
+        else:
+            s, _ = self.sample_scores(h, r, R, seed=seed + j, exclude=(h, r, t))
+            rank = sampled_filtered_rank(s, self.eidx[t], mask, tie=tie)
+        ctx = self.ctx.context(h, r, (h, r, t)) if self.config.context != "none" else []
+        rows.append(dict(head=h, relation=r, tail=t, rank=rank, score=float(s[self.eidx[t]]),
+                         tail_in_context=any(t in (a, c) for a, _, c in ctx)))
+    ranks = [x["rank"] for x in rows]
+    return {**ranking_metrics(ranks), "n": len(rows), "R": R, "per_triple": rows}
+
+# %% ../nbs/17_jcql_kbc.ipynb #8f818c95
+@patch
+def _param_vector(self: KBCModel):
+    torch = _torch(self.config.threads)
+    return torch.cat([p.detach().reshape(-1).clone() for p in self.model.parameters()])
+
+@patch
+def fine_tune(self: KBCModel, triples, replay, *,  # reasoning-path triples and replay triples (names)
+              lr: float, steps: int = 1, seed: int = 0) -> dict:  # learning rate, updates on this minibatch, seed
+    "One minibatch update of the FULL model on triples + replay (§3.3 IncFineTune): {'loss', 'param_change' (L2)}."
+    torch = _torch(self.config.threads)
+    from transformers.optimization import Adafactor  # heavy
+    batch = [tuple(t) for t in triples] + [tuple(t) for t in replay]
+    if not batch: raise ValueError("fine_tune got no triples; pass reasoning-path triples and/or replay triples")
+    if self._ft_opt is None:
+        self._ft_opt = Adafactor(self.model.parameters(), lr=lr, relative_step=False, scale_parameter=False, warmup_init=False)
+    for g in self._ft_opt.param_groups: g["lr"] = lr
+    torch.manual_seed(seed); before = self._param_vector(); self.model.train(); losses = []
+    for _ in range(int(steps)):
+        self._ft_opt.zero_grad(); loss = self.loss_on(batch); loss.backward(); self._ft_opt.step(); losses.append(loss.item())
+    self.model.eval()
+    return {"loss": float(np.mean(losses)), "param_change": float(torch.linalg.norm(self._param_vector() - before)),
+            "n": len(batch)}
+
+# %% ../nbs/17_jcql_kbc.ipynb #95ce96f7
+@patch
+def save(self: KBCModel, path) -> None:
+    "Save model (safetensors), tokenizer, KB, config, candidates, curve and provenance under folder `path`."
+    p = Path(path); p.mkdir(parents=True, exist_ok=True)
+    self.model.save_pretrained(p / "model"); self.tok.save(str(p / "tokenizer.json"))
+    pd.DataFrame(self.kb, columns=["head", "relation", "tail"]).to_parquet(p / "kb.parquet")
+    meta = dict(config=asdict(self.config), entities=self.entities, relations=self.relations, history=self.history, info=self.info)
+    (p / "meta.json").write_text(json.dumps(meta, default=str))
+
+@patch(cls_method=True)
+def load(cls: KBCModel, path,  # folder written by `save`
+         device: str | None = None) -> KBCModel:  # "cpu", "cuda", "auto"; None = the saved config's
+    "A `KBCModel` saved with `save`."
+    p = Path(path)
+    if not (p / "meta.json").exists(): raise FileNotFoundError(f"{p} holds no saved KBCModel (meta.json missing); train one with train_kbc")
+    _torch(1)
+    from transformers import T5ForConditionalGeneration  # heavy
+    meta = json.loads((p / "meta.json").read_text())
+    if device is not None: meta["config"]["device"] = device
+    kb = pd.read_parquet(p / "kb.parquet")
+    m = cls(T5ForConditionalGeneration.from_pretrained(p / "model").eval(), Tokenizer.from_file(str(p / "tokenizer.json")),
+            SLMConfig(**meta["config"]), list(zip(kb["head"], kb["relation"], kb["tail"])), meta["entities"],
+            meta["relations"], meta["history"], meta["info"])
+    return m
+
 # %% ../nbs/17_jcql_kbc.ipynb #08fe34ba
 CHECKPOINT_VERSION = 1  # bump when training code changes what a checkpoint holds
 
@@ -588,6 +593,7 @@ def checkpoint_key(data: KBCData, config: SLMConfig, seed: int) -> str:
     blob = json.dumps(dict(data=data.fingerprint(), config=c, seed=seed, v=CHECKPOINT_VERSION), sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
+# %% ../nbs/17_jcql_kbc.ipynb #0d499259
 def train_or_load(data: KBCData, config: SLMConfig, seed: int = 0,  # what to train
                   cache_dir=None) -> tuple[KBCModel, Path, bool]:  # default `<cache_dir>/jcql_kbc`
     "(model, checkpoint folder, reused?): loads the checkpoint of these parameters or trains and saves it."
@@ -617,6 +623,7 @@ def pykeen_factory(data: KBCData, triples=None) -> "TriplesFactory":  # the KB; 
     mt = torch.tensor([[eidx[h], ridx[r], eidx[t]] for h, r, t in tri], dtype=torch.long).reshape(-1, 3)
     return TriplesFactory(mapped_triples=mt, entity_to_id=eidx, relation_to_id=ridx)
 
+# %% ../nbs/17_jcql_kbc.ipynb #e6795b54
 class PyKEENBaseline:
     "A PyKEEN model trained on a `KBCData` KB; `evaluate` uses the SLM's filtered protocol over the same candidates."
     def __init__(self, data: KBCData, model: str = "TransE",  # the KB; one of PYKEEN_MODELS
@@ -822,6 +829,7 @@ def result_row(model: str, variant: str, keep: float, scoring: str, ev: dict, se
     return dict(model=model, variant=variant, setting=f"{round(100 * keep)}% KB", scoring=scoring,
                 **{METRICS[k]: ev[k] for k in METRICS}, n=ev["n"], **cis, **extra)
 
+# %% ../nbs/17_jcql_kbc.ipynb #65b91c52
 def mark_paper_only(both: pd.DataFrame, ours_models) -> pd.DataFrame:
     "Add a `note` column: paper rows of methods we did not run are marked 'paper only (not run here)'."
     ran = set(ours_models)
@@ -865,26 +873,20 @@ VARIANTS = {"cooccurrence": ("JCQL_T5-small", "[U;T] (w/o D), Eq. 2 context"),
             "random": ("JCQL_T5-small", "[U;T] (w/o D), random context (App. F)"),
             "none": ("KGT5", "[U] (w/o T, w/o D) = KGT5")}
 
-def experiment_checkpoint(exp,  # `ExperimentResults` of `jcql_kbc` (e.g. `run.experiment("jcql_kbc")`)
-                          variant: str = "cooccurrence",  # a key of VARIANTS
-                          keep: float = 0.5) -> Path:  # KB setting
-    "Folder of a checkpoint the experiment saved, for `KBCModel.load`."
-    ck = exp.load("checkpoints")
-    hit = ck[(ck["variant"] == variant) & np.isclose(ck["keep"], keep)]
-    if hit.empty: raise KeyError(f"no checkpoint for variant={variant!r}, keep={keep}; saved: {ck[['variant', 'keep']].values.tolist()}")
-    return Path(exp.path) / hit["dir"].iloc[0]
-
+# %% ../nbs/17_jcql_kbc.ipynb #e46866bc
 def ours_for_compare(results: pd.DataFrame, scorings=None) -> pd.DataFrame:
     "Our rows with a `source` label `ours (<variant>, <scoring>)`, optionally only some scorings."
     r = results if scorings is None else results[results["scoring"].isin(scorings)]
     return r.assign(source="ours (" + r["variant"] + ", " + r["scoring"] + ")")
 
+# %% ../nbs/17_jcql_kbc.ipynb #cffacb65
 def table1_view(results: pd.DataFrame, paper: pd.DataFrame,  # kbc_results; paper_numbers(..., table="Table 1")
                 dataset: str = "CWQ") -> pd.DataFrame:  # the paper's column shown beside ours
     "Table 1: ours (FB15k-237 KB) beside the paper's rows of one dataset; methods we cannot run marked paper-only."
     both = compare(ours_for_compare(results), paper[paper["dataset"] == dataset], on=["model", "setting"], ours_label=None)
     return mark_paper_only(both, results["model"])
 
+# %% ../nbs/17_jcql_kbc.ipynb #7c1c77f2
 def table9_view(results: pd.DataFrame, paper: pd.DataFrame, dataset: str = "CWQ") -> pd.DataFrame:
     "Table 9: our input-form variants (setting + variant) beside the paper's four rows of one dataset."
     ours = ours_for_compare(results[results["model"].isin(["JCQL_T5-small", "KGT5"])])
