@@ -7,6 +7,7 @@ from __future__ import annotations
 import json, re
 from pathlib import Path
 import numpy as np, pandas as pd
+from .answers import first_line
 from .metrics import acc_r, percent_cis
 import zlib
 from .baselines import (closed_book, no_rag_prompt, parse_short_answer, SHORT_ANSWER, DECODINGS, REFORMAT_SHORT,
@@ -129,9 +130,10 @@ def parse_status(completion: str,  # one raw completion
     if method == "nli":
         if parse_probe(text) is None: return "failed"
         return "ok" if re.match(r"\s*[\W_]*(true|false)\b", text, flags=re.I) else "repaired"
-    if not parse_short_answer(text): return "failed"
-    first = text.split("\n", 1)[0].strip()
-    return "ok" if first and first.rstrip(".").strip() == parse_short_answer(text) else "repaired"
+    answer = parse_short_answer(text)
+    if not answer: return "failed"
+    # ok: the answer alone on the completion's very first line (no blank line or repeated label before it)
+    return "ok" if first_line((text.splitlines() or [""])[0], trailing=".") == answer else "repaired"
 
 # %% ../nbs/14_awaken.ipynb #c010
 Triple = tuple  # (head, relation, tail) ids

@@ -5,12 +5,14 @@
 # %% ../nbs/09_baselines.ipynb #c002
 from __future__ import annotations
 import numpy as np, pandas as pd
+from .answers import first_line
 from .metrics import acc_r, percent_cis
 from .llm import Constraint
 
 # %% auto #0
-__all__ = ['AWAKENING_NO_RAG_TEMPLATE', 'SHORT_ANSWER', 'REFORMAT_SHORT', 'DEVIATIONS', 'no_rag_prompt', 'parse_short_answer',
-           'decode', 'draw_temperatures', 'closed_book', 'summarize_closed_book', 'paper_no_rag_rows']
+__all__ = ['AWAKENING_NO_RAG_TEMPLATE', 'SHORT_ANSWER_LABELS', 'SHORT_ANSWER', 'REFORMAT_SHORT', 'DEVIATIONS', 'no_rag_prompt',
+           'parse_short_answer', 'decode', 'draw_temperatures', 'closed_book', 'summarize_closed_book',
+           'paper_no_rag_rows']
 
 # %% ../nbs/09_baselines.ipynb #c004
 # awakening_unseen_entity_kgqa.txt, App. E, "The prompt template used in Unanswerable Question select" (verbatim)
@@ -35,14 +37,12 @@ def no_rag_prompt(question: str) -> str:
     return AWAKENING_NO_RAG_TEMPLATE.format(question=question)
 
 # %% ../nbs/09_baselines.ipynb #c006
+# App. E's cue, which a model may write again (literal text: no regex metacharacters); removed in this order
+SHORT_ANSWER_LABELS = ("- Short Answer:", "Short Answer:")
+
 def parse_short_answer(completion: str) -> str:
     "The short answer in a completion of the App. E prompt: first non-empty line, without a repeated label or final period."
-    for line in str(completion).splitlines():
-        line = line.strip()
-        for label in ("- Short Answer:", "Short Answer:"):
-            if line.startswith(label): line = line[len(label):].strip()
-        if line: return line.rstrip(".").strip()
-    return ""
+    return first_line(completion, labels=SHORT_ANSWER_LABELS, trailing=".")  # App. E's example answer is "Paris."
 
 # %% ../nbs/09_baselines.ipynb #b101
 # The output format of App. E's "Short Answer" prompts (awakening_unseen_entity_kgqa.txt App. E: the closed-book prompt of

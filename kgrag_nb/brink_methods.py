@@ -20,7 +20,8 @@ from .config import get_config
 from .kg import KG
 from .datasets import load_kg
 from .retrieval import embed
-from .metrics import bootstrap_ci, bootstrap_ratio_ci, brink_normalize, brink_per_question
+from .answers import brink_normalize, first_line, split_answers
+from .metrics import bootstrap_ci, bootstrap_ratio_ci, brink_per_question
 from .kgqa import (BaseMethod, Question, Prediction, TraceWriter, complete_traced, get_method, register_method,
                            Step, relation_names, step_label, relation_path_of, relation_paths_to, instantiate, path_end,
                            path_text, triples_of, triple_text, clip_lines, candidate_steps, parse_steps,
@@ -234,9 +235,8 @@ def answer_prompt(template: str,  # one of the answer templates
     return template.format(question=q["question"], topic=q["topic_entity"], context="\n".join(lines), **extra)
 
 def parse_answer(text: str) -> str:  # raw completion
-    "The raw prediction: the first line of the completion, stripped (BRINK App. E splits it later)."
-    if not isinstance(text, str): raise TypeError(f"text must be the completion string, got {type(text).__name__}")
-    return text.strip().split("\n")[0].strip()
+    "The raw prediction: the first non-empty line of the completion, stripped (BRINK App. E splits it later)."
+    return first_line(text)  # the package's one reader (kgrag_nb.answers); App. E scores the raw line: no cue or period removed
 
 # The declared format of every answer list `parse_answer` reads (App. E's comma-separated list; the prompts ask for it).
 # Ours: the paper decodes freely; the constraint binds only when decoding='constrained' (or decoupled's restating pass).
@@ -252,7 +252,7 @@ def parse_answer_list(text: str) -> list[str] | None:  # raw completion
     "The answers of the completion's first line when it is a list in `ANSWER_LIST`'s format, else None (a parse failure)."
     line = parse_answer(text)
     if not _ANSWER_LIST_LINE.fullmatch(line): return None
-    return [a.strip() for a in line.split(",") if a.strip()]
+    return split_answers(line)  # the scorer's splitter (one list rule: kgrag_nb.answers)
 
 # %% ../nbs/13_brink_methods.ipynb #c029
 def _qkey(q: dict, key: str):
@@ -358,10 +358,6 @@ def run_methods(bench: Benchmark,  # benchmark (complete and incomplete KG, trai
     return df
 
 # %% ../nbs/13_brink_methods.ipynb #c036
-def _split_answers(prediction: str) -> list[str]:
-    "The comma-separated answers of a prediction, in order (BRINK App. E's list form)."
-    return [a.strip() for a in prediction.split(",") if a.strip()]
-
 class BrinkMethod(BaseMethod):
     "A BRINK method family: batched stages over questions of one KG setting and one labelling mode."
     family = ""
@@ -396,7 +392,7 @@ class BrinkMethod(BaseMethod):
 
     def _record(self, q: Question, raw: str, kg: KG, paths: Sequence[list], shown, calls: int, prompt: str) -> Prediction:
         pred = parse_answer(raw)
-        return Prediction(q.id, self.name, pred, _split_answers(pred), calls, TraceWriter.trace_id(self.name, q.id), prompt, raw,
+        return Prediction(q.id, self.name, pred, split_answers(pred), calls, TraceWriter.trace_id(self.name, q.id), prompt, raw,
                           meta=dict(answer_parsed=parse_answer_list(raw) is not None, retrieved_paths=[triples_of(kg, p) for p in paths],
                                     retrieved_paths_shown=[triples_of(kg, p, shown) for p in paths]))
 

@@ -12,7 +12,8 @@ import numpy as np, pandas as pd
 
 from .datasets import load_qa
 from .retrieval import BM25Index, embed
-from .metrics import mann_whitney, bootstrap_ci, squad_normalize
+from .answers import first_line, squad_normalize
+from .metrics import mann_whitney, bootstrap_ci
 from .llm import Constraint
 from .kgqa import TraceWriter, complete_traced
 
@@ -20,19 +21,19 @@ from .kgqa import TraceWriter, complete_traced
 __all__ = ['EXTRACT_INTENT_KEYWORDS_PROMPT', 'EXTRACT_RELATIONS_PROMPT', 'INTENT_PROMPT', 'KEYWORD_PROMPT', 'RELATION_PROMPT',
            'WRONG_ANSWER_PROMPT', 'VERDICT_CUE', 'ANSWER_SYSTEM_PROMPT', 'ANSWER_USER_TEMPLATE', 'ANSWER_CUE',
            'CORRECTNESS_JUDGE_PROMPT', 'GROUNDEDNESS_JUDGE_PROMPT', 'FEATURES_SCHEMA', 'FEATURES', 'RELATIONS_SCHEMA',
-           'RELATIONS', 'VERDICT', 'JUDGE_VERDICT', 'PHRASE', 'SENTENCE', 'VERDICT_TOKENS', 'FEATURE_TOKENS',
-           'RELATION_TOKENS', 'REFORMAT', 'DATASETS', 'VARIANTS', 'MARKUP', 'PLACEMENTS', 'BROADER_TERM_PROMPT',
-           'MISINFORMATION_PROMPT', 'CONDITIONS', 'ANSWER_TOKENS', 'JUDGE_TOKENS', 'ANSWER_STOP', 'RAG_TOP_K', 'PAPER',
-           'PAPER_MODELS', 'OPEN_STAND_INS', 'CONDITION_TABLE', 'DEVIATIONS', 'DECODING_DEVIATION', 'FORMAT_TAX',
-           'FT_DATASET', 'FT_P', 'fill', 'parse_features', 'parse_relations', 'parse_verdict', 'judge_verdict',
-           'parse_phrase', 'split_sentences', 'sentence_spans', 'decode_traced', 'extract_features',
-           'discrimination_prompts', 'coe_decision', 'discriminate', 'contains', 'load_released', 'quirks',
-           'piece_counts', 'sample_records', 'irrelevant_chars', 'irrelevant_context', 'misinformation_needed',
-           'misinformation_context', 'swap_answer', 'wrong_answers', 'is_yes_no', 'rebuild_samples', 'rebuild_summary',
-           'make_misinformation', 'answer_prompt', 'first_line', 'following', 'build_contexts', 'run_conditions',
-           'cell_table', 'significance', 'discrimination_rates', 'minimal_coverage', 'distractor_index',
-           'pool_released', 'pool_hotpot', 'rag_select', 'scope_coe', 'scope_coe_many', 'run_usability',
-           'usability_table', 'setting_label', 'ours_vs_paper_cells', 'stars_vs_paper', 'deviations',
+           'RELATIONS', 'VERDICT', 'JUDGE_VERDICT', 'PHRASE_LABELS', 'PHRASE', 'SENTENCE', 'VERDICT_TOKENS',
+           'FEATURE_TOKENS', 'RELATION_TOKENS', 'REFORMAT', 'DATASETS', 'VARIANTS', 'MARKUP', 'PLACEMENTS',
+           'BROADER_TERM_PROMPT', 'MISINFORMATION_PROMPT', 'CONDITIONS', 'ANSWER_TOKENS', 'JUDGE_TOKENS', 'ANSWER_STOP',
+           'RAG_TOP_K', 'PAPER', 'PAPER_MODELS', 'OPEN_STAND_INS', 'CONDITION_TABLE', 'DEVIATIONS',
+           'DECODING_DEVIATION', 'FORMAT_TAX', 'FT_DATASET', 'FT_P', 'fill', 'parse_features', 'parse_relations',
+           'parse_verdict', 'judge_verdict', 'parse_phrase', 'split_sentences', 'sentence_spans', 'decode_traced',
+           'extract_features', 'discrimination_prompts', 'coe_decision', 'discriminate', 'contains', 'load_released',
+           'quirks', 'piece_counts', 'sample_records', 'irrelevant_chars', 'irrelevant_context',
+           'misinformation_needed', 'misinformation_context', 'swap_answer', 'wrong_answers', 'is_yes_no',
+           'rebuild_samples', 'rebuild_summary', 'make_misinformation', 'answer_prompt', 'following', 'build_contexts',
+           'run_conditions', 'cell_table', 'significance', 'discrimination_rates', 'minimal_coverage',
+           'distractor_index', 'pool_released', 'pool_hotpot', 'rag_select', 'scope_coe', 'scope_coe_many',
+           'run_usability', 'usability_table', 'setting_label', 'ours_vs_paper_cells', 'stars_vs_paper', 'deviations',
            'released_overview', 'misinformation_counts', 'usability_questions', 'hotpot_questions', 'bm25_distractors',
            'report_condition', 'report_usability', 'decoding_of', 'report_table1', 'format_tax_arm']
 
@@ -278,14 +279,14 @@ def judge_verdict(text: str) -> bool:  # raw completion of a CompareGPT judge
 # coe_upstream_prompts.txt §5-§6, the CompareGPT correctness and groundedness judges: "Answer with only yes/no."
 JUDGE_VERDICT = Constraint.choice([" yes", " no"])  # read by judge_verdict (readability by parse_verdict)
 
+# App. C's phrase prompts end with a cue ("Output:"; our "Broader term:") that a model may write again, and ask for a bare
+# phrase: the cue, quotes or bold marks and a final period are this study's protocol, given to the one reader (kgrag_nb.answers)
+PHRASE_LABELS = (r"(?i)(output|answer|broader term)\s*:",)
+
 def parse_phrase(text: str) -> str | None:  # raw completion of a short-phrase prompt (App. C, broader term)
-    "The first non-empty line, stripped of quotes and a trailing period; None when empty."
-    if not isinstance(text, str): return None
-    for line in text.splitlines():
-        s = line.strip().strip("\"'`*").strip()
-        s = re.sub(r"^(output|answer|broader term)\s*:\s*", "", s, flags=re.I).rstrip(".").strip().strip("\"'`*").strip()
-        if s: return s
-    return None
+    "The first non-empty line, stripped of quotes, a repeated cue and a trailing period; None when empty (or not a str)."
+    if not isinstance(text, str): return None  # like every parser of this study: never raises
+    return first_line(text, PHRASE_LABELS, trailing=".", quotes="\"'`*") or None
 
 # App. C, "Answer Generation Prompt": "Just output the phrase" (one line, not opening with a quote or a period); our broader term too
 PHRASE = Constraint.regex(r' ?[^ \n\t"\'`*.][^\n]{0,79}')  # read by parse_phrase
@@ -635,15 +636,11 @@ def make_misinformation(client, records: pd.DataFrame,  # rows with id, question
 # %% ../nbs/19_coe.ipynb #c026
 CONDITIONS = ("irrelevant", "faithfulness", "misinformation")
 ANSWER_TOKENS, JUDGE_TOKENS = 32, 3  # ours: generation budgets
-ANSWER_STOP = ["\n\n"]  # ours: the judges read the first non-empty line; a blank line ends the answer
+ANSWER_STOP = ["\n\n"]  # ours: the judges read the first non-empty line (`kgrag_nb.answers.first_line`); a blank line ends the answer
 
 def answer_prompt(question: str, context: str) -> str:
     "The authors' answer prompt (system + user turn, coe_upstream_prompts.txt §4) as one completion prompt with an answer cue."
     return ANSWER_SYSTEM_PROMPT + "\n\n" + ANSWER_USER_TEMPLATE.format(context=context, question=question) + ANSWER_CUE
-
-def first_line(text: str) -> str:
-    "The first non-empty line of a completion (what the judges see)."
-    return next((l.strip() for l in str(text or "").splitlines() if l.strip()), "")
 
 def following(output: str, wrong: str, grounded: bool | None) -> bool:
     "FR verdict (§6.1 with the authors' rule): wrong answer contained in the output, else the groundedness judge's verdict."

@@ -6,8 +6,6 @@
 from __future__ import annotations
 import copy
 import math
-import re
-import string
 import time
 from collections import Counter
 from typing import Callable, NamedTuple, Sequence
@@ -16,28 +14,19 @@ import numpy as np
 import pandas as pd
 from sacrebleu.metrics import BLEU
 
+# the answer normalisers live in `kgrag_nb.answers` (issue 24); the modules and tests that import them from here still can
+from .answers import _need_str, acc_r_tokens, brink_normalize, split_answers, squad_normalize
 from .llm import DECODINGS
 
 # %% auto #0
-__all__ = ['TIE_POLICIES', 'FORMAT_TAX_DECODINGS', 'FORMAT_TAX_KEYS', 'acc_r_tokens', 'squad_normalize', 'brink_normalize',
-           'acc_r', 'hits_at_k', 'unanswerable', 'brink_split', 'brink_sets', 'brink_scores', 'brink_per_question',
-           'hard_hits_rate', 'brink_evaluate', 'permissive_scores', 'permissive_evaluate', 'exact_match', 'token_f1',
-           'CharTokenizer', 'rouge_scores', 'bleu', 'sentence_bleu', 'bleu_n', 'context_recall', 'filtered_ranks',
-           'ranking_metrics', 'kbqa_hits_at_1', 'following_rate', 'MannWhitney', 'mann_whitney', 'bootstrap_ci',
-           'bootstrap_ratio_ci', 'percent_cis', 'format_tax_run', 'format_tax_summary']
+__all__ = ['brink_split', 'TIE_POLICIES', 'FORMAT_TAX_DECODINGS', 'FORMAT_TAX_KEYS', 'acc_r', 'hits_at_k', 'unanswerable',
+           'brink_sets', 'brink_scores', 'brink_per_question', 'hard_hits_rate', 'brink_evaluate', 'permissive_scores',
+           'permissive_evaluate', 'exact_match', 'token_f1', 'CharTokenizer', 'rouge_scores', 'bleu', 'sentence_bleu',
+           'bleu_n', 'context_recall', 'filtered_ranks', 'ranking_metrics', 'kbqa_hits_at_1', 'following_rate',
+           'MannWhitney', 'mann_whitney', 'bootstrap_ci', 'bootstrap_ratio_ci', 'percent_cis', 'format_tax_run',
+           'format_tax_summary']
 
 # %% ../nbs/06_metrics.ipynb #c005
-_PUNCT_DELETE = str.maketrans("", "", string.punctuation)
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-_NON_WORD = re.compile(r"[^\w\s]|_")
-
-
-def _need_str(s, name: str) -> str:
-    if not isinstance(s, str):
-        raise TypeError(f"{name} must be a str, got {type(s).__name__}: {s!r}; convert it with str() or pass the answer text")
-    return s
-
-
 def _aliases(gold, name: str = "gold") -> list[str]:
     "A gold answer given as one string or a list of strings, as a list."
     if isinstance(gold, str): return [gold]
@@ -46,25 +35,6 @@ def _aliases(gold, name: str = "gold") -> list[str]:
         if not out: raise ValueError(f"{name} is empty; pass at least one gold answer string")
         return out
     raise TypeError(f"{name} must be a str or a list of str, got {type(gold).__name__}")
-
-
-def acc_r_tokens(s: str,  # text to tokenise
-                ) -> list[str]:
-    "ACC_R tokens (Awakening App. C, Eq. 15 'token list'): lowercase, punctuation -> space, whitespace split."
-    return _NON_WORD.sub(" ", _need_str(s, "text").lower()).split()
-
-
-def squad_normalize(s: str,  # answer text
-                   ) -> str:
-    "SQuAD answer normalisation (missing_knowledge_rag.txt §3.1 'normalized exact match'): lowercase, drop ASCII punctuation and articles, collapse whitespace."
-    s = _need_str(s, "answer").lower().translate(_PUNCT_DELETE)
-    return " ".join(_ARTICLES.sub(" ", s).split())
-
-
-def brink_normalize(s: str,  # one answer string
-                   ) -> str:
-    "BRINK `norm` (brink_incomplete_kg_benchmark.txt App. E): lowercase, remove `<pad>`, punctuation, articles a/an/the, extra whitespace."
-    return squad_normalize(_need_str(s, "answer").lower().replace("<pad>", " "))
 
 # %% ../nbs/06_metrics.ipynb #c008
 def acc_r(prediction: str,  # the model's response
@@ -113,27 +83,14 @@ def unanswerable(samples: Sequence[str],  # the model's closed-book answers, one
     return not any(acc_r(s, gold) for s in samples)
 
 # %% ../nbs/06_metrics.ipynb #c013
-_SPLIT = re.compile(r"[,;\n|]")
-_LIST_MARKER = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s+")
-
-
-def brink_split(raw: str | Sequence[str],  # raw model output, or a list of answers already split
-               ) -> list[str]:
-    "`split` of BRINK App. E / Algorithm 3 line 1: on commas, semicolons, newlines and `|` (not spaces); strips list markers."
-    if isinstance(raw, str):
-        pieces = [_LIST_MARKER.sub("", p) for p in _SPLIT.split(raw)]
-    elif isinstance(raw, (list, tuple)):
-        pieces = [_need_str(p, "each item of the prediction list") for p in raw]
-    else:
-        raise TypeError(f"prediction must be a str (raw output) or a list of str (answers), got {type(raw).__name__}")
-    return [p.strip() for p in pieces if p.strip()]
+brink_split = split_answers  # BRINK App. E's `split` under the name the metrics table and tests use (one implementation)
 
 
 def brink_sets(prediction: str | Sequence[str],  # raw model output or list of answers
                gold: str | Sequence[str],  # gold answers (all of them; one str = a single answer)
               ) -> tuple[set[str], set[str]]:
     "Algorithm 3 of BRINK (App. E): the normalised prediction set P and gold set A (empty normalised strings dropped)."
-    P = {brink_normalize(p) for p in brink_split(prediction)} - {""}
+    P = {brink_normalize(p) for p in split_answers(prediction)} - {""}
     A = {brink_normalize(a) for a in _aliases(gold)} - {""}
     if not A: raise ValueError(f"gold={gold!r} is empty after BRINK normalisation; pass the gold answer names")
     return P, A
@@ -205,7 +162,7 @@ def permissive_scores(prediction: str | Sequence[str],  # raw model output or li
 
     Returns hits_at_1 (any gold substring-matched), precision (matched golds / predictions), recall
     (matched golds / golds), f1. Precision may exceed 1 unless `clip`."""
-    pieces = [x for x in (brink_normalize(p) for p in brink_split(prediction)) if x]
+    pieces = [x for x in (brink_normalize(p) for p in split_answers(prediction)) if x]
     A = {brink_normalize(a) for a in _aliases(gold)} - {""}
     if not A: raise ValueError(f"gold={gold!r} is empty after normalisation; pass the gold answer names")
     haystack = " ".join(pieces)
@@ -256,7 +213,7 @@ def token_f1(prediction: str,  # model answer
 class CharTokenizer:
     "A `rouge-score` tokenizer with one token per character (for Chinese); drops whitespace and punctuation."
     def tokenize(self, text: str) -> list[str]:
-        return [c for c in _NON_WORD.sub(" ", text.lower()) if not c.isspace()]
+        return [c for tok in acc_r_tokens(text) for c in tok]  # the characters of the ACC_R tokens
 
 
 def rouge_scores(prediction: str,  # generated text
@@ -367,7 +324,7 @@ def kbqa_hits_at_1(predictions: Sequence[str],  # the answers in the model's ord
                    gold: str | Sequence[str],  # gold answers
                   ) -> float:
     "KBQA Hits@1 (jcql_joint_kbc_kbqa.txt App. B: 'true answers in the top 1 predictions'): first prediction in gold, BRINK-normalised."
-    preds = brink_split(predictions)
+    preds = split_answers(predictions)
     top = brink_normalize(preds[0]) if preds else ""
     return float(bool(top) and top in {brink_normalize(a) for a in _aliases(gold)})
 

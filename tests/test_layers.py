@@ -27,6 +27,9 @@ The base layers `kg`, `retrieval` and `backends` hold no paper's defaults: no pa
 is named after, a paper (`AWAKENING_...`, `BRINK_...`); a study passes its paper's values. A name in `NO_PAPER_DEFAULTS`
 that is not a module of the package fails the check (a renamed module must not turn it off).
 
+`store` (issue 24) is the one SQLite helper: it imports only config-level modules, and no other module opens SQLite
+itself (`sqlite3.connect`), so every cache follows its one locking rule.
+
 `KNOWN_UPWARD`, `KNOWN_HIDDEN` and `KNOWN_PAPER_CONSTANTS` name the offenders left in modules that other branches of issue 8 own; the
 coordinator shrinks them when those branches merge (a stale entry fails `test_known_lists_are_not_stale`).
 """
@@ -51,12 +54,14 @@ NOT_MODULES = {"__init__", "_modidx"}  # the package root (only `__version__`) a
 LAYERS = [
     ["hooks"],
     ["config"],
+    ["store"],
     ["kg"],
     ["datasets"],
     ["llm"],
     ["serve"],
     ["retrieval"],
     ["backends"],
+    ["answers"],
     ["metrics"],
     ["papers"],
     ["kgqa"],
@@ -277,11 +282,53 @@ def test_import_parser_on_hand_cases(src, expected):
     assert [(n, h) for n, h, _ in _parse(src)] == expected
 
 
+GENERAL_LOW = {"store": {"config", "hooks"}}  # issue 24: the one SQLite helper imports only config-level modules
+
+
+def test_store_imports_only_config_level_modules():
+    "`store` is the general SQLite helper every cache uses: it may import `config` and `hooks` and no other module."
+    for mod, allowed in GENERAL_LOW.items():
+        assert mod in IMPORTS, f"kgrag_nb/{mod}.py does not exist; update GENERAL_LOW"
+        deps = {d for name, _, _ in IMPORTS[mod] if (d := _internal(name))}
+        assert deps <= allowed, f"kgrag_nb/{mod}.py imports {sorted(deps - allowed)}; it may import only {sorted(allowed)}"
+    caches = {"llm", "retrieval", "backends"}  # the three stores' modules sit above it
+    assert all(RANK["store"][0] < RANK[m][0] for m in caches)
+
+
+# modules that still open SQLite themselves, on other branches of issue 24 (`bench.workload_requests` reads the LLM cache
+# with its own `sqlite3.connect(...mode=ro)`; `SqliteStore(path, readonly=True)` does the same); shrink after merging
+# (a stale entry fails `test_only_store_opens_sqlite`).
+KNOWN_SQLITE_OPENERS: set[str] = {"bench"}
+
+
+def opens_sqlite(src: str) -> bool:
+    "Whether the Python source `src` opens a SQLite database itself (`sqlite3.connect(...)`, also `from sqlite3 import connect`)."
+    tree = ast.parse(src)
+    attr = any(isinstance(n, ast.Attribute) and n.attr == "connect" and isinstance(n.value, ast.Name) and n.value.id == "sqlite3"
+               for n in ast.walk(tree))
+    imp = any(isinstance(n, ast.ImportFrom) and n.module == "sqlite3" and any(a.name == "connect" for a in n.names)
+              for n in ast.walk(tree))
+    return attr or imp
+
+
+def test_only_store_opens_sqlite():
+    "One storage helper: every SQLite file of the package is opened by `store.SqliteStore` (one locking rule), no module opens its own."
+    opens = {m for m in MODULES if m != "store" and opens_sqlite((PKG / f"{m}.py").read_text())}
+    assert opens_sqlite((PKG / "store.py").read_text()), "kgrag_nb/store.py no longer opens SQLite: update this test"
+    assert not opens - KNOWN_SQLITE_OPENERS, (f"{sorted(opens - KNOWN_SQLITE_OPENERS)} open SQLite themselves; use "
+                                              "kgrag_nb.store.SqliteStore (WAL, busy timeout, atomic writes; readonly=True to read) instead")
+    assert not KNOWN_SQLITE_OPENERS - opens, f"{sorted(KNOWN_SQLITE_OPENERS - opens)} use the store now: delete them from KNOWN_SQLITE_OPENERS"
+    assert opens_sqlite("import sqlite3\nc = sqlite3.connect('x')") and opens_sqlite("from sqlite3 import connect")
+    assert not opens_sqlite("import sqlite3\nE = sqlite3.OperationalError")  # naming an error type is fine
+
+
 def test_layer_rule_on_hand_cases():
     "The rule: down is fine, up and sideways are not; inside a study, earlier modules only."
     def ok(a, b):
         (li, si, pi), (lj, sj, pj) = RANK[a], RANK[b]
         return lj < li or (lj == li and si is not None and si == sj and pj < pi)
+    assert ok("kg", "config") and ok("cli", "hooks") and ok("store", "config") and ok("llm", "store")
+    assert not ok("store", "kg") and not ok("config", "store")
     assert ok("kg", "config") and ok("cli", "hooks") and ok("unseen", "awaken") and ok("brink_methods", "rules")
     assert not ok("config", "kg") and not ok("kg", "retrieval") and not ok("awaken", "unseen")
     assert not ok("awaken", "brink") and not ok("rules", "cli") and not ok("kgqa", "brink_methods")
