@@ -34,9 +34,10 @@ __all__ = ['ACTIONS', 'INSTRUCTION_HEAD', 'ACTION_SENTENCES', 'EXAMPLE_TRAIN', '
            'cot_prompt', 'parse_short', 'parse_cot', 'majority', 'BaselineConfig', 'IOBaseline', 'CoTBaseline',
            'SCBaseline', 'ToGStyle', 'bfs_path', 'expand_paths', 'parse_trajectory', 'parse_paths', 'replay_batch',
            'slm_triples', 'jcql_train', 'kbqa_questions', 'prediction_frame', 'hits_table', 'failure_table',
-           'efficiency_table', 'format_table', 'deviations', 'decoding_note', 'select_questions', 'run_methods',
-           'special_test_set', 'special_first', 'replay_study', 'training_curve', 'named_triples', 'paper_rows',
-           'ours_for_table', 'experiment_frames', 'versus_paper', 'disabled_attempts', 'plot_lines', 'format_tax_arm']
+           'efficiency_table', 'format_table', 'deviations', 'decoding_note', 'exclude_held_out', 'select_questions',
+           'run_methods', 'special_test_set', 'special_first', 'replay_study', 'training_curve', 'named_triples',
+           'paper_rows', 'ours_for_table', 'experiment_frames', 'versus_paper', 'disabled_attempts', 'plot_lines',
+           'format_tax_arm']
 
 # %% ../nbs/17b_jcql.ipynb #c005
 ACTIONS = ("search", "complete", "generate", "finish")  # §3.2-3.3: the agent's action space
@@ -1260,6 +1261,14 @@ def decoding_note(setup: dict) -> str:
     return f" [decoding: {d}{' (the paper decodes freely)' if d != 'free' else ''}]"
 
 
+# %% ../nbs/17b_jcql.ipynb #h8i22i7b
+def exclude_held_out(path_batches: Sequence[Sequence],  # one list of path triples (names) per update, in order
+                     held_out: Sequence) -> tuple[list[list], int]:  # the held-out KBC test triples Fig. 5 scores
+    "(the batches without any held-out triple, same length and order; how many path triples were dropped)."
+    held = {tuple(t[:3]) for t in held_out}
+    out = [[tuple(t) for t in b if tuple(t[:3]) not in held] for b in path_batches]
+    return out, sum(len(b) for b in path_batches) - sum(len(b) for b in out)
+
 # %% ../nbs/17b_jcql.ipynb #c043
 def select_questions(kb: AgentKB,  # the agent's KB
                      dataset: str, split: str, full: KG,  # see `kbqa_questions`
@@ -1327,13 +1336,19 @@ def replay_study(load_model,  # () -> a fresh KBCModel from the shared checkpoin
                  sizes: Sequence[int] = (0, 5, 10, 15, 20),  # App. D.3
                  lr: float = 1e-3, steps: int = 1, R=None, seed: int = 0) -> pd.DataFrame:
     "Fig. 5: per replay size, MRR / Hits on the path triples and on held-out triples after fine-tuning (and before: size 'none')."
+    path_batches, excluded = exclude_held_out(path_batches, held_out)  # issue 22 item 7: never fine-tune on a held-out triple
     paths = list(dict.fromkeys(tuple(t) for b in path_batches for t in b))
+    held = {tuple(t[:3]) for t in held_out}
+    assert not held & {t[:3] for t in paths}, "Fig. 5's path triples still hold held-out triples"
+    leak = held & {tuple(t[:3]) for t in memory}
+    if leak: raise ValueError(f"{len(leak)} held-out triple(s) in the replay memory, e.g. {sorted(leak)[:2]}; pass the KBC training triples")
+    if not paths: raise ValueError(f"every path triple ({excluded}) is a held-out triple: Fig. 5 has nothing to fine-tune on")
     def ev(m, tri, what, size, log):
         r = m.evaluate(list(tri), list(filter_triples), R=R, seed=seed)
         return dict(replay=size, on=what, n=r["n"], MRR=r["mrr"], **{"Hits@1": r["hits@1"], "Hits@10": r["hits@10"]},
                     **metric_cis(r["per_triple"], seed=seed), **log)  # issue 22 item 5: bootstrap CIs over the triples
-    base = load_model()
-    rows = [ev(base, paths, "path triples", "none", {}), ev(base, held_out, "held-out triples", "none", {})]
+    base, kept = load_model(), dict(held_out_excluded=excluded)  # every row says how many path triples were held out
+    rows = [ev(base, paths, "path triples", "none", kept), ev(base, held_out, "held-out triples", "none", kept)]
     for k in sizes:
         m, losses, change = load_model(), [], 0.0
         for i, b in enumerate(path_batches):
@@ -1341,7 +1356,7 @@ def replay_study(load_model,  # () -> a fresh KBCModel from the shared checkpoin
             p, rep = replay_batch(b, memory, k, seed=seed + i)
             u = m.fine_tune(p, rep, lr=lr, steps=steps, seed=seed + i)
             losses.append(u["loss"]); change += u["param_change"]
-        log = dict(updates=len(losses), mean_loss=float(np.mean(losses)) if losses else None, param_change=change)
+        log = dict(updates=len(losses), mean_loss=float(np.mean(losses)) if losses else None, param_change=change, **kept)
         rows += [ev(m, paths, "path triples", k, log), ev(m, held_out, "held-out triples", k, log)]
     return pd.DataFrame(rows)
 

@@ -17,73 +17,7 @@ from kgrag_nb.brink import (SPLITS, Benchmark, PredictionFormatError, Removal, a
 from kgrag_nb.cli import main
 from kgrag_nb.kg import KG
 from kgrag_nb.metrics import brink_evaluate, permissive_evaluate
-try:
-    from kgrag_nb.rules import Atom, Rule, groundings
-    _PRIVATE_RULES = None
-except ImportError:  # kgrag_nb.rules (nbs/11_rules.ipynb) not merged yet: private stand-ins for hand-made rules
-    import importlib.machinery, sys, types
-    from dataclasses import dataclass
-
-    @dataclass(frozen=True)
-    class Atom:
-        relation: int
-        subject: str
-        object: str
-
-    @dataclass(frozen=True)
-    class Rule:
-        head: Atom
-        body: tuple
-        support: int
-        head_coverage: float
-        std_confidence: float
-        pca_confidence: float
-        body_size: int
-        pca_body_size: int
-        type: str
-
-        def to_amie(self, kg):
-            f = lambda a: f"{a.subject}  {kg.relations[a.relation]}  {a.object}"
-            return "  ".join(map(f, self.body)) + "   => " + f(self.head)
-
-    @dataclass
-    class _Grounding:
-        head: tuple
-        body: tuple
-        binding: dict
-
-    def groundings(kg, rule, limit=None, seed=0, head_present=True):
-        "Groundings of a hand-made rule of 1-2 variable-only body atoms, by nested loops over the KG's triples."
-        tri = [tuple(map(int, t)) for t in kg.triples.tolist()]
-        out = []
-        def walk(i, bind, used):
-            if i == len(rule.body):
-                h = (bind[rule.head.subject], rule.head.relation, bind[rule.head.object])
-                if not head_present or h in set(tri): out.append(_Grounding(h, tuple(used), dict(bind)))
-                return
-            a = rule.body[i]
-            for x, r, y in tri:
-                if r != a.relation or bind.get(a.subject, x) != x: continue
-                b = {**bind, a.subject: x}
-                if b.get(a.object, y) != y: continue
-                walk(i + 1, {**b, a.object: y}, used + [(x, r, y)])
-        walk(0, {}, [])
-        if limit is not None and len(out) > limit:
-            out = [out[i] for i in sorted(np.random.default_rng(seed).choice(len(out), limit, replace=False))]
-        return out
-
-    _PRIVATE_RULES = types.ModuleType("kgrag_nb.rules")
-    _PRIVATE_RULES.__spec__ = importlib.machinery.ModuleSpec("kgrag_nb.rules", None)  # cli.main calls find_spec on it
-    _PRIVATE_RULES.Atom, _PRIVATE_RULES.Rule, _PRIVATE_RULES.groundings = Atom, Rule, groundings
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _rules_module():
-    "select_removals imports kgrag_nb.rules.groundings; until that module exists, it finds the stand-in above."
-    if _PRIVATE_RULES is None: yield; return
-    sys.modules["kgrag_nb.rules"] = _PRIVATE_RULES
-    yield
-    del sys.modules["kgrag_nb.rules"]
+from kgrag_nb.rules import Atom, Rule, groundings
 
 STATS = dict(support=1, head_coverage=1.0, std_confidence=1.0, pca_confidence=1.0, body_size=1, pca_body_size=1)
 
@@ -500,11 +434,17 @@ def test_generate_questions_family_embedded(embedded_server, tmp_path):
     for q in bm.questions:
         assert isinstance(q["generation"], str) and q["question"].endswith("?") and q["question"] == parse_question(q["generation"])
         assert q["hard_answer"] in q["answers"] and q["relation"] == "father"
-    # temperature 0 and the cache: the same records come out again without new requests
+    # temperature 0 and the cache: the same 3 records come out again without new requests, every one with its raw generation,
+    # and the ones whose generation does not parse are exactly the counted failures (asserted even when none parses)
     recs = candidate_questions(fam, select_removals(fam, [inv], per_rule=3, seed=0), [inv], seed=0, id_prefix="family")
-    gen = {r["id"]: r["generation"] for r in generate_questions(fam, recs, client)}
-    assert client.usage.cache_hits == 3 and client.usage.requests == 3
-    assert all(gen[q["id"]] == q["generation"] for q in load_benchmark(bm.path).questions)
+    again = generate_questions(fam, recs, client)
+    assert client.usage.cache_hits == 3 and client.usage.requests == 3 and len(again) == 3
+    assert all(isinstance(r["generation"], str) and r["question"] == parse_question(r["generation"]) for r in again)
+    assert sum(r["question"] is None for r in again) == bm.datasheet["counts"]["generation_failed"]
+    assert sorted(r["id"] for r in again if r["question"] is not None) == sorted(q["id"] for q in bm.questions)
+    gen = {r["id"]: r["generation"] for r in again}
+    kept = load_benchmark(bm.path).questions
+    assert len(kept) == len(bm.questions) and all(gen[q["id"]] == q["generation"] for q in kept)
 
 
 def test_the_gold_file_given_as_predictions_is_warned_about(tmp_path, capsys):

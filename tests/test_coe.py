@@ -300,10 +300,15 @@ def test_pipeline_embedded(embedded_server, tmp_path):
     rec = coe.sample_records(coe.load_released("2wiki"), 1, seed=0)
     tw = TraceWriter(tmp_path / "trace.jsonl")
     (f,) = coe.extract_features(client, rec["question"], rec["id"], tw)
+    calls = TraceWriter.read(tw.path)  # free decoding (the paper's): readable or not, the call is traced and counted
+    assert [c["stage"] for c in calls] == ["intent_keywords", "relations"][: 1 + (f is not None)]  # relations only after features
+    assert (calls[0]["parsed"] is None) == (f is None) and coe.parse_features(calls[0]["completion"]) == calls[0]["parsed"]
+    (fc,) = coe.extract_features(client, rec["question"], rec["id"], tw, decoding="constrained")  # the grammar's JSON always parses
+    assert fc is not None and fc["keywords"] and tw.n == len(calls) + 2 == len(TraceWriter.read(tw.path))
+    f = f if f is not None else fc  # no skip: the discrimination runs on the free features, else on the constrained ones
     n_extract = tw.n
-    assert n_extract in (1, 2)
-    if f is None: pytest.skip("the 270M model gave no readable features for this record (counted as a failure)")
     res = coe.discriminate(client, [(rec["id"][0] + "/" + v, f, rec[v][0]) for v in coe.VARIANTS], tw)
+    assert all(0 <= r["unreadable"] <= r["calls"] for r in res)  # unreadable verdicts are counted (as 'no'), never dropped
     assert [r["calls"] for r in res] == [1 + len(f["keywords"]) + len(f["relations"])] * 3
     assert tw.n == n_extract + sum(r["calls"] for r in res) == len(TraceWriter.read(tw.path))
     rec = rec.assign(misinformation=[["He was born in Paris."]])

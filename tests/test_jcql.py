@@ -1,8 +1,9 @@
 """JCQL agent side (jcql_joint_kbc_kbqa.txt §3.2-3.4, App. E): the action parser on Prompt 2's example and under
 fuzzing, Parse's BFS on a hand-made G_q, replay batch composition, the no-gold-in-test-prompts rule, the Table 3
-ablations (action gone from prompt and dispatcher), Complete with a real trained completer (PyKEEN TransE), and the
-agent on the real embedded server (marked `llm`)."""
-import asyncio
+ablations (action gone from prompt and dispatcher), Complete with a real trained completer (PyKEEN TransE), App. E's
+Prompts 1-7 and both worked examples verbatim against the paper text, Fig. 5 never fine-tuning on a held-out triple, and
+the agent on the real embedded server (marked `llm`)."""
+import asyncio, re
 from collections import Counter
 from dataclasses import replace
 
@@ -15,6 +16,7 @@ from kgrag_nb.kgqa import Question, get_method
 from kgrag_nb.jcql import (ACTIONS, EXAMPLE_TEST, AgentConfig, AgentKB, GoldLeakError, JCQLAgent, ParsedStep, _Run,
                            agent_example, agent_instruction, bfs_path, expand_paths, gold_leaks, parse_step, parse_triples,
                            parse_trajectory, replay_batch, slm_triples, step_prompt)
+from kgrag_nb import jcql as J
 
 # ---------------------------------------------------------------- the action parser
 
@@ -102,6 +104,84 @@ def test_replay_is_uniform():
     c = Counter(t[0] for s in range(400) for t in replay_batch([("x",)], mem, 10, seed=s)[1])
     # 4,000 draws over 10 cells: expected 400 each, sd ~19; each draw is without replacement inside a batch -> exactly 400
     assert set(c) == set(range(10)) and all(abs(v - 400) < 100 for v in c.values())
+
+# ---------------------------------------------------------------- Fig. 5: no held-out triple is trained on (issue 22 item 7)
+
+def test_exclude_held_out_hand_computed():
+    b = [[("a", "r", "b"), ("c", "r", "d")], [("c", "r", "d")], [("e", "r", "f")]]
+    assert J.exclude_held_out(b, [("c", "r", "d"), ("x", "r", "y")]) == ([[("a", "r", "b")], [], [("e", "r", "f")]], 2)
+    assert J.exclude_held_out(b, []) == ([list(x) for x in b], 0) and J.exclude_held_out([], [("c", "r", "d")]) == ([], 0)
+
+
+@pytest.mark.slow  # trains a 5-entity SLM for a few seconds
+def test_replay_study_never_fine_tunes_on_held_out_triples(tmp_path):
+    "A real (toy) KBC SLM: path triples that are held-out KBC test triples are dropped, counted and never scored as paths."
+    from kgrag_nb import jcql_kbc as K
+    ents = ["Ann", "Bob", "Cy", "Dee", "Eve"]
+    train = [("Ann", "parent", "Bob"), ("Bob", "parent", "Cy"), ("Cy", "parent", "Dee"), ("Ann", "likes", "Eve"),
+             ("Eve", "likes", "Dee"), ("Dee", "likes", "Ann")]
+    valid, test = [("Cy", "likes", "Bob")], [("Dee", "parent", "Eve"), ("Bob", "likes", "Ann")]
+    data = K.KBCData(ents, ["parent", "likes"], train, valid, test, train + valid + test)
+    cfg = K.SLMConfig(d_model=32, d_ff=64, num_layers=1, num_decoder_layers=1, num_heads=2, d_kv=16, vocab_size=300,
+                      epochs=5, batch_size=6, lr=1e-2, R=30, log_every=10)
+    K.train_kbc(data, cfg, seed=0).save(tmp_path / "ck")
+    load = lambda: K.KBCModel.load(tmp_path / "ck")
+    batches = [[test[0], valid[0]], [test[1]]]  # oracle-style paths: complete-KB triples outside the KBC training set
+    f5 = J.replay_study(load, batches, data.train, test, data.known, sizes=(0, 2), seed=0)
+    assert len(f5) == 6 and f5["held_out_excluded"].eq(2).all()
+    assert f5.loc[f5["on"] == "path triples", "n"].eq(1).all() and f5.loc[f5["on"] == "held-out triples", "n"].eq(2).all()
+    assert f5.loc[f5["replay"] != "none", "updates"].eq(1).all()  # the batch left empty is no update
+    with pytest.raises(ValueError, match="nothing to fine-tune"): J.replay_study(load, [[test[1]]], data.train, test, data.known, sizes=(0,))
+    with pytest.raises(ValueError, match="in the replay memory"):
+        J.replay_study(load, batches, data.train + test[:1], test, data.known, sizes=(0,))
+
+
+# ---------------------------------------------------------------- App. E prompts verbatim (issue 22 item 9)
+
+def _paper() -> str:
+    from kgrag_nb.papers import paper_text
+    return paper_text(J.PAPER)  # shared/papers/ beside the data mirror; missing = an error, never a skip
+
+
+def _app_e_prompt(k: int) -> str:
+    "The text of App. E's Prompt k: the line after its title, from '\\bullet Instruction:' on."
+    m = re.search(rf"\nPrompt {k}\.\n[^\n]+\n(\\bullet Instruction:[^\n]+)", _paper())
+    assert m, f"Prompt {k} not found in {J.PAPER}"
+    return m.group(1)
+
+
+def _flat(s: str) -> str:
+    "PDF text and ours compared without the bullet markers and without any whitespace (line breaks are ours)."
+    return re.sub(r"\s+", "", s.replace("\\bullet", ""))
+
+
+@pytest.mark.parametrize("k,train", [(1, True), (2, False)])
+def test_agent_prompts_1_2_and_their_examples_are_app_e_verbatim(k, train):
+    "Prompt 1 (training, Woodrow Wilson example) and Prompt 2 (inference, Shakespeare example), every word and bracket."
+    ours = f"Instruction: {agent_instruction(ACTIONS, train)}\nExample:\n{agent_example(ACTIONS, train)}"
+    assert _flat(ours) == _flat(_app_e_prompt(k))
+    head = step_prompt(_question(), [], ACTIONS, train)[0]  # what the agent sends starts with them
+    assert head.startswith(agent_instruction(ACTIONS, train) + "\n\n" + agent_example(ACTIONS, train) + "\n\n")
+
+
+def _example_part(template: str) -> str:
+    "The paper's part of a prompt template: up to the first blank line (our query block follows it)."
+    return template.split("\n\n", 1)[0]
+
+
+@pytest.mark.parametrize("k,name", [(3, "PROMPT_ENTITY"), (4, "PROMPT_RELATIONS"), (5, "PROMPT_GENERATE"), (6, "PROMPT_MODIFY"),
+                                    (7, "PROMPT_PATHS")])
+def test_supplementary_prompts_3_to_7_are_app_e_verbatim(k, name):
+    "Instruction and example of Prompts 3-7 (Prompt 5 with its training Hint, the paper's pink font)."
+    t = getattr(J, name).replace("{example_hint}", J.EXAMPLE_HINT)
+    assert _flat(_example_part(t)) == _flat(_app_e_prompt(k))
+    assert "{" not in _example_part(t)  # no placeholder inside the paper's text
+
+
+def test_verbatim_check_can_fail():
+    assert _flat(J.agent_instruction(ACTIONS, True)) not in _flat(_app_e_prompt(2))  # Prompt 1's Finish is not Prompt 2's
+    assert _flat(_example_part(J.PROMPT_RELATIONS).replace("educated at, employer", "employer, educated at")) != _flat(_app_e_prompt(4))
+
 
 # ---------------------------------------------------------------- no gold answer in test-time prompts
 
@@ -209,20 +289,28 @@ def test_agent_embedded(embedded_server, tmp_path):
     client = LLMClient(embedded_server.url, cache=tmp_path / "llm.sqlite", progress=False)
     trace = TraceWriter(tmp_path / "trace.jsonl")
     cfg = AgentConfig(max_steps=3)
+    cfg_actions = get_method("jcql", slm=slm).actions
     preds = get_method("jcql", slm=slm).answer_all(qs, kb, client, cfg, trace)
     df = prediction_frame(preds, qs)
     assert len(preds) == 2 and df["n_steps"].between(1, 3).all()
     for p in preds:  # every step was an LLM call; failures are counted, never hidden
+        steps = p.meta["steps"]
+        assert len(steps) == p.meta["n_steps"] >= 1 and [s["i"] for s in steps] == list(range(1, len(steps) + 1))
         assert sum(c["stage"].startswith("step") for c in p.meta["calls"]) == p.meta["n_steps"]
-        n_fail = sum(s["failure"] is not None for s in p.meta["steps"])
+        n_fail = sum(s["failure"] is not None for s in steps)
         assert n_fail == sum(v for k, v in p.meta["failures"].items() if k.startswith("parse:"))
-        for s in p.meta["steps"]:  # a Complete observation is exactly the SLM's output
-            if s.get("complete"): assert [t[2] for t in s["triples"]] == [t for t, _ in s["complete"]["tails"]]
+        assert [s["action"] is None for s in steps] == [s["failure"] is not None for s in steps]  # a step parses or fails, counted
+        assert all(s["action"] in cfg_actions for s in steps if s["failure"] is None)
+        # every Complete call is one recorded step, its observation exactly the SLM's output (a count: holds with 0 calls)
+        completes = [s for s in steps if "complete" in s]
+        assert len(completes) == p.meta["complete_calls"] and all(s["action"] == "complete" for s in completes)
+        assert [[t[2] for t in s["triples"]] for s in completes] == [[t for t, _ in s["complete"]["tails"]] for s in completes]
+        assert p.meta["steps_ok"] == len(steps) - n_fail and p.meta["finished"] == any(s["action"] == "finish" for s in steps)
     print(failure_table(df).T)
-    for q in qs:  # no test-time prompt carries an Answer field
-        for rec in trace.records:
-            if rec["question_id"] == q.id and rec["stage"].startswith("step"):
-                assert "\nAnswer: " not in rec["prompt"].split(f"Question: {q.text}")[-1]
+    for q, p in zip(qs, preds):  # one traced step prompt per step, none of them with an Answer field
+        recs = [rec for rec in trace.records if rec["question_id"] == q.id and rec["stage"].startswith("step")]
+        assert len(recs) == p.meta["n_steps"]
+        assert not any("\nAnswer: " in rec["prompt"].split(f"Question: {q.text}")[-1] for rec in recs)
     n = client.usage.requests  # a second run is answered by the cache
     again = get_method("jcql", slm=slm).answer_all(qs, kb, client, cfg)
     assert client.usage.requests == n and [p.answer for p in again] == [p.answer for p in preds]
@@ -331,9 +419,9 @@ def test_format_tax_arm_constrained_embedded(embedded_server, tmp_path):
     from _format_tax import one_constrained_record
     r = one_constrained_record(format_tax_arm, LLMClient(embedded_server.url, cache=tmp_path / "llm.sqlite", progress=False), "jcql")
     assert isinstance(r["finished"], bool) and r["fired"] is None and r["kept"] is None
-    assert r["cot_fallback"] or 1 <= r["n_steps"] <= FT_MAX_STEPS
+    assert not r["cot_fallback"]  # the arm's KB slice is built around its questions' topic entities: the agent runs, never CoT
+    assert 1 <= r["n_steps"] <= FT_MAX_STEPS and r["parsed"] == r["steps_ok"] / r["n_steps"]
     assert r["finished"] == ("finish" in r["actions"])  # Finish is the agent's own action, never forced
-    if not r["cot_fallback"]: assert r["parsed"] == r["steps_ok"] / r["n_steps"]
 
 
 @pytest.mark.slow  # builds the KB slice and runs the agent twice (about 20 s on 2 busy cores)
@@ -347,6 +435,6 @@ def test_format_tax_arm_counts_with_the_stub():
     for d, out in arms.items():
         assert len(out) == 2 and all(_check_tax_record(r, d) for r in out)
         assert all(r["finished"] == ("finish" in r["actions"]) for r in out)
-    assert all((r["parsed"], r["finished"], r["n_steps"], r["metric"]) == (0.0, False, FT_MAX_STEPS, 0.0)
-               for r in arms["free"] if not r["cot_fallback"])
+    assert not any(r["cot_fallback"] for out in arms.values() for r in out)  # the agent ran on both items in both arms
+    assert all((r["parsed"], r["finished"], r["n_steps"], r["metric"]) == (0.0, False, FT_MAX_STEPS, 0.0) for r in arms["free"])
     assert all(r["parsed"] == 1.0 and set(r["actions"]) <= {"search", "generate", "finish"} for r in arms["constrained"])
