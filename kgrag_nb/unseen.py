@@ -20,6 +20,7 @@ from .baselines import no_rag_prompt, parse_short_answer
 from .metrics import acc_r, hits_at_k, percent_cis
 from .kgqa import BaseMethod, Question, Prediction, TraceWriter, complete_traced, get_method, register_method
 from .llm import Constraint
+from .answers import first_line
 from .awaken import AWAKENING_MAX_SUBGRAPH_TRIPLES, awakening_prompt, check_decoding, decode
 
 # %% auto #0
@@ -218,7 +219,7 @@ def parse_choice(completion: str,  # the model's answer
                  n: int,  # number of candidates
                 ) -> int | None:
     "0-based index of the first number in 1..n in the completion's first non-empty line, None when there is none."
-    line = next((l for l in str(completion).splitlines() if l.strip()), "")
+    line = first_line(str(completion))  # the one first-line rule (kgrag_nb.answers)
     for m in re.finditer(r"\d+", line):
         if 1 <= int(m.group()) <= n: return int(m.group()) - 1
     return None
@@ -267,7 +268,7 @@ def parse_type(completion: str,  # the model's answer
                types: Sequence[str] = TOP_LEVEL_TYPES,  # allowed types
               ) -> str | None:
     "The type of `types` named first in the completion's first line (longest at the same place), None when none is."
-    line = next((l for l in str(completion).lower().splitlines() if l.strip()), "")
+    line = first_line(str(completion)).lower()  # the one first-line rule (kgrag_nb.answers)
     hits = [(m.start(), -len(t), t) for t in types for m in [re.search(rf"\b{re.escape(t.lower())}\b", line)] if m]
     return min(hits)[2] if hits else None
 
@@ -277,7 +278,7 @@ def nearest_type(answer: str,  # the model's answer to `type_prompt`
                  embedder=None,  # sentence embedder (None = all-MiniLM-L6-v2)
                 ) -> str | None:
     "The type whose embedding is nearest to the answer's first line (e.g. 'movie' -> 'film'); None for an empty answer."
-    line = next((l.strip(" .\"'") for l in str(answer).splitlines() if l.strip(" .\"'")), "")
+    line = first_line(str(answer), quotes=".\"'")  # the first line that is not only dots and quotes
     if not line: return None
     v = embed([line, *types], embedder)
     return list(types)[int(np.argmax(v[1:] @ v[0]))]
