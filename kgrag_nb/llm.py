@@ -11,19 +11,22 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import certifi, httpx, openai
+from fastcore.basics import patch
 from tenacity import AsyncRetrying, Retrying, retry_if_exception, retry_if_exception_type, stop_after_attempt, wait_random
 from tqdm import tqdm
 
 from .config import CACHE_MODES, Config, get_config
+from .store import SqliteStore
 
 # %% auto #0
-__all__ = ['CONSTRAINT_KINDS', 'DECODINGS', 'BACKENDS', 'VLLM_STRUCTURED_OUTPUTS_SINCE', 'MAX_CHARS_PER_TOKEN', 'CacheMissError',
-           'ModelNotServedError', 'EndpointUnreachableError', 'UnsupportedConstraintError', 'ServerDiedError',
-           'MalformedResponseError', 'public_url', 'canonical_json', 'request_key', 'Constraint', 'check_decoding',
-           'parse_regex', 'regex_to_gbnf', 'constraint_gbnf', 'fill_constraint', 'vllm_version_tuple',
-           'constraint_body', 'process_alive', 'seal_response', 'open_response', 'ResponseCache', 'Usage', 'run_sync',
-           'is_retryable', 'backoff_delay', 'retrying', 'replace_surrogates', 'parse_response', 'progress_stream',
-           'check_sampling', 'tls_context', 'LLMClient', 'local_server_death', 'GroupCommit']
+__all__ = ['CONSTRAINT_KINDS', 'DECODINGS', 'BACKENDS', 'VLLM_STRUCTURED_OUTPUTS_SINCE', 'VLLM_N_SEEDED_SINCE',
+           'MAX_CHARS_PER_TOKEN', 'CacheMissError', 'ModelNotServedError', 'EndpointUnreachableError',
+           'UnsupportedConstraintError', 'ServerDiedError', 'MalformedResponseError', 'public_url', 'canonical_json',
+           'request_key', 'Constraint', 'check_decoding', 'parse_regex', 'regex_to_gbnf', 'constraint_gbnf',
+           'fill_constraint', 'vllm_version_tuple', 'constraint_body', 'process_alive', 'seal_response',
+           'open_response', 'ResponseCache', 'Usage', 'run_sync', 'is_retryable', 'backoff_delay', 'retrying',
+           'replace_surrogates', 'split_tokens', 'parse_choices', 'parse_response', 'progress_stream', 'check_sampling',
+           'tls_context', 'LLMClient', 'sample_runs', 'sample_groups', 'local_server_death', 'GroupCommit']
 
 # %% ../nbs/03_llm.ipynb #c005
 class CacheMissError(KeyError):
@@ -496,52 +499,32 @@ def open_response(stored: str) -> tuple[dict | None, str | None]:  # a stored ro
         return None, "its checksum does not match (a changed byte)"
     return rec, None
 
+_RESPONSES_SCHEMA = ("CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, request TEXT, "
+                     "response TEXT NOT NULL, created REAL NOT NULL);\n"
+                     "CREATE TABLE IF NOT EXISTS claims (key TEXT PRIMARY KEY, owner TEXT NOT NULL, host TEXT, "
+                     "pid INTEGER, started TEXT, claimed REAL NOT NULL);")
+
 class ResponseCache:
     "SQLite store of LLM responses keyed by `request_key`; safe for concurrent writers from several processes."
     def __init__(self,
                  path,  # SQLite file; its folder is created on first use
                  busy_timeout_s: float = 60.0):  # how long a writer waits for the lock held by another process
         self.path, self.busy_timeout_s = Path(path), busy_timeout_s
-        self._conn, self._lock = None, threading.Lock()
+        self.store = SqliteStore(self.path, _RESPONSES_SCHEMA, busy_timeout_s, what="LLM response cache")
+        self._lock = self.store.lock  # held to group reads with a transaction (the claims)
         self.corrupt: dict[str, str] = {}  # key -> what is wrong with its stored answer (seen at lookup; asked again)
 
     def __repr__(self): return f"ResponseCache({str(self.path)!r})"
 
-    def _connect(self) -> sqlite3.Connection:
-        if self._conn is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False)
-            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
-            # switching to WAL needs a moment of exclusive access: up to 50 tries, 50-100 ms apart
-            Retrying(retry=retry_if_exception_type(sqlite3.OperationalError), stop=stop_after_attempt(50),
-                     wait=wait_random(0.05, 0.1), reraise=True)(conn.execute, "PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, request TEXT, "
-                         "response TEXT NOT NULL, created REAL NOT NULL)")
-            conn.execute("CREATE TABLE IF NOT EXISTS claims (key TEXT PRIMARY KEY, owner TEXT NOT NULL, host TEXT, "
-                         "pid INTEGER, started TEXT, claimed REAL NOT NULL)")
-            self._conn = conn
-        return self._conn
+    def _connect(self) -> sqlite3.Connection: return self.store.connect()
 
     def _transaction(self, *statements):
-        "Run `(sql, args)` statements in one write transaction (caller holds `_lock`)."
-        conn = self._connect()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            for sql, args in statements: conn.execute(sql, args)
-            conn.execute("COMMIT")
-        except BaseException as e:
-            try: conn.execute("ROLLBACK")
-            except sqlite3.OperationalError: pass  # SQLite rolled back already (a full disk): keep the real error below
-            if isinstance(e, sqlite3.Error):  # name the file and the fix, not "cannot rollback - no transaction is active"
-                raise sqlite3.OperationalError(f"LLM response cache {self.path}: {e}; nothing of this write was stored. "
-                                               f"Free disk space there (or point KGRAG_CACHE elsewhere) and rerun") from e
-            raise
+        "Run `(sql, args)` statements in one write transaction (an error names the file and the fix)."
+        self.store.write(*statements)
 
     def get(self, key: str) -> dict | None:
         "The stored response for `key`, or None."
-        with self._lock:
-            row = self._connect().execute("SELECT response FROM responses WHERE key=?", (key,)).fetchone()
+        row = self.store.read_one("SELECT response FROM responses WHERE key=?", (key,))
         if row is None: return None
         rec, problem = open_response(row[0])
         if problem: self.corrupt[key] = problem  # a damaged row counts as missing: it is asked again and replaced
@@ -553,27 +536,22 @@ class ResponseCache:
             request: dict | None = None):  # the request content, for audits (model, prompt, params; never a key or URL)
         "Store (or overwrite) one response and drop any claim on its key, in one transaction."
         row = (key, None if request is None else canonical_json(request), seal_response(response), time.time())
-        with self._lock:
-            self._transaction(("INSERT OR REPLACE INTO responses VALUES (?,?,?,?)", row),
-                              ("DELETE FROM claims WHERE key=?", (key,)))
+        self._transaction(("INSERT OR REPLACE INTO responses VALUES (?,?,?,?)", row), ("DELETE FROM claims WHERE key=?", (key,)))
 
     def request(self, key: str) -> dict | None:
         "The stored request content for `key`, or None."
-        with self._lock:
-            row = self._connect().execute("SELECT request FROM responses WHERE key=?", (key,)).fetchone()
+        row = self.store.read_one("SELECT request FROM responses WHERE key=?", (key,))
         return None if row is None or row[0] is None else json.loads(row[0])
 
     def __contains__(self, key: str) -> bool: return self.get(key) is not None
-    def __len__(self) -> int:
-        with self._lock: return self._connect().execute("SELECT COUNT(*) FROM responses").fetchone()[0]
+    def __len__(self) -> int: return self.store.read_one("SELECT COUNT(*) FROM responses")[0]
     def keys(self) -> list[str]:
         "All keys, oldest first."
-        with self._lock: return [r[0] for r in self._connect().execute("SELECT key FROM responses ORDER BY created")]
+        return [r[0] for r in self.store.read("SELECT key FROM responses ORDER BY created")]
 
     def close(self):
         "Close the connection (it reopens on next use)."
-        with self._lock:
-            if self._conn is not None: self._conn.close(); self._conn = None
+        self.store.close()
     def __enter__(self): return self
     def __exit__(self, *exc): self.close()
 
@@ -592,46 +570,47 @@ def _claim_state(self: ResponseCache, key: str, owner: str, ttl_s: float):
     live = time.time() - claimed < ttl_s and (host != _HOST or process_alive(pid, started))
     return ("busy" if live else "free"), dict(owner=owner_, host=host, pid=pid, claimed=claimed)
 
-def _claim_many(self: ResponseCache,
-                keys: list[str],  # `request_key`s about to be sent
-                owner: str,  # this caller's claim token (one per client call)
-                ttl_s: float = 900.0) -> list[tuple]:  # a claim older than this is stale even when its process still runs
+@patch
+def claim_many(self: ResponseCache,
+               keys: list[str],  # `request_key`s about to be sent
+               owner: str,  # this caller's claim token (one per client call)
+               ttl_s: float = 900.0) -> list[tuple]:  # a claim older than this is stale even when its process still runs
     "`claim` for several keys in one write transaction (the client's group commit); one `(state, info)` per key."
     with self._lock:
         seen = [_claim_state(self, k, owner, ttl_s) for k in keys]  # a read first: waiters poll without the write lock
         if all(s != "free" for s, _ in seen): return seen
-        conn = self._connect()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            seen, now, me = [], time.time(), (_HOST, os.getpid(), _own_start_time())
+        def take(conn):  # again, under the write lock
+            out, now, me = [], time.time(), (_HOST, os.getpid(), _own_start_time())
             for k in keys:
-                state, info = _claim_state(self, k, owner, ttl_s)  # again, under the write lock
+                state, info = _claim_state(self, k, owner, ttl_s)
                 if state == "free": conn.execute("INSERT OR REPLACE INTO claims VALUES (?,?,?,?,?,?)", (k, owner, *me, now))
-                seen.append((state, info))
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK"); raise
+                out.append((state, info))
+            return out
+        seen = self.store.transaction(take)
     return [(s, i) if s != "free" else (("mine", None) if i is None else ("taken_over", i)) for s, i in seen]
 
-def _claim(self: ResponseCache,
-           key: str,  # `request_key` about to be sent
-           owner: str,  # this caller's claim token (one per client call)
-           ttl_s: float = 900.0):  # a claim older than this is stale even when its process still runs
+@patch
+def claim(self: ResponseCache,
+          key: str,  # `request_key` about to be sent
+          owner: str,  # this caller's claim token (one per client call)
+          ttl_s: float = 900.0):  # a claim older than this is stale even when its process still runs
     "Claim `key` before sending it: 'answered' (with the response), 'busy' (another live process is fetching it),"
     " 'mine', or 'taken_over' (the previous claim was stale: its process died, or it is older than `ttl_s`)."
-    return _claim_many(self, [key], owner, ttl_s)[0]
+    return self.claim_many([key], owner, ttl_s)[0]
 
-def _release(self: ResponseCache, key: str, owner: str):
+@patch
+def release(self: ResponseCache, key: str, owner: str):
     "Drop `owner`'s claim on `key` (its request failed), so a waiting process sends it instead."
-    with self._lock: self._transaction(("DELETE FROM claims WHERE key=? AND owner=?", (key, owner)))
+    self._transaction(("DELETE FROM claims WHERE key=? AND owner=?", (key, owner)))
 
-def _claim_holder(self: ResponseCache, key: str) -> dict | None:
+@patch
+def claim_holder(self: ResponseCache, key: str) -> dict | None:
     "The claim on `key` (owner, host, pid, claimed), or None."
-    with self._lock:
-        row = self._connect().execute("SELECT owner, host, pid, claimed FROM claims WHERE key=?", (key,)).fetchone()
+    row = self.store.read_one("SELECT owner, host, pid, claimed FROM claims WHERE key=?", (key,))
     return None if row is None else dict(zip(("owner", "host", "pid", "claimed"), row))
 
-def _put_many(self: ResponseCache, items: list[tuple]):  # (key, response, request or None) triples
+@patch
+def put_many(self: ResponseCache, items: list[tuple]):  # (key, response, request or None) triples
     "`put` for several responses in one write transaction (the client's group commit)."
     now = time.time()
     stmts = []
@@ -639,10 +618,10 @@ def _put_many(self: ResponseCache, items: list[tuple]):  # (key, response, reque
         stmts += [("INSERT OR REPLACE INTO responses VALUES (?,?,?,?)",
                    (key, None if request is None else canonical_json(request), seal_response(response), now)),
                   ("DELETE FROM claims WHERE key=?", (key,))]
-    if stmts:
-        with self._lock: self._transaction(*stmts)
+    if stmts: self._transaction(*stmts)
 
-def _get_many(self: ResponseCache, keys: list[str]) -> dict:
+@patch
+def get_many(self: ResponseCache, keys: list[str]) -> dict:
     "`{key: response}` for the keys that are stored (one query per 500 keys)."
     out, keys = {}, list(keys)
     with self._lock:
@@ -655,9 +634,6 @@ def _get_many(self: ResponseCache, keys: list[str]) -> dict:
                 if problem: self.corrupt[k] = problem  # counts as missing: asked again and replaced (a warning says so)
                 else: out[k] = rec
     return out
-
-ResponseCache.claim, ResponseCache.release, ResponseCache.claim_holder = _claim, _release, _claim_holder
-ResponseCache.claim_many, ResponseCache.put_many, ResponseCache.get_many = _claim_many, _put_many, _get_many
 
 # %% ../nbs/03_llm.ipynb #c013
 @dataclass
@@ -712,11 +688,11 @@ def backoff_delay(attempt: int, base: float = 0.5, cap: float = 30.0, err: BaseE
 def retrying(max_retries: int,  # retries after the first attempt
              backoff: float = 0.5,  # first delay in seconds (see `backoff_delay`)
              on_retry=None,  # called with tenacity's retry state before each wait (e.g. to count retries)
-             done: int = 0,  # retries already made before this policy takes over (shifts the backoff schedule)
             ) -> AsyncRetrying:
-    "The client's retry policy as a tenacity `AsyncRetrying`: `is_retryable` errors, `backoff_delay` waits, last error re-raised."
+    "The client's retry policy as a tenacity `AsyncRetrying`: `is_retryable` errors, `backoff_delay` waits, last error"
+    " re-raised. Every attempt of a request goes through it, the first one included."
     return AsyncRetrying(retry=retry_if_exception(is_retryable), stop=stop_after_attempt(max_retries + 1),
-                         wait=lambda rs: backoff_delay(rs.attempt_number - 1 + done, backoff, err=rs.outcome.exception()),
+                         wait=lambda rs: backoff_delay(rs.attempt_number - 1, backoff, err=rs.outcome.exception()),
                          before_sleep=on_retry, reraise=True)
 
 # %% ../nbs/03_llm.ipynb #c020x
@@ -728,11 +704,24 @@ def replace_surrogates(text: str) -> tuple[str, int]:
 
 def _kind_of(v) -> str: return "null" if v is None else f"{type(v).__name__} {str(v)[:40]!r}"
 
-def parse_response(kind: str,  # "completion" or "chat"
-                   body: bytes | str,  # the HTTP 2xx body
-                   content_type: str = "") -> tuple[dict, int]:  # the response's Content-Type (named in errors)
-    "The response record (text, finish_reason, model, token counts) of one 2xx body and the number of lone surrogates"
-    " replaced; raises `MalformedResponseError` saying what is wrong (without the endpoint, which the client adds)."
+def split_tokens(total: int,  # completion tokens the server reported for the whole request
+                 texts: list[str]) -> list[int]:  # the request's samples
+    "`total` shared among the samples of one `n` request in proportion to their lengths in characters (largest"
+    " remainders, ties to the earlier sample; equal shares when every text is empty): the parts sum to `total`."
+    weights = [len(t) for t in texts] if any(texts) else [1] * len(texts)
+    exact = [total * w / sum(weights) for w in weights]
+    parts = [math.floor(x) for x in exact]
+    for j in sorted(range(len(texts)), key=lambda j: (parts[j] - exact[j], j))[:total - sum(parts)]: parts[j] += 1
+    return parts
+
+def parse_choices(kind: str,  # "completion" or "chat"
+                  body: bytes | str,  # the HTTP 2xx body
+                  content_type: str = "",  # the response's Content-Type (named in errors)
+                  n: int = 1) -> tuple[list[dict], int]:  # samples asked for (the request's `n`)
+    "The `n` response records (text, finish_reason, model, token counts) of one 2xx body, in sample order (by each"
+    " choice's `index` when n > 1), and the number of lone surrogates replaced; raises `MalformedResponseError` saying"
+    " what is wrong (without the endpoint, which the client adds). With n > 1 each record carries the request's prompt"
+    " tokens and its share of the completion tokens (`split_tokens`: the server reports one total per request)."
     text_body = body.decode("utf-8", errors="surrogateescape") if isinstance(body, bytes) else body
     try: data = json.loads(text_body)
     except ValueError:
@@ -745,20 +734,29 @@ def parse_response(kind: str,  # "completion" or "chat"
         raise MalformedResponseError(f"HTTP 2xx with an error object and no choices: {str(msg)[:200]!r}")
     if not isinstance(choices, list) or not choices:
         raise MalformedResponseError("'choices' is empty" if choices == [] else f"'choices' is {_kind_of(choices)}, not a list")
-    c = choices[0]
-    if not isinstance(c, dict): raise MalformedResponseError(f"choices[0] is {_kind_of(c)}, not an object")
-    finish = c.get("finish_reason")
-    if kind == "completion": field, text = "choices[0].text", c.get("text")
-    else:
-        msg = c.get("message")
-        if not isinstance(msg, dict): raise MalformedResponseError(f"choices[0].message is {_kind_of(msg)}, not an object")
-        field, text = "choices[0].message.content", msg.get("content")
-        if text is None and finish == "length": text = ""  # no content before max_tokens (reasoning models)
-    if not isinstance(text, str): raise MalformedResponseError(f"{field} is {_kind_of(text)}, not a string")
-    rec = dict(text=text, finish_reason=finish, model=data.get("model"))
-    for name in ("finish_reason", "model"):
-        if rec[name] is not None and not isinstance(rec[name], str):
-            raise MalformedResponseError(f"'{name}' is {_kind_of(rec[name])}, not a string")
+    order = [0]  # positions in `choices`, in sample order
+    if n > 1:
+        index = [c.get("index") if isinstance(c, dict) else None for c in choices]
+        if not all(type(i) is int for i in index) or sorted(index) != list(range(n)):
+            raise MalformedResponseError(f"asked for n={n} samples, got choices with index {index[:12]}; expected 0..{n - 1} once each")
+        order = sorted(range(n), key=index.__getitem__)
+    recs = []
+    for pos in order:
+        c = choices[pos]
+        if not isinstance(c, dict): raise MalformedResponseError(f"choices[{pos}] is {_kind_of(c)}, not an object")
+        finish = c.get("finish_reason")
+        if kind == "completion": field, text = f"choices[{pos}].text", c.get("text")
+        else:
+            msg = c.get("message")
+            if not isinstance(msg, dict): raise MalformedResponseError(f"choices[{pos}].message is {_kind_of(msg)}, not an object")
+            field, text = f"choices[{pos}].message.content", msg.get("content")
+            if text is None and finish == "length": text = ""  # no content before max_tokens (reasoning models)
+        if not isinstance(text, str): raise MalformedResponseError(f"{field} is {_kind_of(text)}, not a string")
+        rec = dict(text=text, finish_reason=finish, model=data.get("model"))
+        for name in ("finish_reason", "model"):
+            if rec[name] is not None and not isinstance(rec[name], str):
+                raise MalformedResponseError(f"'{name}' is {_kind_of(rec[name])}, not a string")
+        recs.append(rec)
     usage = data.get("usage")
     if usage is None: usage = {}
     if not isinstance(usage, dict): raise MalformedResponseError(f"'usage' is {_kind_of(usage)}, not an object")
@@ -767,11 +765,22 @@ def parse_response(kind: str,  # "completion" or "chat"
         if v is None: v = 0
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise MalformedResponseError(f"usage.{name} is {_kind_of(v)}, not a token count")
-        rec[name] = v
+        for rec in recs: rec[name] = v
+    if n > 1:
+        for rec, share in zip(recs, split_tokens(recs[0]["completion_tokens"], [r["text"] for r in recs])): rec["completion_tokens"] = share
     replaced = 0
-    for name in ("text", "finish_reason", "model"):
-        if rec[name] is not None: rec[name], n = replace_surrogates(rec[name]); replaced += n
-    return rec, replaced
+    for rec in recs:
+        for name in ("text", "finish_reason", "model"):
+            if rec[name] is not None: rec[name], k = replace_surrogates(rec[name]); replaced += k
+    return recs, replaced
+
+def parse_response(kind: str,  # "completion" or "chat"
+                   body: bytes | str,  # the HTTP 2xx body
+                   content_type: str = "") -> tuple[dict, int]:  # the response's Content-Type (named in errors)
+    "The response record (text, finish_reason, model, token counts) of one 2xx body (its first choice) and the number"
+    " of lone surrogates replaced; raises `MalformedResponseError` saying what is wrong (`parse_choices` with n=1)."
+    recs, replaced = parse_choices(kind, body, content_type)
+    return recs[0], replaced
 
 # %% ../nbs/03_llm.ipynb #c022
 def _prompt_start(kind: str, payload, width: int = 60) -> str:
@@ -900,6 +909,7 @@ class LLMClient:
             f"attempt(s); start the embedded server with `kgrag serve embedded`, or check --llm-url / KGRAG_LLM_URL")
 
 # %% ../nbs/03_llm.ipynb #c024
+@patch
 async def _resolve_model(self: LLMClient, api) -> str:
     "The model id for cache keys, checked against the server's `/v1/models` (asked once per client)."
     if self._served is None:
@@ -920,9 +930,9 @@ async def _resolve_model(self: LLMClient, api) -> str:
         raise ModelNotServedError(f"model {self.model!r} is not served at {self.endpoint}; it serves {served}. "
                                   f"Pass one of those (--model / KGRAG_MODEL) or leave the model unset to use the served one")
     return self.model
-LLMClient._resolve_model = _resolve_model
 
 # %% ../nbs/03_llm.ipynb #k021
+@patch
 async def _vllm_version(self: LLMClient) -> str | None:
     "The version vLLM reports on `GET {root}/version` (root = the base URL without `/v1`), or None (no such route)."
     root = re.sub(r"/v1/?$", "", self.base_url)
@@ -933,6 +943,7 @@ async def _vllm_version(self: LLMClient) -> str | None:
     except (ValueError, AttributeError): return None
     return v if isinstance(v, str) and v else None
 
+@patch
 async def _backend_of(self: LLMClient, api) -> tuple[str, str | None]:
     "(backend, vLLM version or None) of the endpoint: `self.backend`, or (`auto`) detected once per client from the"
     " `owned_by` fields of `/v1/models` and a `GET /version` probe (see above)."
@@ -955,7 +966,42 @@ async def _backend_of(self: LLMClient, api) -> tuple[str, str | None]:
         self.served_backend = (backend, version)
     return self.served_backend
 
-LLMClient._vllm_version, LLMClient._backend_of = _vllm_version, _backend_of
+# %% ../nbs/03_llm.ipynb #ns1
+VLLM_N_SEEDED_SINCE = (0, 11, 0)  # V1 (sample i of a seeded `n` request gets seed + i) is vLLM's only engine from here
+
+def sample_runs(indices: list[int],  # sample indices of one prompt still to ask for, ascending
+                seeded: bool) -> list[list[int]]:  # the call has a seed: sample i uses seed + i
+    "How the samples `indices` of one prompt are asked for with `n`: one request per run of consecutive indices when"
+    " `seeded` (a request's i-th sample gets the seed of its first plus i), else one request for them all."
+    if not seeded: return [list(indices)] if indices else []
+    runs = []
+    for i in indices:
+        if runs and i == runs[-1][-1] + 1: runs[-1].append(i)
+        else: runs.append([i])
+    return runs
+
+def sample_groups(rows: list[list[str]],  # per prompt of the call: its keys, sample 0 first
+                  missing: set,  # the keys to ask for
+                  jobs: dict,  # key -> (payload, params, sample index)
+                  seeded: bool) -> list[list[str]]:  # the call has a seed
+    "The missing keys grouped into `n` requests: per prompt, its missing samples by `sample_runs` (a key that two"
+    " prompts of the call share is asked for once)."
+    groups, seen = [], set()
+    for row in rows:
+        by_index = {jobs[k][2]: k for k in row if k in missing and k not in seen}
+        seen.update(by_index.values())
+        groups += [[by_index[i] for i in run] for run in sample_runs(sorted(by_index), seeded)]
+    return groups
+
+@patch
+async def _takes_n(self: LLMClient, api,
+                   seeded: bool) -> bool:  # the samples have seeds (seed + sample index)
+    "True when the endpoint answers several samples in one request as it would answer them one by one: vLLM (any"
+    " version unseeded; from `VLLM_N_SEEDED_SINCE` seeded). Detected like the constraint fields (`_backend_of`)."
+    try: backend, version = await self._backend_of(api)
+    except UnsupportedConstraintError: return False  # a vLLM without GET /version: its engine is unknown
+    return backend == "vllm" and (not seeded or vllm_version_tuple(version) >= VLLM_N_SEEDED_SINCE)
+
 
 # %% ../nbs/03_llm.ipynb #c025
 MAX_CHARS_PER_TOKEN = 64  # no tokenizer's token is longer: an answer longer than this times max_tokens is refused
@@ -979,27 +1025,31 @@ def local_server_death(base_url: str | None,  # the client's endpoint
                     f"rerun to resume")
         time.sleep(0.05)  # the owner's watchdog records the exit signal within milliseconds of the death
 
+@patch
 async def _send(self: LLMClient, api, kind: str, model: str, payload, params: dict,
-                extra: dict | None = None) -> dict:  # extra body fields (a translated constraint: `constraint_body`)
-    "One generation request with retries (`retrying`); the body is checked by `parse_response`; returns the record."
-    " A refused connection to a local server that has died ends the request at once with `ServerDiedError`."
+                extra: dict | None = None,  # extra body fields (a translated constraint: `constraint_body`)
+                n: int = 1) -> list[dict]:  # samples in this one request (body field `n`, sent only when > 1)
+    "One generation request, every attempt made by the one retry policy (`retrying`); the body is checked by"
+    " `parse_choices`; returns its `n` records in sample order. A refused connection to a local server that has died"
+    " ends the request at once with `ServerDiedError`."
     attempts, path = 0, "completions" if kind == "completion" else "chat/completions"
+    kw = {**params, **({"n": n} if n > 1 else {}), **({"extra_body": extra} if extra else {})}
     async def attempt():
         nonlocal attempts
         attempts += 1; self._count(requests=1)
         try:
-            kw = {**params, "extra_body": extra} if extra else params
             if kind == "completion": call = api.completions.with_raw_response.create(model=model, prompt=payload, **kw)
             else: call = api.chat.completions.with_raw_response.create(model=model, messages=payload, **kw)
             try: raw = await asyncio.wait_for(call, self.timeout)  # a total deadline: httpx's timeout is per read
             except asyncio.TimeoutError as e:  # (a server sending one byte every 2 s held a request forever)
                 raise openai.APITimeoutError(request=httpx.Request("POST", f"{self.base_url}/{path}")) from e
-            rec, replaced = parse_response(kind, raw.content, raw.headers.get("content-type", ""))
+            recs, replaced = parse_choices(kind, raw.content, raw.headers.get("content-type", ""), n)
             budget = params.get("max_tokens")
-            if budget and len(rec["text"]) > MAX_CHARS_PER_TOKEN * int(budget):  # never cache a runaway answer
-                raise MalformedResponseError(f"an answer of {len(rec['text']):,} characters for max_tokens={budget}: far longer "
-                                             f"than {budget} tokens can be ({MAX_CHARS_PER_TOKEN} characters per token at most)")
-            return rec, replaced
+            for rec in recs:
+                if budget and len(rec["text"]) > MAX_CHARS_PER_TOKEN * int(budget):  # never cache a runaway answer
+                    raise MalformedResponseError(f"an answer of {len(rec['text']):,} characters for max_tokens={budget}: far "
+                                                 f"longer than {budget} tokens can be ({MAX_CHARS_PER_TOKEN} characters per token at most)")
+            return recs, replaced
         except MalformedResponseError: self._count(errors=1, malformed=1); raise
         except openai.APIConnectionError as e:
             self._count(errors=1)
@@ -1007,13 +1057,7 @@ async def _send(self: LLMClient, api, kind: str, model: str, payload, params: di
                 raise ServerDiedError(death) from e
             raise
         except Exception: self._count(errors=1); raise
-    try:
-        try: rec, replaced = await attempt()  # first attempt outside tenacity: most requests need no retry (cheaper)
-        except Exception as first:
-            if not is_retryable(first) or self.max_retries < 1: raise
-            self._count(retries=1); await asyncio.sleep(backoff_delay(0, self.backoff, err=first))
-            rec, replaced = await retrying(self.max_retries - 1, self.backoff, on_retry=lambda rs: self._count(retries=1),
-                                           done=1)(attempt)
+    try: recs, replaced = await retrying(self.max_retries, self.backoff, on_retry=lambda rs: self._count(retries=1))(attempt)
     except openai.APITimeoutError as e:
         raise TimeoutError(f"{self.endpoint}: no complete answer within {self.timeout} s (the total deadline of each of "
                            f"{attempts} attempt(s)); "
@@ -1022,10 +1066,10 @@ async def _send(self: LLMClient, api, kind: str, model: str, payload, params: di
     except MalformedResponseError as e:
         e.endpoint, e.attempts = f"{self.endpoint}/{path}", attempts
         raise
-    rec["model"] = rec["model"] or model
-    self._count(prompt_tokens=rec["prompt_tokens"], completion_tokens=rec["completion_tokens"], surrogates_replaced=replaced)
-    return rec
-LLMClient._send = _send
+    for rec in recs: rec["model"] = rec["model"] or model
+    self._count(prompt_tokens=recs[0]["prompt_tokens"], completion_tokens=sum(r["completion_tokens"] for r in recs),
+                surrogates_replaced=replaced)  # the prompt is evaluated once per request, however many samples
+    return recs
 
 # %% ../nbs/03_llm.ipynb #c026
 class GroupCommit:
@@ -1052,41 +1096,60 @@ class GroupCommit:
             if err is None: fut.set_result(None)
             else: fut.set_exception(err)
 
-async def _fetch(self: LLMClient, api, sem, failed: asyncio.Event, owner: str, key: str, job: tuple, kind: str, model: str,
+@patch
+async def _fetch(self: LLMClient, api, sem, failed: asyncio.Event, owner: str,
+                 keys: list[str],  # missed keys of one prompt: one sample, or a run of samples sent as one `n` request
+                 jobs: dict,  # the call's key -> (payload, params, sample index)
+                 kind: str, model: str,
                  batch: GroupCommit | None = None,  # group commit of the call (None: one transaction per write)
                  extra: dict | None = None,  # extra body fields of every request (the call's translated constraint)
                  constraint: Constraint | None = None) -> dict:  # the call's constraint (recorded with the answer)
-    "The answer to one missed key: claimed and sent here, or (another process holds a live claim) waited for;"
-    " abandoned without sending once `failed` is set (another request of the call failed)."
-    payload, prm, s = job
-    share, wait = self.cache is not None and self.mode == "live", 0.02
-    while True:
+    "`{key: record}` for missed keys of one prompt: claimed and sent here (several samples in one `n` request), or"
+    " (another process holds a live claim) waited for; abandoned without sending once `failed` is set (another request"
+    " of the call failed)."
+    share, wait, out, todo = self.cache is not None and self.mode == "live", 0.02, {}, list(keys)
+    seeded = jobs[keys[0]][1].get("seed") is not None
+    while todo:
         async with sem:
             if failed.is_set(): raise asyncio.CancelledError()
-            state, hit = self.cache.claim(key, owner, self.claim_timeout_s) if share else ("mine", None)
-            if state in ("mine", "taken_over"):
-                if state == "taken_over": self._count(claims_taken_over=1)
-                try: rec = await self._send(api, kind, model, payload, prm, extra)
+            states = self.cache.claim_many(todo, owner, self.claim_timeout_s) if share else [("mine", None)] * len(todo)
+            mine = [k for k, (state, _) in zip(todo, states) if state in ("mine", "taken_over")]
+            if mine:
+                if over := sum(state == "taken_over" for state, _ in states): self._count(claims_taken_over=over)
+                by_index = {jobs[k][2]: k for k in mine}  # (another process may hold some samples of a seeded run)
+                runs = [[by_index[i] for i in run] for run in sample_runs(sorted(by_index), seeded)]
+                try:
+                    recs = {}
+                    for run in runs:
+                        payload, prm, _ = jobs[run[0]]
+                        recs.update(zip(run, await self._send(api, kind, model, payload, prm, extra, n=len(run))))
                 except BaseException:
-                    if share: self.cache.release(key, owner)
+                    if share:
+                        for k in mine: self.cache.release(k, owner)
                     raise
-        if state in ("mine", "taken_over"):  # the answer is stored before it is returned (outside the semaphore:
-            if self.cache is not None:       # the next request goes out while the write waits for its group commit)
-                request = {"kind": kind, "model": model, "payload": payload, "params": prm, "sample_index": s}
-                if constraint is not None: request["constraint"] = constraint.spec()
-                if batch is not None: await batch.put(key, rec, request)
-                else: self.cache.put(key, rec, request=request)
-                self._count(answers_cached=1)
-            return {**rec, "cached": False}
-        if state == "answered":
-            self._count(inflight_waits=1)
-            return {**hit, "cached": True}
-        await asyncio.sleep(wait * random.uniform(0.8, 1.2)); wait = min(0.5, wait * 1.5)  # 'busy': poll the cache
-LLMClient._fetch = _fetch
+        if mine:  # the answers are stored before they are returned (outside the semaphore: the next request goes
+            if self.cache is not None:  # out while the write waits for its group commit)
+                writes = []
+                for k, rec in recs.items():
+                    payload, prm, s = jobs[k]
+                    request = {"kind": kind, "model": model, "payload": payload, "params": prm, "sample_index": s}
+                    if constraint is not None: request["constraint"] = constraint.spec()
+                    if batch is not None: writes.append(batch.put(k, rec, request))
+                    else: self.cache.put(k, rec, request=request)
+                if writes: await asyncio.gather(*writes)
+                self._count(answers_cached=len(recs))
+            out.update({k: {**rec, "cached": False} for k, rec in recs.items()})
+        for k, (state, hit) in zip(todo, states):
+            if state == "answered": self._count(inflight_waits=1); out[k] = {**hit, "cached": True}
+        todo = [k for k, (state, _) in zip(todo, states) if state == "busy"]
+        if todo: await asyncio.sleep(wait * random.uniform(0.8, 1.2)); wait = min(0.5, wait * 1.5)  # poll the cache
+    return out
 
 # %% ../nbs/03_llm.ipynb #c026b
+@patch
 async def _generate(self: LLMClient, kind, payloads, n, temperature, params, desc, return_records, constraint=None):
-    "Shared body of `acomplete` and `achat`: keys, cache lookups, bounded concurrent requests, cache writes."
+    "Shared body of `acomplete` and `achat`: keys, cache lookups, bounded concurrent requests (the missing samples of"
+    " a prompt in one `n` request where the server takes it), cache writes."
     if isinstance(payloads, (str, dict)) or (kind == "chat" and payloads and isinstance(payloads[0], dict)):
         raise TypeError(f"{kind}: pass a list of {'prompts' if kind == 'completion' else 'message lists'}, e.g. [{payloads!r}]")
     if n < 1: raise ValueError(f"n={n}: ask for 1 or more samples")
@@ -1134,16 +1197,20 @@ async def _generate(self: LLMClient, kind, payloads, n, temperature, params, des
             if constraint is not None:
                 backend, version = await self._backend_of(api)
                 extra = constraint_body(constraint, backend, kind, version)
+            groups = [[k] for k in misses]  # one request per sample, unless the server takes `n` (below)
+            missing, seeded = set(misses), params.get("seed") is not None
+            if n > 1 and any(sum(k in missing for k in row) > 1 for row in rows) and await self._takes_n(api, seeded):
+                groups = sample_groups(rows, missing, jobs, seeded)
             sem, owner = asyncio.Semaphore(self.max_concurrency), f"{os.getpid()}:{uuid.uuid4().hex}"  # this call's claims
             bar = tqdm(total=len(misses), desc=desc or f"{kind} {model}", disable=not self.progress or len(misses) <= 5,
                        file=progress_stream())
             failed = asyncio.Event()
             batch = GroupCommit(self.cache) if self.cache is not None else None
-            async def one(key):
-                try: results[key] = await self._fetch(api, sem, failed, owner, key, jobs[key], kind, model, batch, extra, constraint)
+            async def one(keys):
+                try: results.update(await self._fetch(api, sem, failed, owner, keys, jobs, kind, model, batch, extra, constraint))
                 except BaseException: failed.set(); raise
-                bar.update(1)
-            tasks = [asyncio.ensure_future(one(k)) for k in misses]
+                bar.update(len(keys))
+            tasks = [asyncio.ensure_future(one(g)) for g in groups]
             try: await asyncio.gather(*tasks)
             except BaseException:
                 for t in tasks: t.cancel()
@@ -1157,12 +1224,12 @@ async def _generate(self: LLMClient, kind, payloads, n, temperature, params, des
     texts = [[results[k]["text"] for k in row] for row in rows]
     if not return_records: return texts
     return texts, [[{**results[k], "key": k} for k in row] for row in rows]
-LLMClient._generate = _generate
 
 # %% ../nbs/03_llm.ipynb #c027
-async def _acomplete(self: LLMClient,
+@patch
+async def acomplete(self: LLMClient,
                     prompts: list[str],  # one prompt per item
-                    n: int = 1,  # samples per prompt (separate requests, sample_index 0..n-1)
+                    n: int = 1,  # samples per prompt (sample_index 0..n-1): n requests, or one `n` request where the server takes it
                     temperature: float | list[float] = 0.0,  # one value, or one per prompt
                     max_tokens: int = 64,  # tokens to generate
                     stop: str | list[str] | None = None,  # stop sequences
@@ -1175,7 +1242,8 @@ async def _acomplete(self: LLMClient,
     params = dict(max_tokens=max_tokens, stop=stop, seed=seed, top_p=top_p)
     return await self._generate("completion", prompts, n, temperature, params, desc, return_records, constraint)
 
-async def _achat(self: LLMClient,
+@patch
+async def achat(self: LLMClient,
                 messages_list: list[list[dict]],  # one list of {"role", "content"} messages per item
                 n: int = 1,  # samples per item
                 temperature: float | list[float] = 0.0,  # one value, or one per item
@@ -1190,17 +1258,18 @@ async def _achat(self: LLMClient,
     params = dict(max_tokens=max_tokens, stop=stop, seed=seed, top_p=top_p)
     return await self._generate("chat", messages_list, n, temperature, params, desc, return_records, constraint)
 
-def _complete(self: LLMClient, prompts: list[str], **kwargs):
+@patch
+def complete(self: LLMClient, prompts: list[str], **kwargs):
     "Sync `acomplete` (works inside Jupyter/papermill): one list of `n` strings per prompt."
     return run_sync(self.acomplete(prompts, **kwargs))
 
-def _chat(self: LLMClient, messages_list: list[list[dict]], **kwargs):
+@patch
+def chat(self: LLMClient, messages_list: list[list[dict]], **kwargs):
     "Sync `achat` (works inside Jupyter/papermill): one list of `n` strings per message list."
     return run_sync(self.achat(messages_list, **kwargs))
 
-LLMClient.acomplete, LLMClient.achat, LLMClient.complete, LLMClient.chat = _acomplete, _achat, _complete, _chat
-
-def _resolve_model_sync(self: LLMClient) -> str:
+@patch
+def resolve_model(self: LLMClient) -> str:
     "The model id that goes into cache keys (the given one checked against `/v1/models`, else the one served); pinned after."
     if self.mode == "replay": return self.model
     async def ask():
@@ -1209,5 +1278,3 @@ def _resolve_model_sync(self: LLMClient) -> str:
         finally: await api.close()
     self.model = run_sync(ask())
     return self.model
-
-LLMClient.resolve_model = _resolve_model_sync

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+from fastcore.basics import patch
 
 from .config import EMBEDDED_MODEL_ALIAS, Config, auto_threads, get_config
 from .llm import ServerDiedError, fill_constraint, process_alive
@@ -229,7 +230,8 @@ def make_deterministic(target,  # the `llama_cpp.Llama` class (server process) o
             if not hit:
                 self.n_tokens = 0  # forget the previous request: the whole prompt is evaluated
                 self._kgrag_pending = tuple(tokens) if snapshots > 0 else None
-            stats = (store(self), self._kgrag_stats)[1]
+            store(self)  # makes the per-instance snapshot store and its counters on first use
+            stats = self._kgrag_stats
             stats["requests"] += 1; stats["snapshot_hits"] += hit
             if stats["requests"] % 50 == 0:
                 print(f"kgrag prompt snapshots: {stats['snapshot_hits']} hits of {stats['requests']} requests", file=sys.stderr, flush=True)
@@ -260,6 +262,7 @@ def server_threads(n_threads: int | None = None) -> int:  # a fixed count, or No
     except (OSError, AttributeError): load = 0.0
     return auto_threads(os.cpu_count() or 1, load)
 
+@patch
 def _command(self: EmbeddedServer, model_path: Path) -> list[str]:
     code = f"from kgrag_nb.serve import run_llama_server; run_llama_server(deterministic={bool(self.deterministic)}, snapshots={self.prompt_snapshots})"
     batch = server_threads(self.n_threads)
@@ -302,6 +305,7 @@ def describe_exit(rc: int) -> str:  # a process's return code (negative: killed 
     except ValueError: name = f"signal {sig}"
     return f"was killed by {name} ({SIGNAL_CAUSES.get(name, 'killed by a signal')})"
 
+@patch
 def _death_message(self: EmbeddedServer, rc: int, pid: int | None = None) -> str:
     "Why the server is gone: exit code or signal, the log tail and, for a crash of the library, the rebuild command."
     crash = any(s in describe_exit(rc) for s in ("SIGILL", "SIGSEGV", "SIGBUS"))
@@ -309,6 +313,7 @@ def _death_message(self: EmbeddedServer, rc: int, pid: int | None = None) -> str
     return (f"the embedded llama.cpp server {self.url} (pid {pid}) {describe_exit(rc)}; nothing cached was lost: a rerun "
             f"resumes. Log {self.log_path}, last lines:\n{self.log_tail(12)}{fix}")
 
+@patch
 def _watch(self: EmbeddedServer, proc: subprocess.Popen):
     "Watchdog thread: when `proc` ends without `stop()`, record why in `self.died` and in the server's state file,"
     " where clients in other processes (notebook kernels) read it and stop at once (`llm.local_server_death`)."
@@ -323,6 +328,7 @@ def _watch(self: EmbeddedServer, proc: subprocess.Popen):
             tmp.write_text(json.dumps({**state, "died": self.died, "exit_status": self.exit_status})); os.replace(tmp, path)
     threading.Thread(target=wait, name=f"kgrag-server-watch-{proc.pid}", daemon=True).start()
 
+@patch
 def _ready_completion(self: EmbeddedServer, timeout: float) -> bool:
     "Send a one-token completion: True once the server has answered one (listing models is not enough: a build that"
     " cannot run on this CPU answers `/v1/models` and dies on its first completion)."
@@ -343,6 +349,7 @@ def _port_lock(cfg: Config, port: int):
         try: yield
         finally: fcntl.flock(f, fcntl.LOCK_UN)
 
+@patch
 def _claim_port(self: EmbeddedServer) -> str:
     "Under the port lock: `spawn` (the port is ours to serve), `reused` (a shared server of our alias answers there),"
     " or `moved` (another live run owns the port: `self.port` is now a free one). Stale state files are removed and"
@@ -366,6 +373,7 @@ def _claim_port(self: EmbeddedServer) -> str:
                            f"pass port=... (or set KGRAG_EMBEDDED_PORT) or stop that program")
     return "spawn"
 
+@patch
 def _spawn(self: EmbeddedServer):
     "Start the server process and record it (pid, start time, owner) in the port's state file."
     argv = self._command(Path(self.model_path) if self.model_path else embedded_model_path(self.cfg))
@@ -388,7 +396,8 @@ def _spawn(self: EmbeddedServer):
                                    started=time.strftime("%Y-%m-%dT%H:%M:%S"))))
     os.replace(tmp, path)
 
-def _start(self: EmbeddedServer) -> EmbeddedServer:
+@patch
+def start(self: EmbeddedServer) -> EmbeddedServer:
     "Start the server (or reuse a shared one serving the same alias on the port) and wait until it has answered a"
     " completion. The port is checked and taken under a lock; `ready` needs our own process alive and listening."
     if self.running: return self
@@ -418,7 +427,8 @@ def _start(self: EmbeddedServer) -> EmbeddedServer:
     raise TimeoutError(f"the llama.cpp server did not report {self.model!r} at {self.url} within {self.startup_timeout}s; "
                        f"raise startup_timeout or read the log {self.log_path}:\n{tail}")
 
-def _stop(self: EmbeddedServer, timeout: float = 10.0):  # seconds between SIGTERM and SIGKILL
+@patch
+def stop(self: EmbeddedServer, timeout: float = 10.0):  # seconds between SIGTERM and SIGKILL
     "Stop a server this object started (SIGTERM, then SIGKILL after `timeout`); a reused one is left running. Idempotent."
     self.reused = False
     proc, self.proc = self.proc, None
@@ -432,11 +442,15 @@ def _stop(self: EmbeddedServer, timeout: float = 10.0):  # seconds between SIGTE
         try: proc.wait(timeout)
         except subprocess.TimeoutExpired: proc.kill(); proc.wait()
 
-EmbeddedServer._command, EmbeddedServer.start, EmbeddedServer.stop = _command, _start, _stop
-EmbeddedServer._death_message, EmbeddedServer._watch, EmbeddedServer._ready_completion = _death_message, _watch, _ready_completion
-EmbeddedServer._claim_port, EmbeddedServer._spawn = _claim_port, _spawn
-EmbeddedServer.__enter__ = lambda self: self.start()
-EmbeddedServer.__exit__ = lambda self, *exc: self.stop()
+@patch
+def __enter__(self: EmbeddedServer) -> EmbeddedServer:
+    "`start()`: a `with` block holds the server for its duration."
+    return self.start()
+
+@patch
+def __exit__(self: EmbeddedServer, *exc):  # the exception of the `with` block, if any (never suppressed)
+    "`stop()` at the end of the `with` block."
+    self.stop()
 
 # %% ../nbs/04_serve.ipynb #c020
 @contextmanager

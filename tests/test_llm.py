@@ -26,8 +26,11 @@ PROMPTS = [FEW_SHOT.format(c) for c in ("France", "Germany", "Spain")]
 # ---------------------------------------------------------------- a tiny OpenAI-compatible HTTP server
 class FakeOpenAI:
     "Real HTTP server on loopback: /v1/models, /v1/completions, /v1/chat/completions; scripted error statuses."
-    def __init__(self, statuses=(), delay=0.0, models=("fake-model",), raw=()):
+    " `owned_by='vllm'` with a `version` (GET /version) fakes vLLM, which answers `n` samples per request, sample i"
+    " with the seed `seed + i` (vLLM's V1 engine); the default `owned_by='me'` is llama-cpp-python's server."
+    def __init__(self, statuses=(), delay=0.0, models=("fake-model",), raw=(), owned_by="me", version=None):
         self.statuses, self.delay, self.models = list(statuses), delay, list(models)
+        self.owned_by, self.version, self.gets = owned_by, version, []
         self.raw = list(raw)  # (content type, body bytes) answered with HTTP 200 to the next POSTs, in order
         self.release = threading.Event()  # prompts starting with "hold" wait for it (at most 30 s)
         self.posts, self.auth, self.bodies, self.inflight, self.max_inflight = 0, [], [], 0, 0
@@ -36,8 +39,10 @@ class FakeOpenAI:
 
         class Handler(JSONHandler):
             def do_GET(self):
+                fake.gets.append(self.path)
                 if self.path.rstrip("/") == "/v1/models":
-                    self._send(200, {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "me"} for m in fake.models]})
+                    self._send(200, {"object": "list", "data": [{"id": m, "object": "model", "owned_by": fake.owned_by} for m in fake.models]})
+                elif self.path == "/version" and fake.version: self._send(200, {"version": fake.version})
                 else: self._send(404, {"error": {"message": "not found"}})
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -53,15 +58,18 @@ class FakeOpenAI:
                 if raw is not None:
                     self.send_response(200); self.send_header("Content-Type", raw[0])
                     self.send_header("Content-Length", str(len(raw[1]))); self.end_headers(); return self.wfile.write(raw[1])
-                usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+                n, seed = int(body.get("n") or 1), body.get("seed")
+                usage = {"prompt_tokens": 3, "completion_tokens": 2 * n, "total_tokens": 3 + 2 * n}
                 if self.path.endswith("/chat/completions"):
                     text = "re:" + body["messages"][-1]["content"]
                     self._send(200, {"id": "c1", "object": "chat.completion", "created": 0, "model": body["model"], "usage": usage,
-                                     "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}]})
+                                     "choices": [{"index": i, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}
+                                                 for i in range(n)]})
                 else:
-                    text = f"echo:{body['prompt']}|t={body.get('temperature')}|s={body.get('seed')}"
+                    texts = [f"echo:{body['prompt']}|t={body.get('temperature')}|s={None if seed is None else seed + i}" for i in range(n)]
                     self._send(200, {"id": "c1", "object": "text_completion", "created": 0, "model": body["model"], "usage": usage,
-                                     "choices": [{"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}]})
+                                     "choices": [{"index": i, "text": t, "finish_reason": "stop", "logprobs": None}
+                                                 for i, t in reversed(list(enumerate(texts)))]})  # (any order: `index` tells)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
@@ -241,6 +249,107 @@ def test_seeds_temperatures_and_samples_reach_server_and_key(fake, tmp_path):
     stored = client.cache.request(recs[1][2]["key"])
     assert stored["params"]["temperature"] == 0.9 and stored["params"]["seed"] == 12 and stored["sample_index"] == 2
     assert recs[1][2]["key"] == request_key("completion", "fake-model", "q2", {"temperature": 0.9, "seed": 12, "max_tokens": 64}, 2)
+
+
+
+
+ASSIGNED_METHOD = re.compile(r"^[A-Z]\w*\.\w+(?:\s*,\s*[A-Z]\w*\.\w+)*\s*=(?!=).*$", flags=re.M)  # `Cls.name = f`, `A.x, A.y = ...`
+
+def test_methods_are_attached_one_way():
+    "Issue 24: the methods llm adds to its classes outside the class body are attached with fastcore's `@patch`,"
+    " never by assignment (`LLMClient._send = _send`)."
+    import kgrag_nb.llm as llm
+    assert ASSIGNED_METHOD.findall("LLMClient._send = _send\nA.x, A.y = f, g\nA.x == 1\nx = A.y\n") == ["LLMClient._send = _send", "A.x, A.y = f, g"]
+    assert not ASSIGNED_METHOD.findall(Path(llm.__file__).read_text())
+    assert LLMClient._send.__qualname__ == "LLMClient._send" and ResponseCache.claim.__qualname__ == "ResponseCache.claim"
+
+# ---------------------------------------------------------------- n samples in one request where the server takes `n` (issue 23)
+def _keys(recs): return [r["key"] for row in recs for r in row]
+
+
+def test_vllm_gets_one_request_with_n_and_the_cache_keys_of_n_requests(fake, tmp_path):
+    vllm, llama = fake(owned_by="vllm", version="0.11.0"), fake()
+    kw = dict(n=3, temperature=[0.2, 0.9], seed=10, max_tokens=8, return_records=True)
+    cv = LLMClient(vllm.url, cache=tmp_path / "v.sqlite", progress=False)
+    cl = LLMClient(llama.url, cache=tmp_path / "l.sqlite", progress=False)
+    tv, rv = cv.complete(["q1", "q2"], **kw)
+    tl, rl = cl.complete(["q1", "q2"], **kw)
+    assert tv == tl == [[f"echo:{q}|t={t}|s={s}" for s in (10, 11, 12)] for q, t in (("q1", 0.2), ("q2", 0.9))]
+    assert _keys(rv) == _keys(rl) and len(set(_keys(rv))) == 6
+    assert vllm.posts == 2 and sorted((b["prompt"], b["n"], b["seed"]) for b in vllm.bodies) == [("q1", 3, 10), ("q2", 3, 10)]
+    assert llama.posts == 6 and all("n" not in b for b in llama.bodies) and "/version" not in llama.gets
+    assert [cv.cache.request(k) for k in _keys(rv)] == [cl.cache.request(k) for k in _keys(rl)]  # the same stored requests
+    u = cv.usage
+    assert (u.requests, u.answers_cached, u.prompt_tokens, u.completion_tokens) == (2, 6, 2 * 3, 2 * 6)  # prompt once per request
+    assert [r["completion_tokens"] for row in rv for r in row] == [2] * 6  # 6 tokens shared by 3 equally long samples
+    assert cl.usage.prompt_tokens == 6 * 3 and cl.usage.completion_tokens == 6 * 2
+    # a cache filled either way serves the other: nothing is sent
+    again_v = LLMClient(vllm.url, cache=cl.cache, progress=False)
+    again_l = LLMClient(llama.url, cache=cv.cache, progress=False)
+    assert again_v.complete(["q1", "q2"], **kw)[0] == again_l.complete(["q1", "q2"], **kw)[0] == tv
+    assert (again_v.usage.requests, again_l.usage.requests, vllm.posts, llama.posts) == (0, 0, 2, 6)
+    assert LLMClient(None, model="fake-model", cache=cv.cache, mode="replay").complete(["q1", "q2"], **kw)[0] == tv
+
+
+def test_only_the_missing_samples_are_asked_for_in_runs_of_consecutive_seeds(fake, tmp_path):
+    srv = fake(owned_by="vllm", version="0.11.0")
+    client = LLMClient(srv.url, cache=tmp_path / "c.sqlite", progress=False)
+    client.complete(["q"], n=2, seed=10)
+    assert [(b["n"], b["seed"]) for b in srv.bodies] == [(2, 10)]
+    assert client.complete(["q"], n=5, seed=10) == [[f"echo:q|t=0.0|s={s}" for s in range(10, 15)]]
+    assert [(b["n"], b["seed"]) for b in srv.bodies] == [(2, 10), (3, 12)] and client.usage.cache_hits == 2
+    # sample 2 cached by hand: samples 0-1 and 3-4 are two requests (seeds 20 and 23), sample 2 is served from the cache
+    key2 = request_key("completion", "fake-model", "r", {"temperature": 0.0, "max_tokens": 64, "seed": 22}, 2)
+    client.cache.put(key2, {"text": "cached", "finish_reason": "stop", "prompt_tokens": 0, "completion_tokens": 0})
+    assert client.complete(["r"], n=5, seed=20) == [["echo:r|t=0.0|s=20", "echo:r|t=0.0|s=21", "cached",
+                                                      "echo:r|t=0.0|s=23", "echo:r|t=0.0|s=24"]]
+    assert sorted((b["n"], b["seed"]) for b in srv.bodies[2:]) == [(2, 20), (2, 23)]
+    # unseeded samples are interchangeable: all the missing ones in one request, without a seed
+    key1 = request_key("completion", "fake-model", "u", {"temperature": 0.7, "max_tokens": 64}, 1)
+    client.cache.put(key1, {"text": "cached", "finish_reason": "stop", "prompt_tokens": 0, "completion_tokens": 0})
+    assert client.complete(["u"], n=4, temperature=0.7) == [["echo:u|t=0.7|s=None", "cached"] + ["echo:u|t=0.7|s=None"] * 2]
+    assert srv.bodies[-1]["n"] == 3 and "seed" not in srv.bodies[-1] and srv.posts == 5
+    # one missing sample is a plain request, without `n`
+    client.complete(["q"], n=6, seed=10)
+    assert "n" not in srv.bodies[-1] and srv.bodies[-1]["seed"] == 15 and srv.posts == 6
+
+
+def test_n_in_one_request_for_chat_and_a_prompt_repeated_in_the_call(fake, tmp_path):
+    srv = fake(owned_by="vllm", version="0.11.0")
+    client = LLMClient(srv.url, cache=tmp_path / "c.sqlite", progress=False)
+    msgs = [[{"role": "user", "content": "hi"}], [{"role": "user", "content": "yo"}], [{"role": "user", "content": "hi"}]]
+    assert client.chat(msgs, n=2, seed=1) == [["re:hi"] * 2, ["re:yo"] * 2, ["re:hi"] * 2]
+    assert srv.posts == 2 and all(b["n"] == 2 for b in srv.bodies) and client.usage.answers_cached == 4
+
+
+def test_seeded_samples_go_one_by_one_to_a_vllm_older_than_its_v1_only_engine(fake, tmp_path):
+    srv = fake(owned_by="vllm", version="0.10.2")
+    client = LLMClient(srv.url, cache=tmp_path / "c.sqlite", progress=False)
+    client.complete(["q"], n=3, seed=10)
+    assert srv.posts == 3 and all("n" not in b for b in srv.bodies)
+    client.complete(["q"], n=3, temperature=0.5)  # unseeded: any vLLM takes them in one request
+    assert srv.posts == 4 and srv.bodies[-1]["n"] == 3
+
+
+def test_n_calls_of_one_sample_never_probe_the_backend(fake, tmp_path):
+    srv = fake(owned_by="somebody", version="0.11.0")  # an unknown listing would be probed with GET /version
+    client = LLMClient(srv.url, cache=tmp_path / "c.sqlite", progress=False)
+    client.complete(["a", "b"], seed=3)
+    assert srv.gets.count("/version") == 0 and client.served_backend is None
+    client.complete(["a"], n=2, seed=3)  # sample 0 is cached: one sample is missing, nothing to group
+    assert srv.gets.count("/version") == 0 and srv.posts == 3
+    client.complete(["c"], n=2, seed=3)
+    assert srv.gets.count("/version") == 1 and client.served_backend == ("vllm", "0.11.0") and srv.bodies[-1]["n"] == 2
+
+
+def test_an_n_response_with_missing_samples_is_malformed_retried_and_never_cached(fake, tmp_path):
+    one_choice = json.dumps({"model": "fake-model", "choices": [{"index": 0, "text": "x", "finish_reason": "stop"}]}).encode()
+    srv = fake(owned_by="vllm", version="0.11.0", raw=[(J, one_choice)] * 2)
+    client = LLMClient(srv.url, cache=tmp_path / "c.sqlite", max_retries=1, backoff=0.01, progress=False)
+    with pytest.raises(MalformedResponseError, match=r"asked for n=2 samples, got choices with index \[0\]"):
+        client.complete(["q"], n=2, seed=1)
+    assert srv.posts == 2 and len(client.cache) == 0 and client.usage.malformed == 2 and client.usage.retries == 1
+    assert client.complete(["q"], n=2, seed=1) == [["echo:q|t=0.0|s=1", "echo:q|t=0.0|s=2"]] and len(client.cache) == 2
 
 
 def test_chat_and_async_inside_running_loop(fake):

@@ -1,5 +1,5 @@
 """Tests of kgrag_nb.serve: vllm argv, the embedded llama.cpp server (start, reuse, refusal, death, stop)."""
-import json, os, shutil, socket, sys, threading, time
+import json, os, re, shutil, socket, sys, threading, time
 from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -26,6 +26,17 @@ def test_vllm_command_argv():
 def test_serve_vllm_without_vllm_explains_the_fix():
     with pytest.raises(RuntimeError, match=r'pip install -e "\.\[gpu\]"'): serve_vllm("m")
 
+
+def test_server_methods_are_attached_with_patch_only(tmp_path):
+    "Issue 24: EmbeddedServer's methods outside the class body (start, stop, __enter__, ...) are attached with"
+    " fastcore's `@patch`, never by assignment (`EmbeddedServer.__enter__ = lambda ...`)."
+    import kgrag_nb.serve as serve
+    assigned = re.findall(r"^[A-Z]\w*\.\w+(?:\s*,\s*[A-Z]\w*\.\w+)*\s*=(?!=).*$", Path(serve.__file__).read_text(), flags=re.M)
+    assert not assigned, assigned
+    for name in ("start", "stop", "_spawn", "_claim_port", "__enter__", "__exit__"):
+        assert getattr(EmbeddedServer, name).__qualname__ == f"EmbeddedServer.{name}", name
+    s = EmbeddedServer(get_config(cache_dir=tmp_path), port=free_port())
+    assert s.__exit__(None, None, None) is None and not s.running  # `stop()` on a server never started: a no-op
 
 def test_embedded_server_defaults_and_idempotent_stop(tmp_path):
     cfg = get_config(cache_dir=tmp_path)
