@@ -22,6 +22,7 @@ from .serve import LOOPBACK, free_port, served_models
 from . import papers
 from .reproduce import StudyRun
 from .retrieval import embed, load_embedder, embedder_name, DenseIndex, BM25Index, md5_key, md5_dedup
+from .answers import first_line
 from .metrics import (exact_match, token_f1, squad_normalize, rouge_scores, CharTokenizer, bleu_n, percent_cis,
                               bootstrap_ci)
 
@@ -214,10 +215,12 @@ def fill(template: str,  # a prompt with the paper's `{placeholder}` names
         out = out.replace("{" + k + "}", str(v)).replace(ph, str(v))
     return out
 
+# %% ../nbs/18_missing.ipynb #m009p1
 def standard_prompt(dataset: str) -> str:
     "Ours: Fig. 6 without the missing-knowledge section, the first-round and standard-RAG answer prompt."
     return (NQ_ANSWER_PROMPT if dataset == "nq" else MED_ANSWER_PROMPT).replace(MISSING_SECTION, "")
 
+# %% ../nbs/18_missing.ipynb #m009p2
 def direct_prompt(dataset: str) -> str:
     "Ours: Fig. 6 without context and missing-knowledge sections (DirectGen, §3.2)."
     key = "## Context\n{contexts}\n" if dataset == "nq" else "## Context\n{context}\n"
@@ -233,6 +236,7 @@ class Chunk:
     @property
     def md5(self) -> str: return md5_key(self.text)
 
+# %% ../nbs/18_missing.ipynb #m012p1
 def format_contexts(chunks: Sequence[Chunk],  # retrieved chunks, in rank order
                     dataset: str = "nq",  # "nq" or "med" (headings of Fig. 6)
                    ) -> str:
@@ -247,6 +251,7 @@ def format_contexts(chunks: Sequence[Chunk],  # retrieved chunks, in rank order
     if qas: parts.append(h_qa + "\n" + "\n".join(qas))
     return "\n".join(parts)
 
+# %% ../nbs/18_missing.ipynb #m012p2
 def clip_chunks(chunks: Sequence[Chunk],  # chunks for one prompt
                 max_chars: int,  # characters allowed for all of them together
                ) -> tuple[list[Chunk], int]:
@@ -373,6 +378,7 @@ def jieba_words(text: str) -> list[str]:
     "Lower-cased jieba words without whitespace and punctuation (Chinese tokenizer for BM25 and ROUGE/BLEU)."
     return [w for w in jieba.lcut(text.lower()) if re.search(r"\w", w)]
 
+# %% ../nbs/18_missing.ipynb #m019p1
 class KnowledgeBase:
     "One KB: md5-deduplicated texts, a tag per text, and its own index (dense L2 or BM25)."
     def __init__(self,
@@ -418,6 +424,7 @@ class KnowledgeBase:
 
     def __repr__(self): return f"KnowledgeBase({self.name!r}, {self.backend}, raw={self.n_raw}, dedup={self.n_dedup})"
 
+# %% ../nbs/18_missing.ipynb #m019p2
 def kb_statistics(kbs: Sequence[KnowledgeBase], dataset: str) -> pd.DataFrame:
     "Table 2: chunks per KB before and after md5 de-duplication."
     return pd.DataFrame([dict(dataset=dataset, kb=kb.name, chunks_raw=kb.n_raw, chunks_dedup=kb.n_dedup) for kb in kbs])
@@ -435,12 +442,14 @@ def load_nq_oracle(cfg: Config | None = None) -> list[dict]:
             out.append(dict(question=r["question"], answers=list(r["answers"]), passage=f"{c['title']}: {c['text']}"))
     return out
 
+# %% ../nbs/18_missing.ipynb #m022p1
 def load_distractors(cfg: Config | None = None) -> list[str]:
     "The 1,000 unrelated Wikipedia passages (nq_wiki_passages) as `title: text`."
     path = fetch("nq_wiki_passages", cfg)["nq_open/wiki_passages_sample_1000.jsonl"]
     rows = [json.loads(l) for l in Path(path).read_text(encoding="utf-8").splitlines() if l.strip()]
     return [" ".join(str(r["contents"]).replace('"', "").split("\n", 1)).strip() for r in rows]
 
+# %% ../nbs/18_missing.ipynb #m022p2
 def load_medical(cfg: Config | None = None) -> pd.DataFrame:
     "The consultation sample (GB18030) as distinct (query, answer) rows; query = title + ask."
     path = fetch("medical_zh", cfg)["medical_zh/chinese_medical_dialogue_neike_sample_5000-6000.csv"]
@@ -449,10 +458,12 @@ def load_medical(cfg: Config | None = None) -> pd.DataFrame:
     df["answer"] = df["answer"].str.strip()
     return df[(df["query"] != "") & (df["answer"] != "")].drop_duplicates(["query", "answer"]).reset_index(drop=True)
 
+# %% ../nbs/18_missing.ipynb #m022p3
 def qa_text(q: str, a: str) -> str:
     "A QA-pair chunk as in Fig. 6: `Q: … A: …`."
     return f"Q: {' '.join(str(q).split())} A: {' '.join(str(a).split())}"
 
+# %% ../nbs/18_missing.ipynb #m022p4
 def leaks(kb_texts: Sequence[str],  # texts of a KB
           forbidden: Sequence[str],  # evaluated questions (and, for the medical set, their answers)
          ) -> list[tuple[str, str]]:
@@ -481,6 +492,7 @@ def cmekg_texts(subjects: Sequence[str] | None = None,  # CMeKG subjects; None =
         out += [text[i:i + chunk_chars] for i in range(0, len(text), chunk_chars)]
     return out
 
+# %% ../nbs/18_missing.ipynb #m023p1
 def cmekg_subjects() -> list[str]:
     "Every CMeKG subject name."
     return list(_cmekg())
@@ -504,6 +516,7 @@ def nq_setup(records: list[dict],  # load_nq_oracle()
     return dict(questions=evaluated, wiki=wiki, qa=[t for t in qa if t not in dropped], forbidden=forbidden,
                 qa_dropped=len(dropped))
 
+# %% ../nbs/18_missing.ipynb #m024p1
 def medical_setup(df: pd.DataFrame,  # load_medical()
                   n_questions: int,  # test consultations
                   n_qa_pool: int,  # history QA pairs (other records)
@@ -537,6 +550,7 @@ BUDGET_RULE = "TopK=K: Misk takes K/2 chunks for the original query + K/2 for th
 SPLIT_POLICY = "round_robin"  # how K/2 is shared by several missing-knowledge queries: rank by rank, skipping md5 duplicates
 FALLBACK_POLICY = "fill"  # no second retrieval -> standard RAG on A with K chunks (same budget)
 
+# %% ../nbs/18_missing.ipynb #m027p1
 def second_retrieval(kb: KnowledgeBase,  # knowledge base B
                      queries: Sequence[str],  # missing-knowledge queries
                      budget: int,  # chunks to take in all (K/2)
@@ -555,13 +569,16 @@ def second_retrieval(kb: KnowledgeBase,  # knowledge base B
 # %% ../nbs/18_missing.ipynb #m028
 _HEADING = re.compile(r"^\s*(#+\s*)?(answer|回答|答案)\s*[:：]?\s*", re.I)
 
-def clean_answer(text: str, dataset: str = "nq") -> str:
-    "The answer in a completion: leading echoed `## Answer` headings dropped; NQ keeps its first line."
+def clean_answer(text: str,  # the completion
+                 dataset: str = "nq") -> str:  # "nq": the first line; "med": every line
+    "The answer in a completion: leading echoed `## Answer` headings dropped; NQ keeps its first line (`answers.first_line`)."
+    if dataset == "nq": return first_line(text, labels=(_HEADING,))
     lines = [l for l in text.strip().split("\n")]
     while lines and (not lines[0].strip() or _HEADING.sub("", lines[0]).strip() == ""): lines.pop(0)
     if lines: lines[0] = _HEADING.sub("", lines[0])
-    return (lines[0].strip() if dataset == "nq" else "\n".join(lines).strip()) if lines else ""
+    return "\n".join(lines).strip() if lines else ""
 
+# %% ../nbs/18_missing.ipynb #m028p1
 def _complete(client, prompts: list[str], max_tokens: int, stop: list[str] | None,
               constraint: Constraint | None = None) -> list[tuple[str, str]]:
     "(text, finish_reason) per prompt; identical prompts are sent once (greedy decoding); `constraint` applies to all."
@@ -597,6 +614,7 @@ def complete_as(client,  # LLMClient
     outs = _complete(client, [p + f.rstrip() + restate for p, (f, _) in zip(prompts, first)], max_tokens, None, constraint)
     return [dict(text=t, finish_reason=fr, free=f) for (t, fr), (f, _) in zip(outs, first)]
 
+# %% ../nbs/18_missing.ipynb #m028p2
 def _fit(template: str, chunks: list[Chunk], mis: list[Chunk] | None, values: dict, dataset: str,
          room_chars: int) -> tuple[str, int]:
     "The prompt with its chunks clipped so that it fits `room_chars`; (prompt, chunks clipped)."
@@ -608,6 +626,178 @@ def _fit(template: str, chunks: list[Chunk], mis: list[Chunk] | None, values: di
     free = room_chars - len(build([], [] if mis is not None else None))
     both, n = clip_chunks(chunks + (mis or []), max(0, free - 40 * (len(chunks) + len(mis or []))))
     return build(both[:len(chunks)], both[len(chunks):] if mis is not None else None), n
+
+# %% ../nbs/18_missing.ipynb #m029b
+def _check_pipeline(dataset: str,  # "nq" or "med"
+                    topks: Sequence[int],  # TopK values
+                    kbs: dict,  # {"wiki", "qa", "merged"} -> KnowledgeBase
+                    decoding: str):  # "free", "constrained" or "decoupled"
+    "Refuse a dataset, decoding, TopK or KB set the pipeline cannot run (Misk and 2-way take K/2 + K/2: K even, >= 2)."
+    if dataset not in ("nq", "med"): raise ValueError(f"dataset={dataset!r}: use 'nq' or 'med'")
+    if decoding not in DECODINGS: raise ValueError(f"decoding={decoding!r}: use one of {DECODINGS}")
+    bad = [k for k in topks if k < 2 or k % 2]
+    if bad: raise ValueError(f"topks {bad}: each TopK must be even and >= 2 (Misk and 2-way take K/2 + K/2)")
+    missing_kbs = {"wiki", "qa", "merged"} - set(kbs)
+    if missing_kbs: raise ValueError(f"kbs lacks {sorted(missing_kbs)}; pass the Wiki, QA-pairs and merged KBs")
+
+def _room_chars(n_ctx: int,  # server context window in tokens
+                max_tokens: int,  # tokens kept for the completion
+                chars_per_token: float) -> int:  # conservative characters per token
+    "Characters a prompt may hold: the window less the completion and a 16-token margin."
+    return int((n_ctx - max_tokens - 16) * chars_per_token)
+
+# %% ../nbs/18_missing.ipynb #m029e
+def _rag_key(qi: int,  # question number
+             chunks: Sequence[Chunk]) -> tuple:  # the retrieved chunks of the prompt
+    "The key of a standard-RAG call: identical contexts for one question share one request."
+    return ("rag", qi, tuple(c.md5 for c in chunks))
+
+def _first_round_contexts(hits: dict,  # KB name -> per question, its ranked chunks
+                          qi: int,  # question number
+                          topks: Sequence[int]) -> list[list[Chunk]]:
+    "Question `qi`'s standard-RAG contexts in request order: per TopK, each KB's top K and top K/2, then 2-way (K/2 + K/2)."
+    out = []
+    for K in topks:
+        for a in ("wiki", "qa", "merged"): out += [hits[a][qi][:K], hits[a][qi][:K // 2]]
+        out.append(hits["wiki"][qi][:K // 2] + hits["qa"][qi][:K // 2])
+    return out
+
+def _first_round_jobs(qs: list[str],  # the questions
+                      hits: dict,  # KB name -> per question, its ranked chunks
+                      topks: Sequence[int], dataset: str,
+                      room: int) -> dict:  # characters a prompt may hold
+    "key -> (prompt, chunks clipped) of DirectGen (`('direct', qi)`) and each distinct standard-RAG context, in request order."
+    std, jobs = standard_prompt(dataset), {}
+    for qi in range(len(qs)):
+        jobs[("direct", qi)] = (fill(direct_prompt(dataset), query=qs[qi]), 0)
+        for cs in _first_round_contexts(hits, qi, topks):
+            k = _rag_key(qi, cs)
+            if k not in jobs: jobs[k] = _fit(std, list(cs), None, dict(query=qs[qi]), dataset, room)
+    return jobs
+
+def _send(client,  # LLMClient
+          jobs: dict,  # key -> (prompt, clipped)
+          max_tokens: int, stop: list[str]) -> dict:
+    "key -> (text, finish_reason): every job's prompt sent in one batch, in job order (greedy, cached)."
+    keys = list(jobs)
+    return dict(zip(keys, _complete(client, [jobs[k][0] for k in keys], max_tokens, stop)))
+
+# %% ../nbs/18_missing.ipynb #m029h
+def _missing_jobs(qs: list[str], hits: dict, topks: Sequence[int],  # questions, ranked chunks per KB, TopK values
+                  res: dict,  # the first round's key -> (text, finish_reason)
+                  dataset: str, room: int) -> dict:  # "nq"/"med"; characters a prompt may hold
+    "(qi, A, K) -> (prompt, clipped) of the Fig. 4/5 call on A's top K/2 chunks and the first-round answer on them."
+    mprompt = NQ_MISSING_PROMPT if dataset == "nq" else MED_MISSING_PROMPT
+    mjobs = {}
+    for qi in range(len(qs)):
+        for K in topks:
+            for a in ("wiki", "qa", "merged"):
+                first = hits[a][qi][:K // 2]
+                fr = res[_rag_key(qi, first)][0].strip()
+                mjobs[(qi, a, K)] = _fit(mprompt, list(first), None, dict(query=qs[qi], first_round_prediction=fr),
+                                         dataset, room)
+    return mjobs
+
+def _missing_calls(client,  # LLMClient
+                   mjobs: dict,  # `_missing_jobs`
+                   max_tokens_missing: int,  # tokens of the call
+                   decoding: str) -> dict:  # "free" (the paper), "constrained" or "decoupled"
+    "(qi, A, K) -> {text, finish_reason, free}: the missing-knowledge calls, one batch."
+    mkeys = list(mjobs)
+    mres = complete_as(client, [mjobs[k][0] for k in mkeys], max_tokens_missing, ["\n## ", "\n\n\n"], MISSING_JSON, decoding,
+                       reason_tokens=max_tokens_missing // 4, reason_stop=MISSING_REASON_STOP, lead=MISSING_BLOCK_OPEN,
+                       restate=MISSING_RESTATE)
+    return dict(zip(mkeys, mres))
+
+def _fallback_reason(p: dict) -> str:  # parse_json_verdict's result
+    "Why a Misk row has no second retrieval: 'parse failed', 'judge=false', 'no query', or '' (it retrieves)."
+    v = p["value"] or {}
+    return ("parse failed" if p["status"] == "failed" else "judge=false" if not v.get("judge")
+            else "no query" if not [q for q in v.get("query", []) if q.strip()] else "")
+
+# %% ../nbs/18_missing.ipynb #m029k
+def _misk_jobs(qs: list[str], hits: dict, topks: Sequence[int],  # questions, ranked chunks per KB, TopK values
+               kbs: dict,  # KB name -> KnowledgeBase (B is searched again)
+               parsed: dict,  # (qi, A, K) -> parse_json_verdict result
+               mcalls: dict, mjobs: dict,  # `_missing_calls` and `_missing_jobs`
+               dataset: str, room: int) -> tuple[dict, list[dict]]:  # "nq"/"med"; characters a prompt may hold
+    "(final-answer jobs keyed (qi, row, K), one record per Misk row with its first and second chunks and fallback reason)."
+    full = NQ_ANSWER_PROMPT if dataset == "nq" else MED_ANSWER_PROMPT
+    fjobs, rows = {}, []
+    for qi in range(len(qs)):
+        for K in topks:
+            for row, (a, b) in MISK_ROWS.items():
+                p, first = parsed[(qi, a, K)], hits[a][qi][:K // 2]
+                v = p["value"] or {}
+                reason = _fallback_reason(p)
+                second = [] if reason else second_retrieval(kbs[b], [q for q in v["query"] if q.strip()], K // 2,
+                                                            [c.md5 for c in first])
+                if not reason and not second: reason = "nothing new retrieved"
+                if not reason:
+                    fjobs[(qi, row, K)] = _fit(full, list(first), second, dict(query=qs[qi], thought=v.get("thought", "")),
+                                               dataset, room)
+                rows.append(dict(qi=qi, row=row, topk=K, kb_a=a, kb_b=b, first=first, second=second, fallback_reason=reason,
+                                 parse=p, missing_text=mcalls[(qi, a, K)]["text"],
+                                 missing_free=mcalls[(qi, a, K)]["free"], missing_clipped=mjobs[(qi, a, K)][1]))
+    return fjobs, rows
+
+# %% ../nbs/18_missing.ipynb #m029m
+def _contexts(cs: Sequence[Chunk]) -> list[dict]:
+    "A prompt's chunks as saved with a prediction (text and KB tag)."
+    return [dict(text=c.text, kb=c.kb) for c in cs]
+
+def _answer_row(q: dict,  # {question, answers}
+                qi: int, dataset: str, row: str, K: int,  # question number, "nq"/"med", row label, TopK (0: DirectGen)
+                completion: tuple,  # (text, finish_reason)
+                cs: Sequence[Chunk],  # the chunks of its prompt
+                clipped: int) -> dict:  # chunks clipped to fit
+    "One prediction: the question, its row and TopK, the cleaned answer, the raw completion and its contexts."
+    t, fr = completion
+    return dict(qid=qi, question=q["question"], answers=list(q["answers"]), dataset=dataset, row=row, topk=K,
+                prediction=clean_answer(t, dataset), raw=t, finish_reason=fr, contexts=_contexts(cs), clipped=clipped)
+
+def _standard_rows(questions: list[dict], dataset: str, hits: dict, topks: Sequence[int],
+                   res: dict, jobs: dict) -> list[dict]:  # the first round's answers and jobs
+    "DirectGen, standard RAG on each KB and 2-way retrieval, per question then TopK."
+    out = []
+    for qi, q in enumerate(questions):
+        out.append(_answer_row(q, qi, dataset, "DirectGen", 0, res[("direct", qi)], [], 0))
+        for K in topks:
+            for row, a in RAG_ROWS.items():
+                k = _rag_key(qi, hits[a][qi][:K])
+                out.append(_answer_row(q, qi, dataset, row, K, res[k], hits[a][qi][:K], jobs[k][1]))
+            cs = hits["wiki"][qi][:K // 2] + hits["qa"][qi][:K // 2]
+            k = _rag_key(qi, cs)
+            out.append(_answer_row(q, qi, dataset, "2-way retrieval", K, res[k], cs, jobs[k][1]))
+    return out
+
+def _misk_rows(questions: list[dict], dataset: str, hits: dict,
+               rows: list[dict],  # `_misk_jobs`' records
+               res: dict, jobs: dict,  # the first round's answers and jobs (a fallback's answer)
+               fout: dict, fjobs: dict,  # the final answers and their jobs
+               decoding: str) -> list[dict]:
+    "Misk rows: the final answer (or the fallback's standard RAG on A with K chunks), with the parse and the queries."
+    out = []
+    for r in rows:
+        qi, K, a, p = r["qi"], r["topk"], r["kb_a"], r["parse"]
+        std_k = _rag_key(qi, hits[a][qi][:K])
+        if r["fallback_reason"]: comp, cs, clipped = res[std_k], hits[a][qi][:K], jobs[std_k][1]
+        else: comp, cs, clipped = fout[(qi, r["row"], K)], r["first"] + r["second"], fjobs[(qi, r["row"], K)][1]
+        v = p["value"] or {}
+        out.append({**_answer_row(questions[qi], qi, dataset, r["row"], K, comp, cs, clipped + r["missing_clipped"]),
+                    "contexts_origq": _contexts(hits[a][qi][:K]),
+                    "parse_status": p["status"], "parse_reason": p["reason"], "parse_repairs": p["repairs"],
+                    "missing_truncated": p["truncated"], "judge": v.get("judge"), "thought": v.get("thought", ""),
+                    "mis_queries": list(v.get("query", [])), "missing_text": r["missing_text"],
+                    "missing_free": r["missing_free"], "decoding": decoding,
+                    "fallback": bool(r["fallback_reason"]), "fallback_reason": r["fallback_reason"]})
+    return out
+
+def _sorted_rows(rows: list[dict]) -> pd.DataFrame:
+    "The predictions as a frame sorted by TopK, row (in `ROWS` order) and question."
+    df = pd.DataFrame(rows)
+    order = {r: i for i, r in enumerate(ROWS)}
+    return df.sort_values(["topk", "row", "qid"], key=lambda s: s.map(order) if s.name == "row" else s).reset_index(drop=True)
 
 # %% ../nbs/18_missing.ipynb #m029
 def run_pipeline(client,  # LLMClient (generator)
@@ -622,98 +812,20 @@ def run_pipeline(client,  # LLMClient (generator)
                  decoding: str = "free",  # the Fig. 4/5 call: "free" (the paper), "constrained" or "decoupled"
                 ) -> pd.DataFrame:
     "Every row of Tables 1/3 for every question and TopK: prediction, contexts, parse status and fallbacks."
-    if dataset not in ("nq", "med"): raise ValueError(f"dataset={dataset!r}: use 'nq' or 'med'")
-    if decoding not in DECODINGS: raise ValueError(f"decoding={decoding!r}: use one of {DECODINGS}")
-    bad = [k for k in topks if k < 2 or k % 2]
-    if bad: raise ValueError(f"topks {bad}: each TopK must be even and >= 2 (Misk and 2-way take K/2 + K/2)")
-    missing_kbs = {"wiki", "qa", "merged"} - set(kbs)
-    if missing_kbs: raise ValueError(f"kbs lacks {sorted(missing_kbs)}; pass the Wiki, QA-pairs and merged KBs")
+    _check_pipeline(dataset, topks, kbs, decoding)
     qs = [q["question"] for q in questions]
     hits = {name: kb.search(qs, max(topks)) for name, kb in kbs.items()}
     ans_stop = ["\n\n", "\n## "] if dataset == "nq" else ["\n\n\n", "\n## "]
-    room = lambda mt: int((n_ctx - mt - 16) * chars_per_token)
-    std, full = standard_prompt(dataset), NQ_ANSWER_PROMPT if dataset == "nq" else MED_ANSWER_PROMPT
-    jobs = {}  # key -> (prompt, clipped)
-    def rag_key(qi, chunks):
-        k = ("rag", qi, tuple(c.md5 for c in chunks))
-        if k not in jobs: jobs[k] = _fit(std, list(chunks), None, dict(query=qs[qi]), dataset, room(max_tokens))
-        return k
-    for qi in range(len(qs)):
-        jobs[("direct", qi)] = (fill(direct_prompt(dataset), query=qs[qi]), 0)
-        for K in topks:
-            for a in ("wiki", "qa", "merged"): rag_key(qi, hits[a][qi][:K]); rag_key(qi, hits[a][qi][:K // 2])
-            rag_key(qi, hits["wiki"][qi][:K // 2] + hits["qa"][qi][:K // 2])
-    keys = list(jobs)
-    res = dict(zip(keys, _complete(client, [jobs[k][0] for k in keys], max_tokens, ans_stop)))
-    # the one-pass missing-knowledge call (Fig. 4 / Fig. 5) for each first KB A and TopK
-    mprompt = NQ_MISSING_PROMPT if dataset == "nq" else MED_MISSING_PROMPT
-    mjobs = {}
-    for qi in range(len(qs)):
-        for K in topks:
-            for a in ("wiki", "qa", "merged"):
-                first = hits[a][qi][:K // 2]
-                fr = res[rag_key(qi, first)][0].strip()
-                mjobs[(qi, a, K)] = _fit(mprompt, list(first), None, dict(query=qs[qi], first_round_prediction=fr),
-                                         dataset, room(max_tokens_missing))
-    mkeys = list(mjobs)
-    mres = complete_as(client, [mjobs[k][0] for k in mkeys], max_tokens_missing, ["\n## ", "\n\n\n"], MISSING_JSON, decoding,
-                       reason_tokens=max_tokens_missing // 4, reason_stop=MISSING_REASON_STOP, lead=MISSING_BLOCK_OPEN,
-                       restate=MISSING_RESTATE)
-    mout = {k: (m["text"], m["finish_reason"]) for k, m in zip(mkeys, mres)}
-    mfree = {k: m["free"] for k, m in zip(mkeys, mres)}
-    parsed = {k: parse_json_verdict(t, finish_reason=fr) for k, (t, fr) in mout.items()}
-    # second retrieval and the final prompt (Fig. 6)
-    fjobs, rows = {}, []
-    for qi in range(len(qs)):
-        for K in topks:
-            for row, (a, b) in MISK_ROWS.items():
-                p, first = parsed[(qi, a, K)], hits[a][qi][:K // 2]
-                v = p["value"] or {}
-                reason = ("parse failed" if p["status"] == "failed" else "judge=false" if not v.get("judge")
-                          else "no query" if not [q for q in v.get("query", []) if q.strip()] else "")
-                second = [] if reason else second_retrieval(kbs[b], [q for q in v["query"] if q.strip()], K // 2,
-                                                            [c.md5 for c in first])
-                if not reason and not second: reason = "nothing new retrieved"
-                if not reason:
-                    fjobs[(qi, row, K)] = _fit(full, list(first), second, dict(query=qs[qi], thought=v.get("thought", "")),
-                                               dataset, room(max_tokens))
-                rows.append(dict(qi=qi, row=row, topk=K, kb_a=a, kb_b=b, first=first, second=second, fallback_reason=reason,
-                                 parse=p, missing_text=mout[(qi, a, K)][0],
-                                 missing_free=mfree[(qi, a, K)], missing_clipped=mjobs[(qi, a, K)][1]))
-    fkeys = list(fjobs)
-    fout = dict(zip(fkeys, _complete(client, [fjobs[k][0] for k in fkeys], max_tokens, ans_stop)))
-    out = []
-    def base(qi, row, K): return dict(qid=qi, question=qs[qi], answers=list(questions[qi]["answers"]), dataset=dataset,
-                                      row=row, topk=K)
-    def ctx(cs): return [dict(text=c.text, kb=c.kb) for c in cs]
-    for qi in range(len(qs)):
-        t, fr = res[("direct", qi)]
-        out.append({**base(qi, "DirectGen", 0), "prediction": clean_answer(t, dataset), "raw": t, "finish_reason": fr, "contexts": [], "clipped": 0})
-        for K in topks:
-            for row, a in RAG_ROWS.items():
-                k = rag_key(qi, hits[a][qi][:K]); t, fr = res[k]
-                out.append({**base(qi, row, K), "prediction": clean_answer(t, dataset), "raw": t, "finish_reason": fr,
-                            "contexts": ctx(hits[a][qi][:K]), "clipped": jobs[k][1]})
-            cs = hits["wiki"][qi][:K // 2] + hits["qa"][qi][:K // 2]
-            k = rag_key(qi, cs); t, fr = res[k]
-            out.append({**base(qi, "2-way retrieval", K), "prediction": clean_answer(t, dataset), "raw": t, "finish_reason": fr,
-                        "contexts": ctx(cs), "clipped": jobs[k][1]})
-    for r in rows:
-        qi, K, a, p = r["qi"], r["topk"], r["kb_a"], r["parse"]
-        std_k = rag_key(qi, hits[a][qi][:K])
-        if r["fallback_reason"]: (t, fr), cs, clipped = res[std_k], hits[a][qi][:K], jobs[std_k][1]
-        else: (t, fr), cs, clipped = fout[(qi, r["row"], K)], r["first"] + r["second"], fjobs[(qi, r["row"], K)][1]
-        v = p["value"] or {}
-        out.append({**base(qi, r["row"], K), "prediction": clean_answer(t, dataset), "raw": t, "finish_reason": fr, "contexts": ctx(cs),
-                    "contexts_origq": ctx(hits[a][qi][:K]), "clipped": clipped + r["missing_clipped"],
-                    "parse_status": p["status"], "parse_reason": p["reason"], "parse_repairs": p["repairs"],
-                    "missing_truncated": p["truncated"], "judge": v.get("judge"), "thought": v.get("thought", ""),
-                    "mis_queries": list(v.get("query", [])), "missing_text": r["missing_text"],
-                    "missing_free": r["missing_free"], "decoding": decoding,
-                    "fallback": bool(r["fallback_reason"]), "fallback_reason": r["fallback_reason"]})
-    df = pd.DataFrame(out)
-    order = {r: i for i, r in enumerate(ROWS)}
-    return df.sort_values(["topk", "row", "qid"], key=lambda s: s.map(order) if s.name == "row" else s).reset_index(drop=True)
+    room, room_missing = _room_chars(n_ctx, max_tokens, chars_per_token), _room_chars(n_ctx, max_tokens_missing, chars_per_token)
+    jobs = _first_round_jobs(qs, hits, topks, dataset, room)
+    res = _send(client, jobs, max_tokens, ans_stop)
+    mjobs = _missing_jobs(qs, hits, topks, res, dataset, room_missing)
+    mcalls = _missing_calls(client, mjobs, max_tokens_missing, decoding)
+    parsed = {k: parse_json_verdict(m["text"], finish_reason=m["finish_reason"]) for k, m in mcalls.items()}
+    fjobs, rows = _misk_jobs(qs, hits, topks, kbs, parsed, mcalls, mjobs, dataset, room)
+    fout = _send(client, fjobs, max_tokens, ans_stop)
+    return _sorted_rows(_standard_rows(questions, dataset, hits, topks, res, jobs)
+                        + _misk_rows(questions, dataset, hits, rows, res, jobs, fout, fjobs, decoding))
 
 # %% ../nbs/18_missing.ipynb #m032
 PSEUDO_QA_PROMPT = "Passage: {passage}\nWrite one question that this passage answers, and its short answer.\nQ:"  # ours
@@ -721,7 +833,7 @@ PSEUDO_QA_PROMPT = "Passage: {passage}\nWrite one question that this passage ans
 def parse_pseudo_qa(completion: str) -> tuple[str, str] | None:
     "(question, answer) from a completion `… ?\\nA: …`, or None when either part is missing."
     q, sep, a = completion.partition("A:")
-    q, a = q.strip().split("\n")[0].strip(), a.strip().split("\n")[0].strip()
+    q, a = first_line(q), first_line(a)
     return (q, a) if sep and q and a else None
 
 def pseudo_qa_pairs(client, passages: Sequence[str], max_chars: int = 1200, max_tokens: int = 48) -> tuple[list[str], int]:
@@ -745,6 +857,7 @@ def recall_eq3(attributed: Sequence[bool], n_gt: int) -> float:
     if n_gt < 1: raise ValueError(f"n_gt={n_gt}: |GT_C| must be >= 1")
     return min(1.0, sum(map(bool, attributed)) / n_gt)
 
+# %% ../nbs/18_missing.ipynb #m035p1
 JUDGE_GT_PROMPT = ("Question: {query}\nAnswer: {answer}\nList the facts, one per line, that a text must state to "
                    "support this answer to the question.\nFacts:\n-")  # ours (§3.1 prints none)
 JUDGE_ATTR_PROMPT = ("Ground-truth context:\n{gt}\nRetrieved context:\n{context}\nCan the retrieved context be attributed "
@@ -783,6 +896,7 @@ def add_recall(preds: pd.DataFrame,  # run_pipeline output
     for tag in ("qa", "wiki"): df[f"cr_det_{tag}"] = [rec(c, q, tag) for c, q in zip(df["contexts"], df["qid"])]
     return df
 
+# %% ../nbs/18_missing.ipynb #m037p1
 def llm_judge(client, preds: pd.DataFrame, n_questions: int, max_chars: int = 600,
               decoding: str = "free") -> pd.DataFrame:  # the verdicts: "free", "constrained" (ATTRIBUTION) or "decoupled"
     "LLM-judged context recall (cr_llm, cr_llm_origq) on the first `n_questions` questions; counts of failed parses."
@@ -978,6 +1092,7 @@ def format_rates(preds: pd.DataFrame) -> dict:
                 misk_rows=len(misk), misk_rows_fired=int((~misk["fallback"].astype(bool)).sum()),
                 misk_rows_judge_true=int(yes.sum()), misk_rows_judge_true_fired=int((yes & ~misk["fallback"].astype(bool)).sum()))
 
+# %% ../nbs/18_missing.ipynb #m044p1
 def run_settings(n_ctx, topks, tau, chars_per_token_en=3.0, chars_per_token_zh=0.8, decoding="free") -> dict:
     "The policies and settings every table prints: budget rule, K/2 split, fallback, n_ctx, TopK, tau, decoding."
     if decoding not in DECODINGS: raise ValueError(f"decoding={decoding!r}: use one of {DECODINGS}")
@@ -985,6 +1100,7 @@ def run_settings(n_ctx, topks, tau, chars_per_token_en=3.0, chars_per_token_zh=0
                 topks=list(topks), tau=tau, chars_per_token_en=chars_per_token_en, chars_per_token_zh=chars_per_token_zh,
                 decoding=decoding)
 
+# %% ../nbs/18_missing.ipynb #m044p2
 def run_nq(client,  # generator LLMClient
            judge,  # judge LLMClient (may be the generator below full)
            cfg: Config | None = None,
@@ -1017,6 +1133,7 @@ def run_nq(client,  # generator LLMClient
                     **format_rates(preds), llm_judge=preds.attrs["llm_judge"])
     return preds, kb_statistics(kbs.values(), "NQ"), settings
 
+# %% ../nbs/18_missing.ipynb #m044p3
 def run_med(client, judge, cfg: Config | None = None,
             n_med: int = 16, n_qa_med: int = 600, n_wiki_subjects: int = 60, topks: Sequence[int] = (2, 4),
             n_ctx: int = 4096, max_tokens_med: int = 96, max_tokens_missing: int = 192, llm_judge_questions: int = 4,
@@ -1105,15 +1222,18 @@ def open_artefact(g: dict,  # the artefact notebook's globals()
     for what, n in xp.record["sample_sizes"].items(): run.record_sample_size(what, n)
     return run, xp, xp.load("settings")
 
+# %% ../nbs/18_missing.ipynb #m048p1
 def caption(text: str, settings: dict) -> str:
     "A table caption followed by the experiment's provenance lines (budget rule, policies, n_ctx, pools, judges)."
     return text + ". Provenance: " + " | ".join(settings_lines(settings))
 
+# %% ../nbs/18_missing.ipynb #m048p2
 def deviations(settings: dict) -> list[str]:
     "`DEVIATIONS`, plus the decoding line when the experiment did not decode freely (what artefacts list)."
     d = settings.get("decoding", "free")
     return DEVIATIONS + ([DECODING_DEVIATIONS[d]] if d != "free" else [])
 
+# %% ../nbs/18_missing.ipynb #m048p3
 def load_predictions(xp, name: str) -> pd.DataFrame:
     "The `nq` or `med` prediction frame of the experiment (stored as JSON records: nested lists survive)."
     return pd.DataFrame(xp.load(f"{name}_predictions"))
@@ -1124,6 +1244,7 @@ def save_predictions(xp, name: str, df: pd.DataFrame):
     xp.record_sample_size(f"{name} questions", int(df["qid"].nunique()))
 
 # %% ../nbs/18_missing.ipynb #ft01
+from .hooks import register_format_tax
 FORMAT_TAX = dict(study="misk",
                   step="the one-pass missing-knowledge JSON of Fig. 4 (missing_knowledge_rag.txt App. A, §2.2), NQ, "
                        "row Misk Merged KB at TopK=4",
@@ -1133,6 +1254,7 @@ FORMAT_TAX = dict(study="misk",
 FT_TOPK, FT_POOL, FT_DISTRACTORS = 4, 100, 100  # TopK of the paper's headline row; pool sizes ours (smallest real KB)
 FT_N_CTX, FT_MAX_TOKENS, FT_MAX_TOKENS_MISSING = 2048, 24, 192  # as the tiny/smoke profiles of misk_runs
 
+@register_format_tax(FORMAT_TAX, datasets=["nq_open_oracle", "nq_wiki_passages"])  # the experiment format_tax_runs finds it (kgrag_nb.hooks)
 def format_tax_arm(client,  # LLMClient (the generator)
                    decoding: str,  # the Fig. 4 call: "free" (the paper), "constrained" or "decoupled"
                    n: int,  # the first n questions of the seeded NQ pool

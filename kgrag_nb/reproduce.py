@@ -23,13 +23,13 @@ from .serve import STUB_MODEL, STUB_NOTE, EmbeddedServer
 
 # %% auto #0
 __all__ = ['MAX_REGISTRY_BYTES', 'MAX_REGISTRY_NODES', 'RUNNER_PARAMETERS', 'STUDY_PARAMETERS', 'FIXED_PDF_METADATA',
-           'CELL_TIMEOUT_S', 'PARAMETER_MINIMUM', 'RUN_ID', 'Artifact', 'Experiment', 'load_registry',
-           'load_experiments', 'experiments_for', 'select_artifacts', 'parameters_of', 'check_study_notebooks',
-           'save_figure', 'markdown_table', 'save_table', 'write_json_atomic', 'code_version', 'experiment_key',
-           'experiment_dir', 'ExperimentResults', 'save_result', 'peak_rss_mb', 'StudyRun', 'ExperimentRun',
-           'effective_parameters', 'llm_identity', 'plan_experiments', 'run_notebook', 'ensure_experiment',
-           'check_parameter_range', 'check_overrides', 'git_sha', 'new_run_id', 'check_run_id', 'redact_url',
-           'scrub_secrets', 'config_environment', 'check_run_options', 'reproduce']
+           'CELL_TIMEOUT_S', 'PARAMETER_MINIMUM', 'RUN_ID', 'Artifact', 'load_registry', 'load_experiments',
+           'experiments_for', 'select_artifacts', 'parameters_of', 'check_study_notebooks', 'save_figure',
+           'markdown_table', 'save_table', 'write_json_atomic', 'code_version', 'experiment_key', 'experiment_dir',
+           'ExperimentResults', 'save_result', 'peak_rss_mb', 'StudyRun', 'ExperimentRun', 'effective_parameters',
+           'llm_identity', 'plan_experiments', 'run_notebook', 'ensure_experiment', 'check_parameter_range',
+           'check_overrides', 'git_sha', 'new_run_id', 'check_run_id', 'redact_url', 'scrub_secrets',
+           'config_environment', 'check_run_options', 'reproduce']
 
 # %% ../nbs/07_reproduce.ipynb #c005
 @dataclass
@@ -52,10 +52,6 @@ class Artifact:
         if profile not in self.profiles:
             raise KeyError(f"{self.kind} {self.id!r} has no {profile!r} profile in studies.yaml; add one under `profiles:`")
         return dict(self.profiles[profile] or {})
-
-def Experiment(**kw) -> Artifact:
-    "A shared experiment: an `Artifact` record of kind `experiment`."
-    return Artifact(**kw, kind="experiment")
 
 # %% ../nbs/07_reproduce.ipynb #c005a
 MAX_REGISTRY_BYTES = 1_000_000  # studies.yaml is ~30 kB; a file near 1 MB is not a registry
@@ -924,6 +920,184 @@ def _parallel(fn, items: list, jobs: int) -> list:
         raise
     finally: pool.shutdown(wait=True, cancel_futures=True)
 
+# %% ../nbs/07_reproduce.ipynb #c050
+def _run_selection(profile: str | None,  # `tiny`, `smoke` or `full` (None = the config's)
+                   only: str | None,  # comma-separated glob patterns of artefact ids
+                   cell_timeout: int | None,  # seconds per notebook cell (None = the profile's CELL_TIMEOUT_S)
+                   overrides: dict | None,  # `--set` values
+                   jobs: int,  # notebooks run in parallel
+                   cfg: Config) -> tuple:
+    "(profile, cell_timeout, all experiments, the selected experiments, the selected artefacts, where each override"
+    " applies), every option checked."
+    profile = profile or cfg.profile
+    if profile not in PROFILES: raise ValueError(f"--profile {profile!r}: use one of {', '.join(PROFILES)}")
+    check_run_options(cell_timeout, jobs, cfg)
+    cell_timeout = cell_timeout or CELL_TIMEOUT_S[profile]
+    exps_all, registry = _read_registry(cfg=cfg)
+    arts = select_artifacts(registry, only)
+    exps = experiments_for(arts, exps_all)
+    applies = check_overrides(overrides, [*exps, *arts], cfg)
+    for s in [*exps, *arts]: s.parameters(profile)  # every selected notebook has the profile
+    return profile, cell_timeout, exps_all, exps, arts, applies
+
+# %% ../nbs/07_reproduce.ipynb #c053
+def _plan_run(exps: list, arts: list,  # the selected experiments and artefacts
+              profile: str, overrides: dict | None,  # the profile and the `--set` values
+              llm_url: str | None,  # the endpoint (None = the embedded server)
+              model: str | None,  # the model asked for (None = the one the endpoint serves)
+              cfg: Config) -> tuple[str | None, dict, bool]:
+    "(model, {experiment id: plan}, whether this run calls an LLM): the model resolved at the endpoint where needed."
+    if llm_url and not model and any(e.needs_llm for e in exps):  # the key needs the model the endpoint serves
+        model = LLMClient.from_config(cfg, base_url=llm_url, progress=False).resolve_model()
+    plan = plan_experiments(exps, profile, cfg, overrides, llm=llm_identity(llm_url, model))
+    needs_llm = any(a.needs_llm for a in arts) or any(e.needs_llm and not plan[e.id]["done"] for e in exps)
+    if needs_llm and llm_url: model = LLMClient.from_config(cfg, base_url=llm_url, model=model, progress=False).resolve_model()
+    return model, plan, needs_llm
+
+# %% ../nbs/07_reproduce.ipynb #c056
+def _new_manifest(run_id: str, profile: str, only: str | None, jobs: int,  # the run's id and options
+                  llm_url: str | None,  # the endpoint (None = the embedded server)
+                  overrides: dict | None, applies: dict,  # the `--set` values and the notebooks each applies to
+                  cfg: Config) -> dict:
+    "The manifest a run starts with: `status='running'`, no entries yet."
+    return dict(run_id=run_id, git_sha=git_sha(cfg.root), profile=profile, only=only, jobs=jobs,
+                started=datetime.now(timezone.utc).isoformat(), llm_url=redact_url(llm_url) or "embedded",
+                config=cfg.public_dict() | {"llm_url": redact_url(cfg.llm_url)}, python=sys.version.split()[0],
+                overrides=overrides or {}, overrides_apply_to=applies, experiments=[], artifacts=[], status="running")
+
+def _model_fields(model: str | None,  # the model the endpoint serves
+                  needs_llm: bool) -> dict:  # whether the run calls an LLM
+    "The manifest's `model` (None when no notebook calls an LLM), and `test_instrument` when it is the stand-in model."
+    out = dict(model=model if needs_llm else None)
+    if needs_llm and model and model.startswith(STUB_MODEL): out["test_instrument"] = STUB_NOTE
+    return out
+
+def _endpoints(url: str | None) -> tuple[str | None, str | None]:
+    "(URL injected into notebooks, URL set in KGRAG_LLM_URL): credentials reach kernels only through KGRAG_LLM_URL."
+    has_secret = bool(url) and redact_url(url) != url
+    return (None, url) if has_secret else (url, None)
+
+# %% ../nbs/07_reproduce.ipynb #c059
+@dataclass
+class _Run:
+    "What the notebooks of one `reproduce` run share (threads update `bar`, `down`, `partial` under `lock`)."
+    cfg: Config
+    profile: str
+    run_dir: Path
+    cell_timeout: int  # seconds per notebook cell
+    overrides: dict | None  # `--set` values
+    plan: dict  # experiment id -> plan_experiments' entry
+    jobs: int  # notebooks run in parallel
+    server: object = None  # the owned EmbeddedServer (its watchdog reports a death), or None
+    url: str | None = None  # the endpoint the notebooks call
+    nb_url: str | None = None  # the endpoint injected into notebooks (None when it carries credentials)
+    model: str | None = None  # the model at that endpoint
+    bar: object = None  # the tqdm progress bar
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    down: dict = field(default_factory=dict)  # {"cause": ...} once LLM notebooks are no longer started
+    partial: list = field(default_factory=list)  # artefact entries as they finish (an interrupted run keeps them)
+    status: dict = field(default_factory=dict)  # experiment id -> its entry's status
+
+def _tick(st: _Run):
+    "One notebook done (or skipped) on the progress bar."
+    with st.lock: st.bar.update(1)
+
+def _llm_failed(st: _Run, res: dict):  # the run, and the failed notebook's result (its error may be extended)
+    "After an LLM notebook failed: stop starting LLM notebooks when the owned server died or the endpoint is gone."
+    server = st.server
+    if server is not None:
+        deadline = time.monotonic() + 2.0  # the watchdog records the death within milliseconds of the exit
+        while not server.died and server.proc is not None and server.proc.poll() is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if server.died:
+            with st.lock: st.down.setdefault("cause", f"embedded server {server.exit_status}")
+            if server.exit_status not in (res["error"] or ""): res["error"] = f"{res['error']}; {server.died.splitlines()[0]}"
+    elif "EndpointUnreachableError" in (res["error"] or ""):
+        with st.lock: st.down.setdefault("cause", f"the LLM endpoint {redact_url(st.url)} stopped answering (after the client's retries)")
+
+def _run_one(st: _Run, study: Artifact,  # the run and the notebook's registry entry
+             values: dict,  # its parameters
+             exp_dirs: dict,  # experiment id -> results folder (the ones it uses, and its own)
+             folder: str,  # "experiments" or "artifacts" (where it records usage in the run folder)
+             out: Path,  # the executed notebook's path
+             extra: dict) -> dict:  # the entry's leading fields (its id, key, ...)
+    "The manifest entry of one notebook run (`skipped` when it needs the LLM and the LLM is gone), with what it recorded."
+    if study.needs_llm and st.down:  # the LLM is gone: do not start another notebook that needs it
+        _tick(st)
+        return dict(extra, paper=study.paper, notebook=study.notebook, status="skipped", wall_s=0.0,
+                    error=f"not started: {st.down['cause']}")
+    params = _inject(study, st.cfg, values, st.profile, st.run_dir, st.nb_url if study.needs_llm else None,
+                     st.model if study.needs_llm else None, exp_dirs)
+    res = run_notebook(study, params, out, st.cfg, st.cell_timeout)
+    if study.needs_llm and res["status"] == "failed": _llm_failed(st, res)
+    entry = dict(extra, paper=study.paper, notebook=study.notebook, executed=str(out.relative_to(st.run_dir)),
+                 parameters={k: v for k, v in params.items() if k != "llm_url"} | {"llm_url": redact_url(params.get("llm_url"))},
+                 **res)
+    entry.update({k: v for k, v in _read_record(st.run_dir, folder, study.id).items() if k not in entry})
+    with st.lock:
+        st.bar.update(1)
+        if entry["status"] == "failed": tqdm.write(f"FAILED {study.id} ({study.notebook}) at {entry['error']}", file=sys.stderr)
+    return entry
+
+def _run_experiment(st: _Run, e: Artifact) -> dict:  # the run, and an experiment whose dependencies have ended
+    "The manifest entry of experiment `e`: skipped (an experiment it uses failed or was skipped), reused, or computed."
+    p = st.plan[e.id]
+    if any(st.status[u] == "failed" for u in e.uses) or any(st.status[u] == "skipped" for u in e.uses):
+        _tick(st)
+        return dict(experiment=e.id, key=p["key"], status="skipped", error=f"an experiment it uses failed: {e.uses}")
+    if p["done"]:
+        _tick(st)
+        rec = _success_record(p["path"]) or {}
+        return dict(experiment=e.id, key=p["key"], status="reused", path=str(p["path"]), models=rec.get("models"),
+                    parameters=p["params"], wall_s=0.0)
+    _write_plan(p, e.id)
+    entry = _run_one(st, e, p["params"], {**p["dep_paths"], e.id: p["path"]}, "experiments",
+                     st.run_dir / "notebooks" / "experiments" / f"{e.id}.ipynb", dict(experiment=e.id, key=p["key"], path=str(p["path"])))
+    if entry["status"] == "ok" and _success_record(p["path"]) is None:
+        entry.update(status="failed", error="the notebook ended without ExperimentRun.finish() (no _SUCCESS.json)")
+    entry["status"] = "computed" if entry["status"] == "ok" else entry["status"]
+    return entry
+
+def _run_experiments(st: _Run, exps: list, exps_all: dict,  # the run, the selected experiments, all of them
+                     into: list):  # the manifest's experiment entries (appended level by level)
+    "Run the experiments level by level (one runs after those it uses), `jobs` at a time."
+    remaining = [e for e in _topological(exps, exps_all)]
+    while remaining:
+        ready = [e for e in remaining if all(u in st.status for u in e.uses)]
+        remaining = [e for e in remaining if e not in ready]
+        for entry in _parallel(lambda e: _run_experiment(st, e), ready, st.jobs):
+            st.status[entry["experiment"]] = entry["status"]; into.append(entry)
+
+def _run_artifact(st: _Run, a: Artifact) -> dict:  # the run, and an artefact (its experiments have ended)
+    "The manifest entry of artefact `a` (skipped when an experiment it uses failed), also kept in `st.partial`."
+    bad = [u for u in a.uses if st.status.get(u) in ("failed", "skipped")]
+    if bad:
+        _tick(st)
+        entry = dict(artifact=a.id, paper=a.paper, notebook=a.notebook, status="skipped",
+                     error=f"experiment(s) {bad} failed", wall_s=0.0)
+    else:
+        values = effective_parameters(a, st.profile, st.cfg, st.overrides)
+        entry = _run_one(st, a, values, {u: st.plan[u]["path"] for u in a.uses}, "artifacts",
+                         st.run_dir / "notebooks" / f"{a.id}.ipynb", dict(artifact=a.id, experiments={u: st.plan[u]["key"] for u in a.uses}))
+    with st.lock: st.partial.append(entry)
+    return entry
+
+# %% ../nbs/07_reproduce.ipynb #c062
+def _llm_stopped(down: dict,  # `_Run.down`
+                 usage: dict) -> str | None:  # the run's summed LLM usage
+    "What stopped the LLM notebooks, and that nothing is lost; None when nothing did."
+    if not down: return None
+    return (f"{down['cause']} after {usage.get('requests', 0)} LLM requests; LLM notebooks after it were "
+            f"not started; nothing cached was lost; rerun resumes")
+
+def _interruption(exc: BaseException,  # what ended the run
+                  signals: list) -> tuple[str, str]:  # the SIGTERMs received
+    "(status, error) of a run cut short: `interrupted` (Ctrl-C or SIGTERM) or `failed` (the exception, 2,000 characters at most)."
+    interrupted = isinstance(exc, KeyboardInterrupt)
+    why = ("interrupted by SIGTERM" if signals else "interrupted (Ctrl-C / SIGINT)") if interrupted else f"{type(exc).__name__}: {exc}"
+    return ("interrupted" if interrupted else "failed"), why[:2000]
+
+# %% ../nbs/07_reproduce.ipynb #c065
 def reproduce(profile: str | None = None,  # `tiny`, `smoke` or `full` (default: config)
               only: str | None = None,  # comma-separated glob patterns of artefact ids
               llm_url: str | None = None,  # OpenAI-compatible endpoint; None = configured, else the embedded server
@@ -938,128 +1112,38 @@ def reproduce(profile: str | None = None,  # `tiny`, `smoke` or `full` (default:
     " before the run folder is made; once it exists, the manifest ends `finished`, `failed` (an error, re-raised) or"
     " `interrupted` (Ctrl-C or SIGTERM, re-raised as KeyboardInterrupt), always with the LLM usage recorded so far."
     cfg = cfg or get_config()
-    profile = profile or cfg.profile
-    if profile not in PROFILES: raise ValueError(f"--profile {profile!r}: use one of {', '.join(PROFILES)}")
-    check_run_options(cell_timeout, jobs, cfg)
-    cell_timeout = cell_timeout or CELL_TIMEOUT_S[profile]
-    exps_all, registry = _read_registry(cfg=cfg)
-    arts = select_artifacts(registry, only)
-    exps = experiments_for(arts, exps_all)
-    applies = check_overrides(overrides, [*exps, *arts], cfg)
-    for s in [*exps, *arts]: s.parameters(profile)  # every selected notebook has the profile
+    profile, cell_timeout, exps_all, exps, arts, applies = _run_selection(profile, only, cell_timeout, overrides, jobs, cfg)
     run_id = run_id or new_run_id()
     run_dir = check_run_id(run_id, cfg)
     llm_url, model = llm_url or cfg.llm_url, model or cfg.model
     # endpoint and model are checked before the run folder is made: a wrong one leaves no half-recorded run
-    if llm_url and not model and any(e.needs_llm for e in exps):  # the key needs the model the endpoint serves
-        model = LLMClient.from_config(cfg, base_url=llm_url, progress=False).resolve_model()
-    plan = plan_experiments(exps, profile, cfg, overrides, llm=llm_identity(llm_url, model))
-    needs_llm = any(a.needs_llm for a in arts) or any(e.needs_llm and not plan[e.id]["done"] for e in exps)
-    if needs_llm and llm_url: model = LLMClient.from_config(cfg, base_url=llm_url, model=model, progress=False).resolve_model()
+    model, plan, needs_llm = _plan_run(exps, arts, profile, overrides, llm_url, model, cfg)
     run_dir.mkdir(parents=True)
-    manifest = dict(run_id=run_id, git_sha=git_sha(cfg.root), profile=profile, only=only, jobs=jobs,
-                    started=datetime.now(timezone.utc).isoformat(), llm_url=redact_url(llm_url) or "embedded",
-                    config=cfg.public_dict() | {"llm_url": redact_url(cfg.llm_url)}, python=sys.version.split()[0],
-                    overrides=overrides or {}, overrides_apply_to=applies, experiments=[], artifacts=[], status="running")
+    manifest = _new_manifest(run_id, profile, only, jobs, llm_url, overrides, applies, cfg)
     write_json_atomic(run_dir / "manifest.json", manifest)  # a killed run still names its profile
     t0 = time.time()
     secrets = [os.environ.get(cfg.api_key_env, ""), *_url_secrets(llm_url)]
-    server = EmbeddedServer(cfg) if needs_llm and not llm_url else None  # owned: its watchdog reports a death
-    down: dict = {}  # why LLM notebooks are no longer started: the owned server died, or the endpoint stopped answering
-    signals, partial = [], []  # SIGTERMs received; artefact entries as they finish (an interrupted run keeps them)
+    st = _Run(cfg, profile, run_dir, cell_timeout, overrides, plan, jobs,
+              server=EmbeddedServer(cfg) if needs_llm and not llm_url else None)  # owned: its watchdog reports a death
+    signals = []  # SIGTERMs received
     try:
-        with _sigterm_raises() as signals, (server or nullcontext()):
-            url = server.url if server else llm_url
-            if needs_llm and server is not None: model = LLMClient.from_config(cfg, base_url=url, model=model, progress=False).resolve_model()
-            manifest["model"] = model if needs_llm else None
-            if needs_llm and model and model.startswith(STUB_MODEL): manifest["test_instrument"] = STUB_NOTE
-            has_secret = bool(url) and redact_url(url) != url
-            nb_url = None if has_secret else url  # credentials reach kernels only through KGRAG_LLM_URL
-            bar = tqdm(total=len(exps) + len(arts), desc="notebooks", unit="nb", disable=not progress)
-            lock = threading.Lock()
-
-            def llm_failed(res: dict):
-                "After an LLM notebook failed: stop starting LLM notebooks when the owned server died or the endpoint is gone."
-                if server is not None:
-                    deadline = time.monotonic() + 2.0  # the watchdog records the death within milliseconds of the exit
-                    while not server.died and server.proc is not None and server.proc.poll() is not None and time.monotonic() < deadline:
-                        time.sleep(0.05)
-                    if server.died:
-                        with lock: down.setdefault("cause", f"embedded server {server.exit_status}")
-                        if server.exit_status not in (res["error"] or ""): res["error"] = f"{res['error']}; {server.died.splitlines()[0]}"
-                elif "EndpointUnreachableError" in (res["error"] or ""):
-                    with lock: down.setdefault("cause", f"the LLM endpoint {redact_url(url)} stopped answering (after the client's retries)")
-
-            def run_one(study: Artifact, values: dict, exp_dirs: dict, folder: str, out: Path, extra: dict) -> dict:
-                if study.needs_llm and down:  # the LLM is gone: do not start another notebook that needs it
-                    with lock: bar.update(1)
-                    return dict(extra, paper=study.paper, notebook=study.notebook, status="skipped", wall_s=0.0,
-                                error=f"not started: {down['cause']}")
-                params = _inject(study, cfg, values, profile, run_dir, nb_url if study.needs_llm else None,
-                                 model if study.needs_llm else None, exp_dirs)
-                res = run_notebook(study, params, out, cfg, cell_timeout)
-                if study.needs_llm and res["status"] == "failed": llm_failed(res)
-                entry = dict(extra, paper=study.paper, notebook=study.notebook, executed=str(out.relative_to(run_dir)),
-                             parameters={k: v for k, v in params.items() if k != "llm_url"} | {"llm_url": redact_url(params.get("llm_url"))},
-                             **res)
-                entry.update({k: v for k, v in _read_record(run_dir, folder, study.id).items() if k not in entry})
-                with lock:
-                    bar.update(1)
-                    if entry["status"] == "failed": tqdm.write(f"FAILED {study.id} ({study.notebook}) at {entry['error']}", file=sys.stderr)
-                return entry
-
-            with config_environment(cfg, llm_url=url if has_secret else None, model=model):
-                # experiments, level by level (an experiment runs after those it uses)
-                status = {}
-                remaining = [e for e in _topological(exps, exps_all)]
-                while remaining:
-                    ready = [e for e in remaining if all(u in status for u in e.uses)]
-                    remaining = [e for e in remaining if e not in ready]
-                    def run_exp(e):
-                        p = plan[e.id]
-                        if any(status[u] == "failed" for u in e.uses) or any(status[u] == "skipped" for u in e.uses):
-                            with lock: bar.update(1)
-                            return dict(experiment=e.id, key=p["key"], status="skipped", error=f"an experiment it uses failed: {e.uses}")
-                        if p["done"]:
-                            with lock: bar.update(1)
-                            rec = _success_record(p["path"]) or {}
-                            return dict(experiment=e.id, key=p["key"], status="reused", path=str(p["path"]), models=rec.get("models"),
-                                        parameters=p["params"], wall_s=0.0)
-                        _write_plan(p, e.id)
-                        entry = run_one(e, p["params"], {**p["dep_paths"], e.id: p["path"]}, "experiments",
-                                        run_dir / "notebooks" / "experiments" / f"{e.id}.ipynb", dict(experiment=e.id, key=p["key"], path=str(p["path"])))
-                        if entry["status"] == "ok" and _success_record(p["path"]) is None:
-                            entry.update(status="failed", error="the notebook ended without ExperimentRun.finish() (no _SUCCESS.json)")
-                        entry["status"] = "computed" if entry["status"] == "ok" else entry["status"]
-                        return entry
-                    for entry in _parallel(run_exp, ready, jobs):
-                        status[entry["experiment"]] = entry["status"]; manifest["experiments"].append(entry)
-                # artefacts
-                def run_art(a):
-                    bad = [u for u in a.uses if status.get(u) in ("failed", "skipped")]
-                    if bad:
-                        with lock: bar.update(1)
-                        return dict(artifact=a.id, paper=a.paper, notebook=a.notebook, status="skipped",
-                                    error=f"experiment(s) {bad} failed", wall_s=0.0)
-                    values = effective_parameters(a, profile, cfg, overrides)
-                    return run_one(a, values, {u: plan[u]["path"] for u in a.uses}, "artifacts",
-                                   run_dir / "notebooks" / f"{a.id}.ipynb", dict(artifact=a.id, experiments={u: plan[u]["key"] for u in a.uses}))
-                def run_art_kept(a):
-                    entry = run_art(a)
-                    with lock: partial.append(entry)
-                    return entry
-                manifest["artifacts"] = _parallel(run_art_kept, arts, jobs)
-            bar.close()
+        with _sigterm_raises() as signals, (st.server or nullcontext()):
+            st.url = st.server.url if st.server else llm_url
+            if needs_llm and st.server is not None: model = LLMClient.from_config(cfg, base_url=st.url, model=model, progress=False).resolve_model()
+            st.model = model
+            manifest.update(_model_fields(model, needs_llm))
+            st.nb_url, env_url = _endpoints(st.url)
+            st.bar = tqdm(total=len(exps) + len(arts), desc="notebooks", unit="nb", disable=not progress)
+            with config_environment(cfg, llm_url=env_url, model=model):
+                _run_experiments(st, exps, exps_all, manifest["experiments"])
+                manifest["artifacts"] = _parallel(lambda a: _run_artifact(st, a), arts, jobs)
+            st.bar.close()
         usage = _sum_usage(manifest["experiments"] + manifest["artifacts"])
-        if down:  # one line a user reads first (the CLI prints it): what stopped the run, and that nothing is lost
-            manifest["llm_stopped"] = (f"{down['cause']} after {usage.get('requests', 0)} LLM requests; LLM notebooks after it were "
-                                       f"not started; nothing cached was lost; rerun resumes")
+        if st.down: manifest["llm_stopped"] = _llm_stopped(st.down, usage)
         return _finalise(manifest, run_dir, [*exps, *arts], t0, secrets, "finished", usage=usage)
     except BaseException as exc:  # Ctrl-C, SIGTERM (raised above) or an error: the manifest says so, with the usage so far
-        interrupted = isinstance(exc, KeyboardInterrupt)
         _stop_kernels()  # jobs=1: the kernel of a notebook cut short (the pool stops its own)
-        manifest["artifacts"] = manifest["artifacts"] or list(partial)
-        why = ("interrupted by SIGTERM" if signals else "interrupted (Ctrl-C / SIGINT)") if interrupted else f"{type(exc).__name__}: {exc}"
-        _finalise(manifest, run_dir, [*exps, *arts], t0, secrets, "interrupted" if interrupted else "failed", why[:2000])
+        manifest["artifacts"] = manifest["artifacts"] or list(st.partial)
+        status, why = _interruption(exc, signals)
+        _finalise(manifest, run_dir, [*exps, *arts], t0, secrets, status, why)
         raise
-

@@ -359,19 +359,15 @@ def _p_slices(pp: np.ndarray, lo: np.ndarray, hi: np.ndarray, budget: int) -> li
         out.append((start, end)); start = end
     return out
 
-def _refine(ix: _Index, h: int, body: tuple, cfg: dict) -> list:
-    """Children of the rule `body => h(0, 1)` (dangling, closing and, when enabled, instantiated atoms; BRINK App. A.1)
-    whose support passes the threshold: list of (canonical body, support)."""
-    L = 1 + len(body)
-    if L >= cfg["max_len"]: return []
-    if cfg.get("paths") is not None and L == cfg["max_len"] - 1:
-        kind = _path_kind(body)
-        if kind is not None:  # each closed child ?a-x-y-?b is built from its prefix ?a-x-y only
-            if kind[0] != "prefix": return []
-            ends, suffix = cfg["paths"].get(h, ({}, {}))
-            allowed = ends.get(kind[1], set()) & suffix.get(kind[2], set())
-            return _refine_prefix(ix, h, body, kind, allowed, cfg) if allowed else []
-    occ, rem = _occurrences(body), cfg["max_len"] - L - 1
+# %% ../nbs/11_rules.ipynb #c025b
+def _refinement_ops(body: tuple,  # integer body of `body => h(0, 1)` (head atom implied)
+                    max_len: int,  # atoms in a rule, head included
+                    instantiated: bool,  # whether atoms with a constant are tried
+                   ) -> tuple[int, list, list, list]:
+    """(nv, dangling, closing, instantiated): the fresh variable `nv` and the ops whose child can still close within
+    `max_len`; dangling (u, d) adds r(u, nv) (d 0) or r(nv, u) (d 1), closing (u, v) adds r(u, v), instantiated
+    (u, d) adds r(u, e) (d 0) or r(e, u) (d 1)."""
+    occ, rem = _occurrences(body), max_len - (1 + len(body)) - 1
     nv = max(occ) + 1
     def after(*xs):
         o = dict(occ)
@@ -379,53 +375,92 @@ def _refine(ix: _Index, h: int, body: tuple, cfg: dict) -> list:
         return o
     dang = [(u, d) for u in range(nv) for d in (0, 1) if _closable(after(u, nv), rem)]  # d 0: r(u, new), 1: r(new, u)
     clos = [(u, v) for u in range(nv) for v in range(nv) if u != v and _closable(after(u, v), rem)]  # r(u, v)
-    inst = [(u, d) for u in range(nv) for d in (0, 1) if cfg["instantiated"] and _closable(after(u), rem)]
-    if not (dang or clos or inst): return []
+    inst = [(u, d) for u in range(nv) for d in (0, 1) if instantiated and _closable(after(u), rem)]
+    return nv, dang, clos, inst
+
+# %% ../nbs/11_rules.ipynb #c025e
+def _project(T: dict,  # a chunk of bindings: column "p" (head fact number) and fresh variables 2, 3, ...
+             hs: np.ndarray, ho: np.ndarray,  # subjects (?a, variable 0) and objects (?b, variable 1) of the head facts
+             E: int,  # entities in the KG (the radix of a variable column)
+             us: tuple,  # the variables to project on
+            ) -> tuple:
+    "(p, [values of each variable in us]) over the distinct (p, us) rows of the chunk, sorted by p."
+    p, n_h = T["p"], len(hs)
+    if all(u in (0, 1) for u in us):
+        pp = _unique(p)
+        return pp, [hs[pp] if u == 0 else ho[pp] for u in us]
+    cols = {"p": p, **{k: (hs[p] if k == 0 else ho[p] if k == 1 else T[k]) for k in us}}
+    t = cols if set(us) >= set(T) - {"p"} else _dedup(cols, E, n_h)  # T is distinct on p + its variables
+    return t["p"], [t[k] for k in us]
+
+def _count_open(ix: _Index, T: dict, hs, ho,  # the index, one chunk of bindings, the head facts' subjects and objects
+                nv: int,  # the fresh variable (variables 0 .. nv-1 are bound)
+                cnt_d: dict,  # dangling op -> support per relation (added to)
+                cnt_i: dict,  # instantiated op -> [(keys, counts)] (appended to)
+                budget: int):  # rows per step
+    "Add one chunk's distinct (p, relation) pairs of each dangling op, and its distinct (p, relation, entity) keys of each instantiated op."
+    n_h, R, E = len(hs), ix.R, ix.E
+    for u in range(nv):
+        ds = [d for d in (0, 1) if (u, d) in cnt_d or (u, d) in cnt_i]
+        if not ds: continue
+        pp, (vals,) = _project(T, hs, ho, E, (u,))
+        for d in ds:
+            if (u, d) in cnt_d:
+                indptr, rels = ix.er_out if d == 0 else ix.er_in
+                lo, hi = indptr[vals], indptr[vals + 1]
+                for a, b in _p_slices(pp, lo, hi, budget):
+                    row, pos = _ranges(lo[a:b], hi[a:b])
+                    cnt_d[(u, d)] += _count_distinct_pairs(pp[a:b][row], rels[pos], n_h, R)
+            if (u, d) in cnt_i:
+                (keys, rel), nbr = ix.ent_out if d == 0 else ix.ent_in
+                lo, hi = np.searchsorted(keys, vals, "left"), np.searchsorted(keys, vals, "right")
+                for a, b in _p_slices(pp, lo, hi, budget):
+                    row, pos = _ranges(lo[a:b], hi[a:b])
+                    key = _unique((pp[a:b][row] * R + rel[pos]) * E + nbr[pos]) % (R * E)
+                    cnt_i[(u, d)].append(_unique_counts(key))
+
+def _count_closing(ix: _Index, T: dict, hs, ho,  # the index, one chunk of bindings, the head facts' subjects and objects
+                   cnt_c: dict,  # closing op (u, v) -> support per relation (added to)
+                   budget: int):  # rows per step
+    "Add one chunk's distinct (p, relation) pairs of each closing op r(u, v), looked up in the (subject, object) index."
+    n_h, R, E = len(hs), ix.R, ix.E
+    for (u, v) in cnt_c:
+        pp, (uv, vv) = _project(T, hs, ho, E, (u, v))
+        i = ix.pair_index.get_indexer(uv * E + vv)
+        lo, hi = np.where(i >= 0, ix.pair_start[i], 0), np.where(i >= 0, ix.pair_stop[i], 0)
+        for a, b in _p_slices(pp, lo, hi, budget):
+            row, pos = _ranges(lo[a:b], hi[a:b])
+            cnt_c[(u, v)] += _count_distinct_pairs(pp[a:b][row], ix.pair_rel[pos], n_h, R)
+
+def _count_children(ix: _Index, h: int, body: tuple,  # the index and the rule `body => h(0, 1)`
+                    nv: int, dang: list, clos: list, inst: list,  # `_refinement_ops` of the body
+                    budget: int) -> tuple[dict, dict, dict]:  # rows per join step
+    "({dangling op: support per relation}, {closing op: support per relation}, {instantiated op: [(keys, counts)]})."
     hs, ho = ix.facts(h)
-    n_h, R, E, thr = len(hs), ix.R, ix.E, cfg["thresholds"][h]
+    n_h, R = len(hs), ix.R
     cnt_d = {op: np.zeros(R, np.int64) for op in dang}
     cnt_c = {op: np.zeros(R, np.int64) for op in clos}
     cnt_i = {op: [] for op in inst}
     start = {"p": np.arange(n_h, dtype=np.int64), 0: hs, 1: ho}
-    for T in _chunked(ix, start, body, {"p"} | set(range(2, nv)), n_h, cfg["budget"]):
-        p = T["p"]
-        if len(p) == 0: continue
-        def proj(*us):  # distinct (p, values of the variables us)
-            if all(u in (0, 1) for u in us):
-                pp = _unique(p)
-                return pp, [hs[pp] if u == 0 else ho[pp] for u in us]
-            cols = {"p": p, **{k: (hs[p] if k == 0 else ho[p] if k == 1 else T[k]) for k in us}}
-            t = cols if set(us) >= set(T) - {"p"} else _dedup(cols, E, n_h)  # T is distinct on p + its variables
-            return t["p"], [t[k] for k in us]
-        for u in range(nv):
-            ds = [d for d in (0, 1) if (u, d) in cnt_d or (u, d) in cnt_i]
-            if not ds: continue
-            pp, (vals,) = proj(u)
-            for d in ds:
-                if (u, d) in cnt_d:
-                    indptr, rels = ix.er_out if d == 0 else ix.er_in
-                    lo, hi = indptr[vals], indptr[vals + 1]
-                    for a, b in _p_slices(pp, lo, hi, cfg["budget"]):
-                        row, pos = _ranges(lo[a:b], hi[a:b])
-                        cnt_d[(u, d)] += _count_distinct_pairs(pp[a:b][row], rels[pos], n_h, R)
-                if (u, d) in cnt_i:
-                    (keys, rel), nbr = ix.ent_out if d == 0 else ix.ent_in
-                    lo, hi = np.searchsorted(keys, vals, "left"), np.searchsorted(keys, vals, "right")
-                    for a, b in _p_slices(pp, lo, hi, cfg["budget"]):
-                        row, pos = _ranges(lo[a:b], hi[a:b])
-                        key = _unique((pp[a:b][row] * R + rel[pos]) * E + nbr[pos]) % (R * E)
-                        cnt_i[(u, d)].append(_unique_counts(key))
-        for (u, v) in clos:
-            pp, (uv, vv) = proj(u, v)
-            i = ix.pair_index.get_indexer(uv * E + vv)
-            lo, hi = np.where(i >= 0, ix.pair_start[i], 0), np.where(i >= 0, ix.pair_stop[i], 0)
-            for a, b in _p_slices(pp, lo, hi, cfg["budget"]):
-                row, pos = _ranges(lo[a:b], hi[a:b])
-                cnt_c[(u, v)] += _count_distinct_pairs(pp[a:b][row], ix.pair_rel[pos], n_h, R)
+    for T in _chunked(ix, start, body, {"p"} | set(range(2, nv)), n_h, budget):
+        if len(T["p"]) == 0: continue
+        _count_open(ix, T, hs, ho, nv, cnt_d, cnt_i, budget)
+        _count_closing(ix, T, hs, ho, cnt_c, budget)
+    return cnt_d, cnt_c, cnt_i
+
+# %% ../nbs/11_rules.ipynb #c025h
+def _children_above(h: int, body: tuple,  # the rule `body => h(0, 1)`
+                    nv: int,  # its fresh variable
+                    cnt_d: dict, cnt_c: dict, cnt_i: dict,  # `_count_children`'s supports
+                    thr: float,  # support threshold of head h
+                    recursivity_limit: int,  # most atoms of one relation in a rule
+                    E: int,  # entities in the KG (decodes the instantiated keys)
+                   ) -> list:
+    "[(canonical child body, support)] of every child whose support is >= `thr`, dangling, then closing, then instantiated."
     rel_count = Counter(a[0] for a in ((h, 0, 1),) + tuple(body))
     atoms, out = set(body) | {(h, 0, 1)}, []
     def add(atom, support):
-        if atom not in atoms and rel_count[atom[0]] < cfg["recursivity_limit"]:
+        if atom not in atoms and rel_count[atom[0]] < recursivity_limit:
             out.append((_canon(body + (atom,)), int(support)))
     for (u, d), c in cnt_d.items():
         for r in np.flatnonzero(c >= thr): add((int(r), u, nv) if d == 0 else (int(r), nv, u), c[r])
@@ -438,6 +473,23 @@ def _refine(ix: _Index, h: int, body: tuple, cfg: dict) -> list:
             r, e = int(kk // E), int(kk % E)
             add((r, u, -e - 1) if d == 0 else (r, -e - 1, u), cc)
     return out
+
+# %% ../nbs/11_rules.ipynb #c025k
+def _refine(ix: _Index,  # the KG's index
+            h: int,  # head relation
+            body: tuple,  # integer body of the parent rule
+            cfg: dict) -> list:  # max_len, thresholds, instantiated, recursivity_limit, budget, paths
+    """Children of the rule `body => h(0, 1)` (dangling, closing and, when enabled, instantiated atoms; BRINK App. A.1)
+    whose support passes the threshold: list of (canonical body, support)."""
+    L = 1 + len(body)
+    if L >= cfg["max_len"]: return []
+    if cfg.get("paths") is not None and L == cfg["max_len"] - 1:
+        kind = _path_kind(body)
+        if kind is not None: return _refine_path(ix, h, body, kind, cfg)
+    nv, dang, clos, inst = _refinement_ops(body, cfg["max_len"], cfg["instantiated"])
+    if not (dang or clos or inst): return []
+    cnt_d, cnt_c, cnt_i = _count_children(ix, h, body, nv, dang, clos, inst, cfg["budget"])
+    return _children_above(h, body, nv, cnt_d, cnt_c, cnt_i, cfg["thresholds"][h], cfg["recursivity_limit"], ix.E)
 
 # %% ../nbs/11_rules.ipynb #c027
 def _path_kind(body):
@@ -516,6 +568,16 @@ def _refine_prefix(ix: _Index, h: int, body: tuple, kind, allowed, cfg) -> list:
         if rel_count[r3] < cfg["recursivity_limit"]:
             out.append((_canon(body + ((r3, y, 1) if codes[k] % 2 == 0 else (r3, 1, y),)), int(counts[k])))
     return out
+
+def _refine_path(ix: _Index, h: int, body: tuple,  # the index and the parent rule `body => h(0, 1)`
+                 kind: tuple,  # `_path_kind(body)`
+                 cfg: dict) -> list:  # `_refine`'s options, with `paths` (`_path_index` of the queue)
+    "Children of a path with one gap one atom short of `max_len`: built from its prefix only, with the closing atoms"
+    " whose suffix and ends parents are queued (Apriori); none from a suffix or ends parent."
+    if kind[0] != "prefix": return []
+    ends, suffix = cfg["paths"].get(h, ({}, {}))
+    allowed = ends.get(kind[1], set()) & suffix.get(kind[2], set())
+    return _refine_prefix(ix, h, body, kind, allowed, cfg) if allowed else []
 
 # %% ../nbs/11_rules.ipynb #c031
 def _edge(ix: _Index, atoms, u: int, v: int):

@@ -338,3 +338,65 @@ def test_format_tax_arm_fires_with_the_stub():
     for d in ("constrained", "decoupled"):
         assert all((r["parsed"], r["judge"], r["fired"], len(r["mis_queries"])) == (1.0, True, True, 1) for r in arms[d])
         assert all(r["second_chunks"] == M.FT_TOPK // 2 for r in arms[d])
+
+
+# ---------------------------------------------------------------- run_pipeline's steps, each by hand (issue 24)
+def test_pipeline_checks_and_room_by_hand():
+    assert M._room_chars(4096, 32, 3.0) == (4096 - 32 - 16) * 3 and M._room_chars(2048, 64, 0.8) == int(1968 * 0.8)
+    kbs = dict(wiki=None, qa=None, merged=None)
+    for bad, msg in [(("web", (2,), kbs, "free"), "dataset"), (("nq", (2,), kbs, "json"), "decoding"),
+                     (("nq", (2, 3), kbs, "free"), r"topks \[3\]"), (("nq", (0,), kbs, "free"), r"topks \[0\]"),
+                     (("med", (2,), dict(wiki=None), "free"), r"\['merged', 'qa'\]")]:
+        with pytest.raises(ValueError, match=msg): M._check_pipeline(*bad)
+    M._check_pipeline("nq", (2, 4), kbs, "constrained")
+
+
+def test_first_round_contexts_order_and_keys_by_hand():
+    w, q = [M.Chunk(f"w{i}", "wiki") for i in range(4)], [M.Chunk(f"q{i}", "qa") for i in range(4)]
+    hits = {"wiki": [w], "qa": [q], "merged": [[w[0], q[0], w[1], q[1]]]}
+    got = M._first_round_contexts(hits, 0, (2, 4))
+    # per TopK: wiki K, K/2; qa K, K/2; merged K, K/2; then 2-way K/2 + K/2
+    assert got[:7] == [w[:2], w[:1], q[:2], q[:1], [w[0], q[0]], [w[0]], [w[0], q[0]]]
+    assert got[7:] == [w[:4], w[:2], q[:4], q[:2], [w[0], q[0], w[1], q[1]], [w[0], q[0]], w[:2] + q[:2]]
+    assert M._rag_key(0, got[4]) == M._rag_key(0, got[6]) != M._rag_key(1, got[6])  # same chunks, same request
+    jobs = M._first_round_jobs(["who?"], hits, (2, 4), "nq", 10_000)
+    assert list(jobs)[0] == ("direct", 0) and len(jobs) == 1 + len({M._rag_key(0, c) for c in got})
+
+
+@pytest.mark.parametrize("text,reason", [
+    ("no json here", "parse failed"),
+    ('{"thought": "", "judge": false, "missing_knowledge": [], "query": []}', "judge=false"),
+    ('{"thought": "", "judge": true, "missing_knowledge": ["x"], "query": ["  ", ""]}', "no query"),
+    ('{"thought": "", "judge": true, "missing_knowledge": ["x"], "query": [" ", "who"]}', ""),
+])
+def test_fallback_reason_by_hand(text, reason):
+    assert M._fallback_reason(M.parse_json_verdict(text)) == reason
+
+
+def test_sorted_rows_follow_the_tables_by_hand():
+    r = dict(qid=0, topk=2, row="Wiki")
+    df = M._sorted_rows([dict(r, row="Misk Merged KB"), dict(r, qid=1), dict(r, row="DirectGen", topk=0), r,
+                         dict(r, row="2-way retrieval")])
+    assert list(zip(df["topk"], df["row"], df["qid"])) == [(0, "DirectGen", 0), (2, "Wiki", 0), (2, "Wiki", 1),
+                                                           (2, "2-way retrieval", 0), (2, "Misk Merged KB", 0)]
+
+
+def test_pipeline_sends_three_batches_in_order():
+    "Free decoding: the first round (DirectGen first), the Fig. 4 calls (3 KBs x 1 TopK per question), the final answers."
+    qs = [dict(question="capital of france", answers=["Paris"])]
+    cl = _Recorder()
+    M.run_pipeline(cl, "nq", qs, _toy_kbs(), topks=(2,))
+    assert len(cl.prompts) == 2  # the stub's free text never parses: no Fig. 6 batch
+    assert cl.prompts[0][0] == M.fill(M.direct_prompt("nq"), query="capital of france")
+    # 3 Fig. 4 jobs (wiki, qa, merged); the merged KB's top chunk is the QA KB's, so that prompt is sent once
+    assert len(cl.prompts[1]) == 2 and all("## First Round Answer" in p for p in cl.prompts[1])
+    assert "Q: capital of france A: paris" in cl.prompts[1][1] and "Document[1]: paris capital france" in cl.prompts[1][0]
+
+
+class _Recorder(_StubClient):
+    "The stub, recording each batch's prompts."
+    def __init__(self): super().__init__(); self.prompts = []
+
+    def complete(self, prompts, **kw):
+        self.prompts.append(list(prompts))
+        return super().complete(prompts, **kw)

@@ -590,3 +590,42 @@ def test_the_registry_is_confined_to_the_checkout_and_bounded(tmp_path):
     t0 = time.monotonic()
     with pytest.raises(ValueError, match="billion laughs"): load_registry(cfg=cfg)
     assert time.monotonic() - t0 < 5
+
+
+# ---------------------------------------------------------------- reproduce's steps, each on its own (issue 24)
+def test_run_selection_checks_options_and_selects():
+    from kgrag_nb.reproduce import CELL_TIMEOUT_S, _run_selection
+    cfg = get_config()
+    profile, timeout, _, exps, arts, applies = _run_selection("smoke", "kg_statistics", None, None, 1, cfg)
+    assert (profile, timeout, [a.id for a in arts], exps, applies) == ("smoke", CELL_TIMEOUT_S["smoke"], ["kg_statistics"], [], {})
+    assert _run_selection(None, "kg_statistics", 42, None, 1, cfg)[:2] == (cfg.profile, 42)
+    with pytest.raises(ValueError, match="--profile 'huge'"): _run_selection("huge", None, None, None, 1, cfg)
+    with pytest.raises(ValueError, match="--jobs 0"): _run_selection("smoke", None, None, None, 0, cfg)
+
+
+@pytest.mark.parametrize("url,expected", [
+    (None, (None, None)), ("http://h:1/v1", ("http://h:1/v1", None)),
+    ("http://u:pw@h:1/v1", (None, "http://u:pw@h:1/v1")),  # credentials only through KGRAG_LLM_URL, never injected
+])
+def test_endpoints_keep_credentials_out_of_notebooks(url, expected):
+    assert rp._endpoints(url) == expected
+
+
+def test_model_fields_llm_stopped_and_interruption_by_hand():
+    from kgrag_nb.serve import STUB_MODEL, STUB_NOTE
+    assert rp._model_fields("gemma", False) == {"model": None} and rp._model_fields("gemma", True) == {"model": "gemma"}
+    assert rp._model_fields(STUB_MODEL, True) == {"model": STUB_MODEL, "test_instrument": STUB_NOTE}
+    assert rp._llm_stopped({}, {"requests": 5}) is None
+    assert rp._llm_stopped({"cause": "X"}, {}) == ("X after 0 LLM requests; LLM notebooks after it were not started; "
+                                                   "nothing cached was lost; rerun resumes")
+    assert rp._interruption(KeyboardInterrupt(), [15]) == ("interrupted", "interrupted by SIGTERM")
+    assert rp._interruption(KeyboardInterrupt(), []) == ("interrupted", "interrupted (Ctrl-C / SIGINT)")
+    status, why = rp._interruption(ValueError("v" * 5000), [15])
+    assert status == "failed" and why.startswith("ValueError: vvv") and len(why) == 2000
+
+
+def test_new_manifest_starts_running_with_no_credentials():
+    m = rp._new_manifest("r1", "tiny", "a*", 2, "http://u:secret@h:1/v1", None, {}, get_config())
+    assert (m["status"], m["run_id"], m["profile"], m["only"], m["jobs"], m["overrides"]) == ("running", "r1", "tiny", "a*", 2, {})
+    assert "secret" not in json.dumps(m) and m["experiments"] == m["artifacts"] == []
+    assert rp._new_manifest("r1", "tiny", None, 1, None, None, {}, get_config())["llm_url"] == "embedded"

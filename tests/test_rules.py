@@ -642,3 +642,39 @@ def test_rules_cache_second_writer_keeps_the_first_folder(tmp_path, monkeypatch)
     (folder / "rules.tsv").write_text((folder / "rules.tsv").read_text().splitlines()[0] + "\n")  # truncated by hand
     with pytest.raises(ValueError, match="delete the folder"):
         R.mine_rules_cached(kg, progress=False, min_initial_support=1, cache_dir=tmp_path, **CACHE_OPTS)
+
+
+# ---------------------------------------------------------------- _refine's steps, each by hand (issue 24)
+def test_refinement_ops_by_hand():
+    from kgrag_nb.rules import _refinement_ops
+    # ⊤ => h(?a, ?b), length 2: only a closing atom can still close; length 3: dangling on ?a or ?b either way, too
+    assert _refinement_ops((), 2, True) == (2, [], [(0, 1), (1, 0)], [])
+    assert _refinement_ops((), 3, False) == (2, [(0, 0), (0, 1), (1, 0), (1, 1)], [(0, 1), (1, 0)], [])
+    assert _refinement_ops((), 3, True)[3] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    # r(?a, ?c) => h(?a, ?b) at length 3: ?b and ?c are open, one atom left: it must join them
+    assert _refinement_ops(((5, 0, 2),), 3, True) == (3, [], [(1, 2), (2, 1)], [])
+    # at length 4 the same body may still dangle from ?b or ?c (two atoms left), but not from ?a (three open variables)
+    nv, dang, clos, inst = _refinement_ops(((5, 0, 2),), 4, False)
+    assert nv == 3 and dang == [(1, 0), (1, 1), (2, 0), (2, 1)] and len(clos) == 6
+
+
+def test_project_reads_head_variables_and_dedups_by_hand():
+    from kgrag_nb.rules import _project
+    T = {"p": np.array([0, 0, 1, 1]), 2: np.array([7, 8, 7, 7]), 3: np.array([1, 2, 3, 4])}
+    hs, ho = np.array([10, 11]), np.array([20, 21])
+    pp, (a,) = _project(T, hs, ho, 30, (0,))
+    assert pp.tolist() == [0, 1] and a.tolist() == [10, 11]
+    pp, (b, c) = _project(T, hs, ho, 30, (1, 2))  # (p, ?b, ?c): head fact 1 has ?c = 7 twice (rows differ on variable 3)
+    assert list(zip(pp.tolist(), b.tolist(), c.tolist())) == [(0, 20, 7), (0, 20, 8), (1, 21, 7)]
+
+
+def test_children_above_threshold_duplicates_and_recursivity_by_hand():
+    from kgrag_nb.rules import _children_above
+    # head 0, relations 0 and 1: r1(?a, ?c) support 3; r0(?b, ?a) support 2; r0(?a, ?b) is the head atom itself
+    got = _children_above(0, (), 2, {(0, 0): np.array([1, 3])}, {(1, 0): np.array([2, 0]), (0, 1): np.array([5, 0])}, {},
+                          2, 3, 10)
+    assert got == [(((1, 0, 2),), 3), (((0, 1, 0),), 2)]
+    assert _children_above(0, (), 2, {(0, 0): np.array([1, 3])}, {}, {}, 4, 3, 10) == []  # below the threshold
+    # recursivity_limit 1 forbids a second relation-0 atom; the instantiated key r * E + e = 1 * 10 + 4 is r1(?a, e4)
+    got = _children_above(0, (), 2, {}, {(1, 0): np.array([2, 0])}, {(0, 0): [(np.array([14]), np.array([2]))]}, 2, 1, 10)
+    assert got == [(((1, 0, -5),), 2)]
