@@ -990,6 +990,7 @@ def plot_sweep(sweep: pd.DataFrame,  # from `temperature_sweep`
     return fig
 
 # %% ../nbs/14_awaken.ipynb #f001
+from .hooks import register_format_tax
 FORMAT_TAX = dict(
     study="awakening",
     step="NLI-probing True/False (App. E prompt, §4.2 Stage 3, Eq. 7) and QA-probing short answers (App. B.4, closed-book "
@@ -1016,6 +1017,7 @@ def format_tax_items(n: int,  # how many knowledge items
                           qa_expected=k["qa_expected"]))
     return items
 
+@register_format_tax(FORMAT_TAX, datasets=["cwq", "fb15k237"])  # the experiment format_tax_runs finds it (kgrag_nb.hooks)
 def format_tax_arm(client,  # `kgrag_nb.llm.LLMClient`
                    decoding: str,  # "free" (the paper's) | "constrained" | "decoupled"
                    n: int,  # knowledge items (fewer when the data has fewer; see `format_tax_items`)

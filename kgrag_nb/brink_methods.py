@@ -608,11 +608,13 @@ def brink_experiment(kg_name: str,  # dataset name
     return bench, pd.concat(frames, ignore_index=True)
 
 # %% ../nbs/13_brink_methods.ipynb #c047b
+from .hooks import register_format_tax
 FORMAT_TAX = dict(study="brink", step="the oracle's answer list (BRINK App. H; App. E list form, parse_answer_list / ANSWER_LIST)",
                   metric="hits_hard",
                   paper="BRINK Table 6 (App. H), Family, incomplete KG, rule + alternative path given: Hits@Hard 0.91 (GPT-4o), "
                         "0.88 (GPT-3.5-turbo)")
 
+@register_format_tax(FORMAT_TAX, datasets=["family"])  # the experiment format_tax_runs finds it (kgrag_nb.hooks)
 def format_tax_arm(client,  # kgrag_nb.llm.LLMClient
                    decoding: str,  # 'free' | 'constrained' | 'decoupled'
                    n: int,  # first n test questions of the Family benchmark

@@ -1027,6 +1027,7 @@ def report_table1(run, xp, papers_mod) -> dict:
     return dict(quirks=q, both=both, rates=rates, rebuilt=rebuilt, rebuilt_rows=rb, info=info, decoding=dec)
 
 # %% ../nbs/19_coe.ipynb #ft01
+from .hooks import register_format_tax
 FORMAT_TAX = dict(study="coe",
                   step="App. A feature JSON, App. B discrimination yes/no (§3.2), correctness judge (ACC, §5.1) and "
                        "groundedness judge (FR, §6.1), chain_of_evidence.txt; HotpotQA, CoE, irrelevant p=0.5",
@@ -1035,6 +1036,7 @@ FORMAT_TAX = dict(study="coe",
                         "Table 2 HotpotQA CoE p=0.5: 86.1-91.8% (Qwen2.5-32B to GPT-4)")
 FT_DATASET, FT_P = "hotpotqa", 0.5  # one dataset and one irrelevant proportion (Table 2's middle column); one seed
 
+@register_format_tax(FORMAT_TAX, datasets=["scopecoe_hotpotqa"])  # the experiment format_tax_runs finds it (kgrag_nb.hooks)
 def format_tax_arm(client,  # LLMClient (answers, features, verdicts and judges: the generator judges below full)
                    decoding: str,  # every parsed output: "free" (the paper), "constrained" or "decoupled"
                    n: int,  # the first n de-duplicated released HotpotQA records

@@ -7,8 +7,8 @@ from __future__ import annotations
 import importlib, importlib.metadata
 
 # %% auto #0
-__all__ = ['SUBCOMMANDS', 'BENCHMARKS', 'EVALUATORS', 'STUDY_GROUP', 'same_definition', 'subcommand', 'benchmark', 'evaluator',
-           'study_modules', 'load_study_modules']
+__all__ = ['SUBCOMMANDS', 'BENCHMARKS', 'EVALUATORS', 'FORMAT_TAX_ARMS', 'STUDY_GROUP', 'same_definition', 'subcommand',
+           'benchmark', 'evaluator', 'register_format_tax', 'study_modules', 'load_study_modules']
 
 # %% ../nbs/00a_hooks.ipynb #c005
 SUBCOMMANDS: list = []  # functions `add(subparsers)` that add a `kgrag` subcommand
@@ -40,6 +40,20 @@ def evaluator(name: str,  # `kgrag evaluate NAME`
     def register(add):
         EVALUATORS[name] = (add, help); return add
     return register
+
+# %% ../nbs/00a_hooks.ipynb #c011b
+FORMAT_TAX_ARMS: dict = {}  # study key -> (format_tax_arm function, its FORMAT_TAX dict, datasets it reads)
+
+def register_format_tax(info: dict,  # the study's FORMAT_TAX (its "study" key names the study in the artefact)
+                   datasets: tuple | list = (),  # mirror datasets the arm reads (an experiment declares them)
+                  ):
+    "Register `fn(client, decoding, n, seed) -> DataFrame` as the study's format-tax arm (issue 21 item 4)."
+    study = info.get("study") if isinstance(info, dict) else None
+    if not study: raise ValueError(f"register_format_tax: {info!r} must be the study's FORMAT_TAX dict with a 'study' key")
+    def register(fn):
+        FORMAT_TAX_ARMS[study] = (fn, info, tuple(datasets)); return fn
+    return register
+
 
 # %% ../nbs/00a_hooks.ipynb #c009
 STUDY_GROUP = "kgrag_nb.studies"

@@ -1432,6 +1432,7 @@ def plot_lines(df: pd.DataFrame, x: str, y: str, hue: str, title: str = "", xlab
     return fig
 
 # %% ../nbs/17b_jcql.ipynb #ft01
+from .hooks import register_format_tax
 FORMAT_TAX = dict(study="jcql",
                   step="each ReAct step (Thought + one enabled action and its argument; jcql_joint_kbc_kbqa.txt §3.2-3.4, "
                        "App. E Prompt 2) and Prompts 3-6, variant JCQL w/o complete",
@@ -1440,6 +1441,7 @@ FORMAT_TAX = dict(study="jcql",
 FT_VARIANT, FT_MAX_STEPS = "jcql w/o complete", 2  # Table 3's variant without the SLM; L as the tiny profile (paper: 10)
 FT_KEEP, FT_HOPS, FT_MAX_TRIPLES = 0.5, 2, 500  # 50% KB (§4.1); the slice around the questions' topics (ours)
 
+@register_format_tax(FORMAT_TAX, datasets=["cwq", "fb15k237"])  # the experiment format_tax_runs finds it (kgrag_nb.hooks)
 def format_tax_arm(client,  # LLMClient
                    decoding: str,  # every agent step and auxiliary prompt: "free" (the paper), "constrained", "decoupled"
                    n: int,  # the first n CWQ test questions (file order) with a topic entity in FB15k-237

@@ -812,6 +812,7 @@ def _bench_difar(n=None, **kw):
     return bench_difar(**({"n": n} if n else {}), **kw)
 
 # %% ../nbs/15_unseen.ipynb #c048
+from .hooks import register_format_tax
 from .datasets import load_kg
 
 FORMAT_TAX = dict(study="unseen_entity",
@@ -844,6 +845,7 @@ def format_tax_rows(trace: list[dict],  # `unseen_stages` records (with `gold`)
                          T7=t["knowledge_items"].get("T7", ""), answer=a))
     return rows
 
+@register_format_tax(FORMAT_TAX, datasets=["cwq", "fb15k237"])  # the experiment format_tax_runs finds it (kgrag_nb.hooks)
 def format_tax_arm(client,  # `kgrag_nb.llm.LLMClient` (completions endpoint)
                    decoding: str,  # "free" (the paper's) | "constrained" | "decoupled"
                    n: int,  # questions: the first n of the seeded order
