@@ -4,21 +4,23 @@
 
 # %% ../nbs/08_bench.ipynb #c003
 from __future__ import annotations
-import asyncio, json, os, tempfile, time
-from contextlib import nullcontext
+import asyncio, json, os, sqlite3, tempfile, time
+from contextlib import ExitStack, closing, contextmanager, nullcontext
 from pathlib import Path
+import httpx
 import numpy as np
 import pandas as pd
 from openai import AsyncOpenAI
-from .config import Config, get_config
+from .config import EMBEDDED_MODEL_ALIAS, Config, get_config
 from .datasets import load_kg
 from .hooks import benchmark
-from .llm import LLMClient, ResponseCache
-from .serve import STUB_MODEL, StubServer, llm_endpoint
+from .llm import Constraint, LLMClient, ResponseCache, constraint_body
+from .serve import STUB_MODEL, EmbeddedServer, StubServer, embedded_model_path, free_port, llm_endpoint, make_deterministic
 from .retrieval import _TORCH_DEFAULT_THREADS, embed, encode_threads, load_embedder
 
 # %% auto #0
-__all__ = ['cache_write_rate', 'bench_llm', 'bench_kg', 'bench_embed', 'print_bench']
+__all__ = ['print_bench', 'cache_write_rate', 'bench_llm', 'bench_kg', 'bench_embed', 'workload_requests', 'stage_request_body',
+           'stage_split', 'summarize_stages', 'stage_setting_name', 'profile_llm_stages', 'bench_llm_stages']
 
 # %% ../nbs/08_bench.ipynb #c004
 def _bench_prompts(n: int) -> list[str]:
@@ -39,7 +41,16 @@ async def _raw_round(url: str, model: str, prompts: list[str], concurrency: int,
     await raw.close()
     return dt, tokens
 
-# %% ../nbs/08_bench.ipynb #c005
+# %% ../nbs/08_bench.ipynb #c007
+def print_bench(result: dict | list[dict], as_json: bool = False):
+    "Print a benchmark result (one dict: two-column table; a list of dicts: one row each), or the same as JSON."
+    if as_json: print(json.dumps(result)); return
+    if isinstance(result, list):
+        print(pd.DataFrame(result).to_string(index=False)); return
+    width = max(len(k) for k in result)
+    for k, v in result.items(): print(f"{k:<{width}}  {v}")
+
+# %% ../nbs/08_bench.ipynb #c005a
 def cache_write_rate(path: str | Path,  # a SQLite file to create (a scratch location)
                      n: int = 2000,  # answers to write
                      batch: int = 64) -> dict:  # answers per transaction in the grouped run
@@ -57,6 +68,7 @@ def cache_write_rate(path: str | Path,  # a SQLite file to create (a scratch loc
         grouped = time.perf_counter() - t0
     return dict(cache_put_per_s=round(n / single, 1), cache_put_many_per_s=round(n / grouped, 1), cache_batch=batch)
 
+# %% ../nbs/08_bench.ipynb #c005
 def bench_llm(url: str | None = None,  # endpoint; None = `server`
               n_requests: int | None = None,  # requests per round and side (None: 24 embedded, 400 stub)
               rounds: int | None = None,  # rounds; each sends its prompts raw and through the client (order alternates) (None: 4 embedded, 10 stub)
@@ -161,14 +173,174 @@ def bench_embed(n: int = 1024,  # FB15k-237 triple texts (a seeded sample)
     return res
 
 
-# %% ../nbs/08_bench.ipynb #c007
-def print_bench(result: dict | list[dict], as_json: bool = False):
-    "Print a benchmark result (one dict: two-column table; a list of dicts: one row each), or the same as JSON."
-    if as_json: print(json.dumps(result)); return
-    if isinstance(result, list):
-        print(pd.DataFrame(result).to_string(index=False)); return
-    width = max(len(k) for k in result)
-    for k, v in result.items(): print(f"{k:<{width}}  {v}")
+# %% ../nbs/08_bench.ipynb #st01
+def workload_requests(n: int = 24,  # requests to sample (fewer when the cache holds fewer distinct prompts)
+                      seed: int = 0,  # sample seed
+                      cfg: Config | None = None,  # None = get_config(); the cache read is `cfg.llm_cache_path`
+                      model: str = EMBEDDED_MODEL_ALIAS,  # only requests sent to this model (they fit its context window)
+                     ) -> tuple[list[dict], str]:
+    "A seeded sample of the completion requests the studies really sent, one per distinct prompt, with their parameters"
+    " and constraint, read (read-only) from the LLM response cache; without one, `_bench_prompts` (synthetic)."
+    " Returns (requests, where they came from)."
+    cfg = cfg or get_config()
+    path, seen = cfg.llm_cache_path, {}
+    if path.exists():
+        with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
+            for (text,) in db.execute("SELECT request FROM responses WHERE request IS NOT NULL ORDER BY created, key"):
+                req = json.loads(text)
+                if req.get("kind") == "completion" and req.get("model") == model and isinstance(req.get("payload"), str):
+                    seen.setdefault(req["payload"], dict(payload=req["payload"], params=req.get("params") or {},
+                                                         constraint=req.get("constraint")))
+    if not seen:
+        return [dict(payload=p, params={"max_tokens": 16, "temperature": 0.0}, constraint=None) for p in _bench_prompts(n)], "synthetic"
+    reqs = list(seen.values())
+    pick = np.sort(np.random.default_rng(seed).choice(len(reqs), size=min(n, len(reqs)), replace=False))
+    return [reqs[i] for i in pick], f"{path} ({len(reqs)} distinct prompts)"
+
+def stage_request_body(req: dict,  # one of `workload_requests`
+                       model: str = EMBEDDED_MODEL_ALIAS) -> dict:  # the served model alias
+    "The JSON body `LLMClient` posts to the llama.cpp server for this request: model, prompt, the request's parameters"
+    " and its constraint as a GBNF grammar (`llm.constraint_body`)."
+    body = {"model": model, "prompt": req["payload"], **req["params"]}
+    if req.get("constraint"): body.update(constraint_body(Constraint.from_spec(req["constraint"]), "llama.cpp"))
+    return body
+
+# %% ../nbs/08_bench.ipynb #st02
+def stage_split(inproc_s: float,  # wall time of the completion called in-process (the server's own code path, no HTTP)
+                evals: list,  # (tokens, seconds) of each `Llama.eval` call in it: the prompt (>1 token), then 1 per decoded token
+                http_s: float | None = None) -> dict:  # wall time of the same request over HTTP to the server (None: not sent)
+    "Where one request's time went: prefill (evaluating the prompt), decode (one evaluation per generated token), the rest"
+    " of the in-process call (`python_s`: tokenizing, sampling, grammar, snapshot), and what HTTP adds (`http_overhead_s`:"
+    " the server's web stack, JSON, the client)."
+    prefill = [(int(k), float(s)) for k, s in evals if k > 1]
+    decode = [float(s) for k, s in evals if k == 1]
+    out = dict(prompt_tokens_evaluated=sum(k for k, _ in prefill), decode_steps=len(decode),
+               prefill_s=sum(s for _, s in prefill), decode_s=sum(decode))
+    out["python_s"] = inproc_s - out["prefill_s"] - out["decode_s"]
+    if out["python_s"] < -1e-9: raise ValueError(f"inproc_s={inproc_s} is shorter than its evaluations ({out['prefill_s'] + out['decode_s']:.6f} s)")
+    out["inproc_s"] = inproc_s
+    if http_s is not None: out["http_s"], out["http_overhead_s"] = http_s, http_s - inproc_s
+    return out
+
+# %% ../nbs/08_bench.ipynb #st03
+def summarize_stages(rows: list[dict],  # one per (request, setting): `stage_split` fields plus request, setting, completion_tokens, text
+                     baseline: str) -> list[dict]:  # the setting the others are compared with (today's server)
+    "One row per setting: total seconds per stage and each stage's share of the HTTP wall time, prefill and decode"
+    " tokens/s, and per-request medians of the HTTP wall time and of the prefill time over the baseline's (ratios of"
+    " requests run back to back, so that a shared CPU's load changes both sides alike)."
+    by = {}
+    for r in rows: by.setdefault(r["setting"], {})[r["request"]] = r
+    if baseline not in by: raise ValueError(f"baseline {baseline!r} is not among the settings {sorted(by)}")
+    base, out = by[baseline], []
+    for name, reqs in by.items():
+        tot = {k: sum(r[k] for r in reqs.values()) for k in ("http_s", "inproc_s", "prefill_s", "decode_s", "python_s",
+                                                               "http_overhead_s", "prompt_tokens_evaluated", "decode_steps", "completion_tokens")}
+        common = [i for i in reqs if i in base]
+        ratio = lambda k: round(float(np.median([reqs[i][k] / base[i][k] for i in common if base[i][k] > 0])), 3)
+        out.append(dict(setting=name, requests=len(reqs), prompt_tokens=tot["prompt_tokens_evaluated"],
+                        completion_tokens=tot["completion_tokens"], http_s=round(tot["http_s"], 3),
+                        **{f"{k}_share": round(tot[f"{k}_s"] / tot["http_s"], 3) for k in ("prefill", "decode", "python", "http_overhead")},
+                        prefill_tok_per_s=round(tot["prompt_tokens_evaluated"] / tot["prefill_s"], 1) if tot["prefill_s"] else None,
+                        decode_tok_per_s=round(tot["decode_steps"] / tot["decode_s"], 1) if tot["decode_s"] else None,
+                        http_over_baseline=ratio("http_s"), prefill_over_baseline=ratio("prefill_s"),
+                        same_text_as_baseline=sum(reqs[i]["text"] == base[i]["text"] for i in common)))
+    return out
+
+# %% ../nbs/08_bench.ipynb #st04
+def stage_setting_name(decode: int, batch: int, logits_all: bool) -> str:
+    "A setting's name in the tables: `decode1_batch2` (the server's default logits for every prompt token) or `..._lastlogits`."
+    return f"decode{decode}_batch{batch}" + ("" if logits_all else "_lastlogits")
+
+def _stage_llama(model_path, n_ctx: int, decode: int, batch: int, logits_all: bool, snapshots: int):
+    "An in-process `llama_cpp.Llama` with the embedded server's settings (its `ModelSettings` defaults, the same"
+    " deterministic patch) whose `eval` calls are timed into `.kgrag_evals`."
+    import llama_cpp
+    from llama_cpp.server.settings import ModelSettings
+    class TimedLlama(llama_cpp.Llama):
+        def eval(self, tokens):
+            t0 = time.perf_counter(); super().eval(tokens)
+            self.kgrag_evals.append((len(tokens), time.perf_counter() - t0))
+    s = ModelSettings(model=str(model_path), n_ctx=n_ctx, n_threads=decode, n_threads_batch=batch, logits_all=logits_all)
+    llm = TimedLlama(s.model, n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_ubatch, n_threads=s.n_threads,
+                     n_threads_batch=s.n_threads_batch, logits_all=s.logits_all, offload_kqv=s.offload_kqv,
+                     flash_attn=s.flash_attn, seed=s.seed, last_n_tokens_size=s.last_n_tokens_size, use_mmap=s.use_mmap,
+                     verbose=False)
+    llm.kgrag_evals = []
+    return make_deterministic(llm, snapshots)  # patched after the timing: a snapshot's cost counts as python_s, not prefill
+
+def _server_call(llm, body: dict) -> dict:
+    "What llama-cpp-python's server does with a /v1/completions body (`server.app.create_completion`), minus HTTP."
+    import llama_cpp
+    from llama_cpp.server.types import CreateCompletionRequest
+    req = CreateCompletionRequest(**body)
+    kw = req.model_dump(exclude={"n", "best_of", "logit_bias_type", "user", "min_tokens"})
+    if req.grammar is not None: kw["grammar"] = llama_cpp.LlamaGrammar.from_string(req.grammar, verbose=False)
+    return llm(**kw)
+
+@contextmanager
+def _stage_server(cfg: Config, decode: int, batch: int, logits_all: bool, snapshots: int, log_dir: Path):
+    "The embedded server (`EmbeddedServer`, same command) on a free port, with `decode` threads and `logits_all` set."
+    srv = EmbeddedServer(cfg, port=free_port(), n_threads=batch, prompt_snapshots=snapshots,
+                         log_path=Path(log_dir) / f"{stage_setting_name(decode, batch, logits_all)}.log")
+    base = srv._command
+    def command(model_path):
+        argv = base(model_path); argv[argv.index("--n_threads") + 1] = str(decode)
+        return argv + ["--logits_all", str(bool(logits_all))]
+    srv._command = command
+    with srv: yield srv
+
+def profile_llm_stages(n: int = 24,  # requests of the real workload (`workload_requests`)
+                       seed: int = 0,  # sample seed
+                       settings: tuple = ((1, 2, True), (2, 2, True), (1, 2, False)),  # (decode threads, batch threads, logits_all)
+                       snapshots: int = 16,  # prompt snapshots, as the embedded server (distinct prompts: none is reused)
+                       warmup: int = 2,  # short requests per setting and side before the timing
+                       cfg: Config | None = None) -> tuple[list[dict], dict]:
+    "Each request of the sample, for each setting, in-process (the server's code path, evaluations timed) and over HTTP"
+    " to an embedded server of that setting, all arms of one request back to back, their order reversed every other"
+    " request (ABBA). Returns (rows for `summarize_stages`, run facts)."
+    cfg = cfg or get_config()
+    reqs, source = workload_requests(n, seed, cfg)
+    bodies, model_path = [stage_request_body(r) for r in reqs], embedded_model_path(cfg)
+    names = {s: stage_setting_name(*s) for s in settings}
+    loads, rows = [], []
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        urls = {s: stack.enter_context(_stage_server(cfg, *s, snapshots, Path(tmp))).url for s in settings}
+        llms = {s: _stage_llama(model_path, cfg.embedded_n_ctx, *s, snapshots) for s in settings}
+        http = stack.enter_context(httpx.Client(timeout=600.0))
+        def run(s, side, body):
+            t0 = time.perf_counter()
+            if side == "http":
+                r = http.post(f"{urls[s]}/completions", json=body); r.raise_for_status(); out = r.json()
+            else:
+                llms[s].kgrag_evals.clear(); out = _server_call(llms[s], body)
+            return time.perf_counter() - t0, out
+        for p in _bench_prompts(warmup):  # page the weights in, allocate the buffers
+            for s in settings:
+                for side in ("http", "inproc"): run(s, side, {"model": EMBEDDED_MODEL_ALIAS, "prompt": p, "max_tokens": 4, "temperature": 0.0})
+        arms = [(s, side) for s in settings for side in ("http", "inproc")]
+        t_start = time.perf_counter()
+        for i, body in enumerate(bodies):
+            loads.append(os.getloadavg()[0]); res = {}
+            for s, side in (arms if i % 2 == 0 else arms[::-1]):
+                dt, out = run(s, side, body)
+                res[s, side] = (dt, out, list(llms[s].kgrag_evals) if side == "inproc" else None)
+            for s in settings:
+                (h_s, h_out, _), (i_s, i_out, evals) = res[s, "http"], res[s, "inproc"]
+                rows.append(dict(request=i, setting=names[s], decode_threads=s[0], batch_threads=s[1], logits_all=s[2],
+                                 constraint=bool(reqs[i].get("constraint")), prompt_tokens=i_out["usage"]["prompt_tokens"],
+                                 completion_tokens=i_out["usage"]["completion_tokens"], **stage_split(i_s, evals, h_s),
+                                 text=i_out["choices"][0]["text"], http_same_text=h_out["choices"][0]["text"] == i_out["choices"][0]["text"],
+                                 load_1min=loads[-1]))
+    facts = dict(source=source, requests=len(bodies), cores=os.cpu_count(), load_1min_mean=round(float(np.mean(loads)), 2),
+                 load_1min_max=round(float(np.max(loads)), 2), run_s=round(time.perf_counter() - t_start, 1),
+                 date=time.strftime("%Y-%m-%d %H:%M"), baseline=names[settings[0]])
+    return rows, facts
+
+def bench_llm_stages(n: int = 24,  # requests of the real workload
+                     seed: int = 0, cfg: Config | None = None, **kw) -> list[dict]:  # more `profile_llm_stages` arguments
+    "`profile_llm_stages` summarized: one row per setting (`summarize_stages`), with the run's facts in each row."
+    rows, facts = profile_llm_stages(n, seed, cfg=cfg, **kw)
+    return [{**r, "load_1min_mean": facts["load_1min_mean"], "source": facts["source"]} for r in summarize_stages(rows, facts["baseline"])]
 
 # %% ../nbs/08_bench.ipynb #breg0
 # `kgrag bench llm`, `kgrag bench kg` and `kgrag bench embed` register here, like every study module's benchmarks (`kgrag_nb.hooks`)
@@ -183,3 +355,11 @@ def _bench_kg(n=None, **kw):
 @benchmark("embed", "MiniLM triple texts/s, torch's default threads vs encode_threads() (one run), cache reads/s")
 def _bench_embed(n=None, **kw):
     return bench_embed(**({"n": n} if n else {}), **kw)
+
+# %% ../nbs/08_bench.ipynb #breg2
+@benchmark("llm-stages", "real smoke prompts: prefill / decode / Python / HTTP seconds per request, decode threads 1 vs 2, logits_all")
+def _bench_llm_stages(n=None, llm_url=None, server=None, concurrency=None, **kw):
+    if llm_url or server or concurrency:
+        raise ValueError("llm-stages profiles the embedded llama.cpp server against the same model in this process, "
+                         "one request at a time: drop --llm-url, --server and --concurrency")
+    return bench_llm_stages(**({"n": n} if n else {}), **kw)
