@@ -4,8 +4,8 @@
 
 # %% ../nbs/08_bench.ipynb #c003
 from __future__ import annotations
-import asyncio, json, os, sqlite3, tempfile, time
-from contextlib import ExitStack, closing, contextmanager, nullcontext
+import asyncio, json, os, tempfile, time
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 import httpx
 import numpy as np
@@ -15,6 +15,7 @@ from .config import EMBEDDED_MODEL_ALIAS, Config, get_config
 from .datasets import load_kg
 from .hooks import benchmark
 from .llm import Constraint, LLMClient, ResponseCache, constraint_body
+from .store import SqliteStore
 from .serve import STUB_MODEL, EmbeddedServer, StubServer, embedded_model_path, free_port, llm_endpoint, make_deterministic
 from .retrieval import _TORCH_DEFAULT_THREADS, embed, encode_threads, load_embedder
 
@@ -185,8 +186,8 @@ def workload_requests(n: int = 24,  # requests to sample (fewer when the cache h
     cfg = cfg or get_config()
     path, seen = cfg.llm_cache_path, {}
     if path.exists():
-        with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
-            for (text,) in db.execute("SELECT request FROM responses WHERE request IS NOT NULL ORDER BY created, key"):
+        with SqliteStore(path, what="LLM response cache", readonly=True) as db:  # the one SQLite helper, read-only
+            for (text,) in db.read("SELECT request FROM responses WHERE request IS NOT NULL ORDER BY created, key"):
                 req = json.loads(text)
                 if req.get("kind") == "completion" and req.get("model") == model and isinstance(req.get("payload"), str):
                     seen.setdefault(req["payload"], dict(payload=req["payload"], params=req.get("params") or {},

@@ -295,10 +295,9 @@ def test_store_imports_only_config_level_modules():
     assert all(RANK["store"][0] < RANK[m][0] for m in caches)
 
 
-# modules that still open SQLite themselves, on other branches of issue 24 (`bench.workload_requests` reads the LLM cache
-# with its own `sqlite3.connect(...mode=ro)`; `SqliteStore(path, readonly=True)` does the same); shrink after merging
-# (a stale entry fails `test_only_store_opens_sqlite`).
-KNOWN_SQLITE_OPENERS: set[str] = {"bench"}
+# modules allowed to open SQLite themselves besides `store` (none: readers use `SqliteStore(path, readonly=True)`);
+# a stale entry fails `test_only_store_opens_sqlite`.
+KNOWN_SQLITE_OPENERS: set[str] = set()
 
 
 def opens_sqlite(src: str) -> bool:

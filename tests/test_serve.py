@@ -387,6 +387,7 @@ def test_server_threads_follow_the_load_rule_and_reach_the_command(tmp_path):
     auto = EmbeddedServer(get_config(cache_dir=tmp_path), port=free_port())._command(Path("m.gguf"))
     batch = int(auto[auto.index("--n_threads_batch") + 1])
     assert 1 <= batch <= (os.cpu_count() or 1) and int(auto[auto.index("--n_threads") + 1]) == max(1, batch // 2)  # decode: half
+    assert auto[auto.index("--logits_all") + 1] == "False"  # last-token logits only (docs/rehearsal/llm_stages.md: 0.57x the time)
 
 
 @pytest.mark.llm
