@@ -28,14 +28,15 @@ __all__ = ['EXTRACT_INTENT_KEYWORDS_PROMPT', 'EXTRACT_RELATIONS_PROMPT', 'INTENT
            'DECODING_DEVIATION', 'FORMAT_TAX', 'FT_DATASET', 'FT_P', 'fill', 'parse_features', 'parse_relations',
            'parse_verdict', 'judge_verdict', 'parse_phrase', 'split_sentences', 'sentence_spans', 'decode_traced',
            'extract_features', 'discrimination_prompts', 'coe_decision', 'discriminate', 'contains', 'load_released',
-           'quirks', 'piece_counts', 'sample_records', 'irrelevant_chars', 'irrelevant_context',
-           'misinformation_needed', 'misinformation_context', 'swap_answer', 'wrong_answers', 'is_yes_no',
-           'rebuild_samples', 'rebuild_summary', 'make_misinformation', 'answer_prompt', 'following', 'build_contexts',
-           'run_conditions', 'cell_table', 'significance', 'discrimination_rates', 'minimal_coverage',
-           'distractor_index', 'pool_released', 'pool_hotpot', 'rag_select', 'scope_coe', 'scope_coe_many',
-           'run_usability', 'usability_table', 'setting_label', 'ours_vs_paper_cells', 'stars_vs_paper', 'deviations',
-           'released_overview', 'misinformation_counts', 'usability_questions', 'hotpot_questions', 'bm25_distractors',
-           'report_condition', 'report_usability', 'decoding_of', 'report_table1', 'format_tax_arm']
+           'quirks', 'piece_counts', 'sample_records', 'paper_piece_count', 'paper_piece_counts', 'paper_rule_pieces',
+           'irrelevant_chars', 'irrelevant_context', 'misinformation_needed', 'misinformation_context', 'swap_answer',
+           'wrong_answers', 'is_yes_no', 'rebuild_samples', 'rebuild_summary', 'make_misinformation', 'answer_prompt',
+           'following', 'build_contexts', 'run_conditions', 'cell_table', 'significance', 'discrimination_rates',
+           'minimal_coverage', 'distractor_index', 'pool_released', 'pool_hotpot', 'rag_select', 'scope_coe',
+           'scope_coe_many', 'run_usability', 'usability_table', 'setting_label', 'ours_vs_paper_cells',
+           'stars_vs_paper', 'deviations', 'released_overview', 'misinformation_counts', 'usability_questions',
+           'hotpot_questions', 'bm25_distractors', 'report_condition', 'report_usability', 'decoding_of',
+           'report_table1', 'format_tax_arm']
 
 # %% ../nbs/19_coe.ipynb #c005
 # chain_of_evidence.txt App. A, "Intent and Keyword Extraction Prompt" (verbatim; 5 few-shot examples)
@@ -459,6 +460,25 @@ def sample_records(df: pd.DataFrame,  # load_released output
     if n >= len(d): return d.reset_index(drop=True)
     idx = np.sort(np.random.default_rng(seed).choice(len(d), size=n, replace=False))
     return d.iloc[idx].reset_index(drop=True)
+
+# %% ../nbs/19_coe.ipynb #pp02
+def paper_piece_count(text: str) -> int:  # knowledge text (CoE, SenP or WordP)
+    """Knowledge pieces as chain_of_evidence.txt Table 1 counts them: `len(text.split('.'))`, the piece after the last '.' included.
+
+    Not stated in the paper (§4.1, footnote 1: a piece is "a complete sentence"); found by trying plain counting rules on the released
+    files (lsplx/ScopeCOE @ 582c8c57 data/): this one gives Table 1's CoE 4.0 (HotpotQA) and 3.4 (2WikiMultihopQA). A text ending in '.'
+    counts one piece more than its sentences, an empty text counts 1, only '.' splits."""
+    return len((text or "").split("."))
+
+def paper_piece_counts(df: pd.DataFrame) -> dict:  # load_released output (one dataset)
+    "Mean knowledge pieces of CoE, SenP and WordP under the paper's rule (`paper_piece_count`), beside `piece_counts` (ours)."
+    return {v: float(df[v].map(paper_piece_count).mean()) for v in VARIANTS}
+
+def paper_rule_pieces(datasets: Sequence[str] = tuple(DATASETS), cfg=None) -> pd.DataFrame:  # dataset keys; Config (default get_config())
+    "The piece-count table of `released_overview` (same columns, every released row) under the paper's rule."
+    data = {d: load_released(d, cfg) for d in datasets}
+    return pd.DataFrame([{"dataset": d, "variant": v, "knowledge pieces": x, "samples (unique questions)": int(df["question"].map(_norm_ws).nunique())}
+                         for d, df in data.items() for v, x in paper_piece_counts(df).items()])
 
 # %% ../nbs/19_coe.ipynb #c021
 PLACEMENTS = ("after", "before", "shuffled")
@@ -889,7 +909,7 @@ DEVIATIONS = [
     "Completion prompts: the App. B prompts get an 'Output:' cue; the authors' answer prompt is sent as system prompt + user turn + 'Answer:' in one completion prompt; the judges, answer containment and FR's wrong-answer test read the first non-empty line of the output (answers stop at a blank line).",
     "Decoding budgets are ours (verdicts 3 tokens, features 48, relations 64, answers 32); extraction and discrimination run at temperature 0 (the paper does not say), answers and judges at 0.1 (§5.1 / the authors' code).",
     "Features: an unreadable intent/keyword reply leaves the question out (counted); an unreadable relation reply is counted and the question is judged on intent and keywords only; an unreadable yes/no verdict counts as 'no' (tallied). No relations = the relation condition holds (our reading).",
-    "Knowledge pieces are split on '.', '!', '?' (the authors' code's rule); decimals and abbreviations therefore split too.",
+    "Knowledge pieces are split on '.', '!', '?' (the authors' code's rule); decimals and abbreviations therefore split too. Table 1 also shows the paper's count, `len(text.split('.'))` (`paper_piece_count`: the empty piece after a final period counts, so about one piece more per text), which reproduces its CoE 4.0 / 3.4.",
     "Irrelevant text is measured in characters and misinformation in sentences (at least one when p > 0), appended after the knowledge by default: the authors' released code, not the paper, fixes these units.",
     "Misinformation sentences are not released: we make them from the CoE sentences containing the answer (answer replaced by the wrong answer) plus sentences the LLM generates with our prompt that contain the wrong answer and not the gold one; available vs needed counts are reported.",
     "Faithfulness: records whose knowledge variant does not contain the answer (nothing to replace) are excluded per variant and counted.",
@@ -1007,14 +1027,18 @@ def _sizes(run, xp):
     for what, n in (xp.record.get("sample_sizes") or {}).items(): run.record_sample_size(what, n)
 
 def report_table1(run, xp, papers_mod) -> dict:
-    "Table 1: released rows vs unique questions, knowledge pieces beside the paper's, quirks, our discrimination rates, rebuilt samples."
+    "Table 1: released rows vs unique questions, knowledge pieces (ours and the paper's rule) beside the paper's, quirks, our discrimination rates, rebuilt samples."
     _sizes(run, xp); dec = decoding_of(xp)
     q, pieces = xp.load("quirks"), xp.load("pieces")
     run.save_table(q, "released_quirks", "Released files (lsplx/ScopeCOE data/): rows vs unique questions and each quirk's count per dataset" + _dec(dec))
     paper = papers_mod.paper_numbers(PAPER, table="Table 1")
-    ours = pieces.rename(columns={"variant": "setting", "samples (unique questions)": "samples"}).assign(model="")
-    both = papers_mod.compare(ours, paper, on=["model", "dataset", "setting"], ours_label="released files, all records")
-    run.save_table(both, "table1_vs_paper", "Table 1: samples and mean knowledge pieces (sentences split on . ! ?) of the released files beside the paper's" + _dec(dec))
+    cols = {"variant": "setting", "samples (unique questions)": "samples"}
+    ours = pieces.rename(columns=cols).assign(model="", source="ours (released files, all records; our rule: non-empty sentences split on . ! ?)")
+    rule = paper_rule_pieces(list(dict.fromkeys(pieces["dataset"])), run.cfg)  # deterministic: recounted from the released files
+    by_rule = rule.rename(columns=cols).assign(model="", source="paper's rule on the released files (len(text.split('.')), all records)")
+    both = papers_mod.compare(pd.concat([ours, by_rule], ignore_index=True), paper, on=["model", "dataset", "setting"], ours_label=None)
+    run.save_table(both, "table1_vs_paper", "Table 1: samples and mean knowledge pieces of the released files under our rule (non-empty sentences split on . ! ?) "
+                   "and under the paper's rule (len(text.split('.')): the empty piece after a final period counts) beside the paper's" + _dec(dec))
     rates = discrimination_rates(xp.load("discrimination"), seed=run.seed)
     run.save_table(rates.round(1), "discrimination_rates", "Our App. B discrimination of the released texts: CoE accepted, SenP / WordP rejected (%, 95% bootstrap CI)" + _dec(dec))
     rb = xp.load("rebuilt")
@@ -1024,7 +1048,7 @@ def report_table1(run, xp, papers_mod) -> dict:
     rebuilt = pd.DataFrame([{"source": f"ours ({run.profile})", **summ}, {"source": "paper (§4.1, HotpotQA)", "records": cand, "CoE accepted": acc, "acceptance % of candidates": 100 * acc / cand}])
     run.save_table(rebuilt.round(2), "rebuilt_samples", "New samples from HotpotQA (§4.1–4.2): candidates, CoE accepted, SenP / WordP made, records that cannot be perturbed" + _dec(dec))
     info = xp.load("run_info")
-    return dict(quirks=q, both=both, rates=rates, rebuilt=rebuilt, rebuilt_rows=rb, info=info, decoding=dec)
+    return dict(quirks=q, both=both, paper_rule=rule, rates=rates, rebuilt=rebuilt, rebuilt_rows=rb, info=info, decoding=dec)
 
 # %% ../nbs/19_coe.ipynb #ft01
 from .hooks import register_format_tax

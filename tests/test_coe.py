@@ -292,6 +292,32 @@ def test_released_quirks_counted():
     assert len(s) == 5 and s["question"].is_unique and s.equals(coe.sample_records(hp, 5, seed=0))
 
 
+
+def test_paper_piece_count_hand_computed():
+    # hand-counted pieces of str.split('.'): the empty piece after a final period counts, '!' and '?' do not split
+    cases = {"A. B.": 3, "A. B": 2, "": 1, "No stop": 1, "Pi is 3.14.": 3, "Why? Yes!": 1, "A.B.": 3, "...": 4}
+    assert {t: coe.paper_piece_count(t) for t in cases} == cases
+    assert coe.paper_piece_count(None) == 1
+    toy = pd.DataFrame([dict(CoE="A was born in Rome. B.", SenP="A was born in Rome.", WordP="A was born in Paris. B")])
+    assert coe.paper_piece_counts(toy) == {"CoE": 3.0, "SenP": 2.0, "WordP": 2.0}
+    assert coe.piece_counts(toy) == {"CoE": 2.0, "SenP": 1.0, "WordP": 2.0}  # ours: sentences
+
+
+@given(st.lists(st.text(alphabet="abc xyz,", min_size=1).filter(str.strip), min_size=1, max_size=6))
+def test_paper_rule_is_ours_plus_one_on_period_terminated_text(sents):
+    text = " ".join(s + "." for s in sents)
+    assert coe.paper_piece_count(text) == len(coe.split_sentences(text)) + 1 == len(sents) + 1
+
+
+def test_paper_rule_reproduces_table1_coe_pieces():
+    from kgrag_nb import papers
+    paper = papers.paper_numbers(coe.PAPER, table="Table 1", setting="CoE", metric="knowledge pieces")
+    rule = coe.paper_rule_pieces()
+    got = {d: round(x, 1) for d, x in rule.loc[rule["variant"] == "CoE", ["dataset", "knowledge pieces"]].itertuples(index=False)}
+    assert got == dict(zip(paper["dataset"], paper["value"])) == {"hotpotqa": 4.0, "2wiki": 3.4}
+    ours = {d: round(coe.piece_counts(coe.load_released(d))["CoE"], 2) for d in ("hotpotqa", "2wiki")}
+    assert ours == {"hotpotqa": 3.05, "2wiki": 2.38}  # ours: about one piece fewer per text
+
 # ------------------------------------------------------------------------------------------------ real embedded server
 @pytest.mark.llm
 def test_pipeline_embedded(embedded_server, tmp_path):
