@@ -10,9 +10,9 @@ from .metrics import acc_r, percent_cis
 from .llm import Constraint
 
 # %% auto #0
-__all__ = ['AWAKENING_NO_RAG_TEMPLATE', 'SHORT_ANSWER_LABELS', 'SHORT_ANSWER', 'REFORMAT_SHORT', 'DEVIATIONS', 'no_rag_prompt',
-           'parse_short_answer', 'decode', 'draw_temperatures', 'closed_book', 'summarize_closed_book',
-           'paper_no_rag_rows']
+__all__ = ['AWAKENING_NO_RAG_TEMPLATE', 'SHORT_ANSWER_LABELS', 'SHORT_ANSWER', 'REFORMAT_SHORT', 'DEVIATIONS',
+           'DECODING_DEVIATION', 'no_rag_prompt', 'parse_short_answer', 'decode', 'draw_temperatures', 'closed_book',
+           'summarize_closed_book', 'paper_no_rag_rows', 'closed_book_deviations']
 
 # %% ../nbs/09_baselines.ipynb #c004
 # awakening_unseen_entity_kgqa.txt, App. E, "The prompt template used in Unanswerable Question select" (verbatim)
@@ -149,3 +149,18 @@ DEVIATIONS = [  # of the closed-book protocol from awakening_unseen_entity_kgqa.
     "The ten Hits@k answers are drawn at temperature 0.7 (the paper's awakening temperature, App. C); Hits@1 = the first one.",
     "The App. E template is sent as a completion prompt (a base model at the CPU profiles); the answer is the first line of the completion.",
 ]
+
+# %% ../nbs/09_baselines.ipynb #c018
+DECODING_DEVIATION = {  # listed by `closed_book_deviations` only when Step 1 was not decoded freely
+    "constrained": "Decoding: constrained. Step 1's three closed-book answers (Eq. 6) are decoded under their declared format "
+                   "(a non-empty one-line short answer, `SHORT_ANSWER`), a llama.cpp grammar on the embedded model; the paper "
+                   "decodes freely (`decoding = \"free\"`). The ten Hits@k samples are decoded freely in every mode.",
+    "decoupled": "Decoding: decoupled. Each Step 1 answer is generated freely as in the paper, then a second, greedy pass bound "
+                 "by `SHORT_ANSWER` restates it after the prompt, the free answer and `REFORMAT_SHORT`; its restatement is "
+                 "parsed. The paper decodes freely; the ten Hits@k samples are decoded freely in every mode.",
+}
+
+def closed_book_deviations(decoding: str = "free") -> list[str]:  # the decoding Step 1 ran under
+    "`DEVIATIONS`, plus the decoding line when Step 1 was not decoded freely (what the closed-book artefact renders)."
+    return list(DEVIATIONS) + ([DECODING_DEVIATION[decoding]] if check_decoding(decoding) != "free" else [])
+

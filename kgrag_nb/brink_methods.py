@@ -25,7 +25,8 @@ from .metrics import bootstrap_ci, bootstrap_ratio_ci, brink_per_question
 from .kgqa import (BaseMethod, Question, Prediction, TraceWriter, complete_traced, get_method, register_method,
                            Step, relation_names, step_label, relation_path_of, relation_paths_to, instantiate, path_end,
                            path_text, triples_of, triple_text, clip_lines, candidate_steps, parse_steps,
-                           parse_relation_paths, beam_ends, expand_beam, beam_context, short_relation_names)
+                           parse_relation_paths, beam_ends, expand_beam, beam_context, short_relation_names,
+                           complete_decoded, relation_paths_constraint, steps_constraint, PLAN_REFORMAT, PRUNE_REFORMAT)
 from .papers import compare, paper_claims, paper_numbers
 from .rules import APP_A2, mine_rules_cached
 from .brink import Benchmark, evaluate, failure_analysis, load_benchmark, build_benchmark, BRINK_TAU, DECODINGS, check_decoding
@@ -98,7 +99,7 @@ class MethodConfig:
     plan_tokens: int = 32  # tokens generated per relation plan / pruning
     temperature: float = 0.0  # BRINK App. F: temperature 0
     seed: int = 0  # seed of samples (ToG entity pruning, k-hop caps)
-    decoding: str = "free"  # answer lists: 'free' (the paper), 'constrained' (ANSWER_LIST) or 'decoupled' (issue 21)
+    decoding: str = "free"  # every parsed step (answer lists ANSWER_LIST, RoG plans, ToG pruning): 'free' (the paper), 'constrained' or 'decoupled' (issue 21)
 
     def __post_init__(self):
         for k in ("max_hops", "n_paths", "max_paths", "width", "depth", "max_beam", "k", "max_triples", "max_relations"):
@@ -378,17 +379,12 @@ class BrinkMethod(BaseMethod):
     def run(self, kg, qs, topics, client, cfg, shown, trace) -> list[Prediction]: raise NotImplementedError
 
     def _complete(self, client, qs, prompts, cfg, max_tokens, desc, trace, stop=("\n",), parse=None,
-                  constraint: Constraint | None = None) -> list[str]:
-        "One batched stage: the LLM's completions under `cfg.decoding` when the stage declares a `constraint` (every call traced)."
-        ids, kw = [q.id for q in qs], dict(temperature=cfg.temperature, max_tokens=max_tokens, stop=list(stop))
-        if constraint is None or cfg.decoding == "free":  # the paper's request: no constraint, so its cache key is unchanged
-            return complete_traced(client, prompts, ids, self.name, desc, trace, parse, desc=desc, **kw)[0]
-        if cfg.decoding == "constrained":
-            return complete_traced(client, prompts, ids, self.name, desc, trace, parse, desc=desc, constraint=constraint, **kw)[0]
-        free = complete_traced(client, prompts, ids, self.name, desc, trace, None, desc=desc, **kw)[0]  # decoupled
-        again = [p + f.rstrip("\n") + ANSWER_REFORMAT for p, f in zip(prompts, free)]
-        return complete_traced(client, again, ids, self.name, f"{desc}: restated", trace, parse, desc=f"{desc}: restated",
-                               constraint=constraint, **{**kw, "temperature": 0.0})[0]
+                  constraint=None,  # the stage's declared format: one `Constraint`, one per prompt, or None (free)
+                  reformat: str = ANSWER_REFORMAT,  # decoupled: the restating line (`PLAN_REFORMAT`, `PRUNE_REFORMAT`)
+                 ) -> list[str]:
+        "One batched stage under `cfg.decoding` (`kgqa.complete_decoded`; free sends the paper's requests, every call traced)."
+        return complete_decoded(client, prompts, [q.id for q in qs], self.name, desc, trace, parse, constraint, cfg.decoding,
+                                reformat, desc=desc, temperature=cfg.temperature, max_tokens=max_tokens, stop=list(stop))[0]
 
     def _record(self, q: Question, raw: str, kg: KG, paths: Sequence[list], shown, calls: int, prompt: str) -> Prediction:
         pred = parse_answer(raw)
@@ -418,12 +414,17 @@ class RoG(BrinkMethod):
     "RoG-style: the LLM plans relation paths from the relations at the topic; the paths are instantiated, then reasoned over."
     family = METHOD_FAMILIES["rog"]
     def run(self, kg, qs, topics, client, cfg, shown, trace):
-        plans = [ROG_PLAN_PROMPT.format(question=q.text, relations=", ".join(
-            step_label(kg, s) for s in candidate_steps(kg, [t], cfg.max_relations))) for q, t in zip(qs, topics)]
+        cands = [candidate_steps(kg, [t], cfg.max_relations) for t in topics]
+        plans = [ROG_PLAN_PROMPT.format(question=q.text, relations=", ".join(step_label(kg, s) for s in c)) for q, c in zip(qs, cands)]
         outs = self._complete(client, qs, plans, cfg, cfg.plan_tokens, "rog plan", trace, stop=("\n\n",),
-                              parse=lambda o: parse_relation_paths(o, kg, cfg.max_hops, cfg.n_paths))
-        paths = [_paths_for(kg, t, parse_relation_paths(o, kg, cfg.max_hops, cfg.n_paths), cfg) for t, o in zip(topics, outs)]
-        return self._answer_with_paths(kg, qs, topics, client, cfg, shown, paths, [1] * len(qs), "rog answer", trace)
+                              parse=lambda o: parse_relation_paths(o, kg, cfg.max_hops, cfg.n_paths),
+                              constraint=[relation_paths_constraint(kg, c, cfg.max_hops, cfg.n_paths) for c in cands],
+                              reformat=PLAN_REFORMAT)
+        planned = [parse_relation_paths(o, kg, cfg.max_hops, cfg.n_paths) for o in outs]
+        paths = [_paths_for(kg, t, p, cfg) for t, p in zip(topics, planned)]
+        preds = self._answer_with_paths(kg, qs, topics, client, cfg, shown, paths, [1] * len(qs), "rog answer", trace)
+        for pred, p in zip(preds, planned): pred.meta["plan_parsed"] = bool(p)  # counted, never replaced by a default plan
+        return preds
 
 @register_method("trained_paths")
 class TrainedPaths(BrinkMethod):
@@ -439,7 +440,7 @@ class ToG(BrinkMethod):
     "ToG-style: depth x (LLM prunes the frontier's relations to `width`, follow them, sample `max_beam` paths), then reason."
     family = METHOD_FAMILIES["tog"]
     def run(self, kg, qs, topics, client, cfg, shown, trace):
-        beams, hist, calls = [[[]] for _ in qs], [[] for _ in qs], [0] * len(qs)
+        beams, hist, calls, failed = [[[]] for _ in qs], [[] for _ in qs], [0] * len(qs), [0] * len(qs)
         for d in range(cfg.depth):
             ends = {i: beam_ends(kg, topics[i], b) for i, b in enumerate(beams) if b}
             cands = {i: candidate_steps(kg, e, cfg.max_relations) for i, e in ends.items()}
@@ -448,14 +449,19 @@ class ToG(BrinkMethod):
                                                entities=", ".join(str(shown[e]) for e in ends[i]),
                                                relations="; ".join(step_label(kg, s) for s in cands[i])) for i in live]
             outs = self._complete(client, [qs[i] for i in live], prompts, cfg, cfg.plan_tokens, f"tog depth {d + 1}", trace,
-                                  parse=[lambda o, c=cands[i]: parse_steps(o, kg, c, cfg.width) for i in live])
+                                  parse=[lambda o, c=cands[i]: parse_steps(o, kg, c, cfg.width) for i in live],
+                                  constraint=[steps_constraint(kg, cands[i], cfg.width) for i in live], reformat=PRUNE_REFORMAT)
             nxt = [[] for _ in qs]
             for i, o in zip(live, outs):
-                nxt[i] = expand_beam(kg, topics[i], beams[i], parse_steps(o, kg, cands[i], cfg.width), cfg.max_beam, seed=cfg.seed + d)
+                kept = parse_steps(o, kg, cands[i], cfg.width)
+                failed[i] += not kept  # a pruning reply naming no listed relation: counted, the beam simply ends
+                nxt[i] = expand_beam(kg, topics[i], beams[i], kept, cfg.max_beam, seed=cfg.seed + d)
                 hist[i] += nxt[i]; calls[i] += 1
             beams = nxt
         paths = [beam_context(h)[:cfg.max_paths] for h in hist]
-        return self._answer_with_paths(kg, qs, topics, client, cfg, shown, paths, calls, "tog answer", trace)
+        preds = self._answer_with_paths(kg, qs, topics, client, cfg, shown, paths, calls, "tog answer", trace)
+        for pred, f, c in zip(preds, failed, calls): pred.meta.update(prune_failures=f, prune_calls=c)
+        return preds
 
 @register_method("knn_triples")
 class KNNTriples(BrinkMethod):

@@ -14,12 +14,15 @@ import numpy as np
 
 from .hooks import same_definition
 from .kg import KG
+from .llm import Constraint, check_decoding
 
 # %% auto #0
-__all__ = ['METHODS', 'Step', 'Question', 'Prediction', 'Method', 'BaseMethod', 'register_method', 'get_method', 'TraceWriter',
-           'complete_traced', 'short_relation_names', 'relation_names', 'step_label', 'relation_path_of',
-           'relation_paths_to', 'instantiate', 'path_end', 'path_text', 'triples_of', 'triple_text', 'clip_lines',
-           'candidate_steps', 'parse_steps', 'parse_relation_paths', 'beam_ends', 'expand_beam', 'beam_context']
+__all__ = ['METHODS', 'Step', 'PRUNE_REFORMAT', 'PLAN_REFORMAT', 'Question', 'Prediction', 'Method', 'BaseMethod',
+           'register_method', 'get_method', 'TraceWriter', 'complete_traced', 'short_relation_names', 'relation_names',
+           'step_label', 'relation_path_of', 'relation_paths_to', 'instantiate', 'path_end', 'path_text', 'triples_of',
+           'triple_text', 'clip_lines', 'candidate_steps', 'parse_steps', 'parse_relation_paths', 'steps_constraint',
+           'relation_paths_constraint', 'parse_failures', 'complete_decoded', 'beam_ends', 'expand_beam',
+           'beam_context']
 
 # %% ../nbs/05c_kgqa.ipynb #c005
 def _jsonable(x):
@@ -401,6 +404,88 @@ def parse_relation_paths(text: str,  # LLM output (one path per line, relations 
         out.append(steps)
         if len(out) >= limit: break
     return out
+
+# %% ../nbs/05c_kgqa.ipynb #c023b
+def _alternation(labels: Sequence[str]) -> str: return "(?:" + "|".join(re.escape(l) for l in dict.fromkeys(labels)) + ")"
+
+def _nameable(label: str, seps: Sequence[str], numbered: bool = False) -> bool:
+    "A label a constrained reply can name: the parser reads it back as itself (not blank, no separator; `numbered`: no list-number prefix)."
+    return (bool(_norm_rel(label)) and not any(x in label for x in seps)
+            and not (numbered and re.sub(r"^\s*\d+[.)]\s+", "", label) != label))
+
+def steps_constraint(kg: KG,  # graph (labels)
+                     candidates: Sequence[Step],  # the steps listed in the prompt
+                     limit: int) -> Constraint | None:  # at most this many relations named (the prompt's width)
+    "ToG-style pruning as `parse_steps` reads it: ' ' then 1..`limit` listed labels joined by '; ' (None: no nameable label)."
+    if int(limit) < 1: raise ValueError(f"limit={limit!r}: name at least 1 relation")
+    labels = [l for l in (step_label(kg, s) for s in candidates) if _nameable(l, (";", ",", "\n"), numbered=True)]
+    if not labels: return None
+    rel = _alternation(labels)
+    return Constraint.regex(" ?" + rel + "(?:; " + rel + "){0," + str(int(limit) - 1) + "}\n?")
+
+def relation_paths_constraint(kg: KG,  # graph (labels)
+                              candidates: Sequence[Step],  # the steps listed in the prompt
+                              max_hops: int = 2,  # longest path (as `parse_relation_paths` keeps)
+                              limit: int = 3) -> Constraint | None:  # at most this many paths
+    "A RoG-style plan as `parse_relation_paths` reads it: 1..`limit` lines of 1..`max_hops` listed labels joined by ' -> '."
+    if int(limit) < 1 or int(max_hops) < 1: raise ValueError(f"max_hops={max_hops!r}, limit={limit!r}: use 1 or more")
+    labels = [l for l in (step_label(kg, s) for s in candidates) if _nameable(l, ("->", "\n"))]
+    if not labels: return None
+    rel = _alternation(labels)
+    path = rel + "(?: -> " + rel + "){0," + str(int(max_hops) - 1) + "}"
+    return Constraint.regex(path + "(?:\n" + path + "){0," + str(int(limit) - 1) + "}\n?")
+
+# decoupled's second pass (ours): one line after the free reply asking to restate it in the format the constraint enforces
+PRUNE_REFORMAT = "\nThe relations above, separated by semicolons:"
+PLAN_REFORMAT = "\nThe relation paths above, one per line, relations joined by ->:\n"
+
+def parse_failures(parsed: Sequence) -> int:  # parsed replies (a parser's results)
+    "How many replies parsed to nothing (None or empty): the failures a step reports, never replaced by a default."
+    return sum(v is None or (hasattr(v, "__len__") and len(v) == 0) for v in parsed)
+
+
+# %% ../nbs/05c_kgqa.ipynb #c023e
+def complete_decoded(client,  # `kgrag_nb.llm.LLMClient`
+                     prompts: Sequence,  # one prompt (or message list, `chat`) per question
+                     question_ids: Sequence[str],  # the question of each prompt
+                     method: str,  # method name (trace records)
+                     stage: str,  # stage name (trace records)
+                     trace: TraceWriter | None = None,  # where records go (None = not recorded)
+                     parse: Callable | Sequence[Callable] | None = None,  # completion -> parsed (or one per prompt)
+                     constraint: Constraint | Sequence[Constraint | None] | None = None,  # the declared format (or one per prompt)
+                     decoding: str = "free",  # 'free' (the papers) | 'constrained' | 'decoupled' (`kgrag_nb.llm.DECODINGS`)
+                     reformat: str = "",  # decoupled: the line appended after the free reply (`PRUNE_REFORMAT`, `PLAN_REFORMAT`)
+                     chat: bool = False,  # message lists sent with `client.chat`
+                     **kwargs) -> tuple[list, list]:  # `client.complete` arguments (temperature, max_tokens, stop, desc, ...)
+    "(completions, parsed) of one parsed step under `decoding`; free sends exactly the requests of `complete_traced`."
+    check_decoding(decoding)
+    prompts, ids = list(prompts), [str(i) for i in question_ids]
+    cons = list(constraint) if isinstance(constraint, (list, tuple)) else [constraint] * len(prompts)
+    parsers = list(parse) if isinstance(parse, (list, tuple)) else [parse] * len(prompts)
+    if not len(cons) == len(parsers) == len(ids) == len(prompts):
+        raise ValueError(f"{len(prompts)} prompts, {len(ids)} question ids, {len(parsers)} parsers and {len(cons)} constraints: pass one each")
+    if decoding == "free" or all(c is None for c in cons):  # the paper's requests: no constraint, cache keys unchanged
+        return complete_traced(client, prompts, ids, method, stage, trace, parsers, chat, **kwargs)
+    outs, parsed = [None] * len(prompts), [None] * len(prompts)
+    if decoding == "decoupled":
+        if kwargs.get("n", 1) != 1: raise ValueError("decoupled decoding restates one reply per prompt: pass n=1")
+        if not reformat: raise ValueError("decoupled decoding needs the step's `reformat` line (e.g. PRUNE_REFORMAT, PLAN_REFORMAT)")
+        free = complete_traced(client, prompts, ids, method, stage, trace, None, chat, **kwargs)[0]
+        for i, c in enumerate(cons):
+            if c is None: outs[i], parsed[i] = free[i], (free[i] if parsers[i] is None else parsers[i](free[i]))  # no format: the free reply
+        prompts = [p + [{"role": "assistant", "content": f}, {"role": "user", "content": reformat.strip()}] if chat
+                   else p + f.rstrip("\n") + reformat for p, f in zip(prompts, free)]
+        stage, kwargs = f"{stage}: restated", {**kwargs, "temperature": 0.0}
+        if "desc" in kwargs: kwargs["desc"] = f"{kwargs['desc']}: restated"
+    groups = {}  # one batch per distinct constraint (a Constraint is hashable), in order of first use
+    for i, c in enumerate(cons):
+        if decoding == "constrained" or c is not None: groups.setdefault(c, []).append(i)
+    for c, idx in groups.items():
+        o, v = complete_traced(client, [prompts[i] for i in idx], [ids[i] for i in idx], method, stage, trace, [parsers[i] for i in idx],
+                               chat, **kwargs, **({"constraint": c} if c is not None else {}))
+        for i, oi, vi in zip(idx, o, v): outs[i], parsed[i] = oi, vi
+    return outs, parsed
+
 
 # %% ../nbs/05c_kgqa.ipynb #c025
 def beam_ends(kg: KG, topic, beam: Sequence[list]) -> list[int]:
