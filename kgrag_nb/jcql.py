@@ -19,25 +19,26 @@ from .metrics import kbqa_hits_at_1, brink_normalize, bootstrap_ci
 from .papers import paper_numbers, compare
 from .jcql_kbc import fb15k237_splits, build_kbc_data, metric_cis  # the KBC side of the format-tax arm (w/o complete: no checkpoint)
 from .kgqa import (BaseMethod, Question, Prediction, TraceWriter, register_method, get_method, METHODS, relation_names, candidate_steps,
-                           parse_steps, step_label, expand_beam, beam_ends, beam_context, path_text)
+                           parse_steps, step_label, expand_beam, beam_ends, beam_context, path_text, steps_constraint)
 
 # %% auto #0
 __all__ = ['ACTIONS', 'INSTRUCTION_HEAD', 'ACTION_SENTENCES', 'EXAMPLE_TRAIN', 'EXAMPLE_TEST', 'PROMPT_ENTITY',
            'PROMPT_RELATIONS', 'PROMPT_GENERATE', 'EXAMPLE_HINT', 'PROMPT_MODIFY', 'PROMPT_SCHEMA', 'PROMPT_PATHS',
-           'REFORMAT', 'COT_ANSWER', 'SHORT_ANSWER', 'IO_PROMPT', 'COT_PROMPT', 'TOG_PRUNE', 'TOG_ANSWER', 'PAPER',
-           'DEVIATIONS', 'DECODING_DEVIATION', 'PAPER_ROW', 'TABLE3_ROW', 'TABLE4_ROW', 'NO_KB', 'DATASET_LABEL',
-           'FORMAT_TAX', 'FT_VARIANT', 'FT_MAX_STEPS', 'FT_KEEP', 'FT_HOPS', 'FT_MAX_TRIPLES', 'agent_instruction',
-           'agent_example', 'ParsedStep', 'parse_step', 'step_constraint', 'entity_constraint', 'relations_constraint',
-           'triples_constraint', 'schema_constraint', 'paths_constraint', 'decode', 'entity_names', 'relation_names_of',
-           'name_kg', 'AgentKB', 'triple_line', 'TailFrequencyKBC', 'GoldLeakError', 'gold_leaks', 'AgentConfig',
-           'parse_triples', 'step_prompt', 'parse_choice', 'parse_relation_choice', 'JCQLAgent', 'io_prompt',
-           'cot_prompt', 'parse_short', 'parse_cot', 'majority', 'BaselineConfig', 'IOBaseline', 'CoTBaseline',
-           'SCBaseline', 'ToGStyle', 'bfs_path', 'expand_paths', 'parse_trajectory', 'parse_paths', 'replay_batch',
-           'slm_triples', 'jcql_train', 'kbqa_questions', 'prediction_frame', 'hits_table', 'failure_table',
+           'REFORMAT', 'COT_ANSWER', 'SHORT_ANSWER', 'IO_PROMPT', 'COT_PROMPT', 'TOG_PRUNE', 'TOG_ANSWER',
+           'OFFLINE_STAGES', 'PAPER', 'DEVIATIONS', 'DECODING_DEVIATION', 'PAPER_ROW', 'TABLE3_ROW', 'TABLE4_ROW',
+           'NO_KB', 'DATASET_LABEL', 'PAPER_LLMS', 'DEFAULT_PAPER_LLM', 'METHOD_LABEL', 'FORMAT_TAX', 'FT_VARIANT',
+           'FT_MAX_STEPS', 'FT_KEEP', 'FT_HOPS', 'FT_MAX_TRIPLES', 'agent_instruction', 'agent_example', 'ParsedStep',
+           'parse_step', 'step_constraint', 'entity_constraint', 'relations_constraint', 'triples_constraint',
+           'schema_constraint', 'paths_constraint', 'decode', 'entity_names', 'relation_names_of', 'name_kg', 'AgentKB',
+           'triple_line', 'TailFrequencyKBC', 'GoldLeakError', 'gold_leaks', 'AgentConfig', 'parse_triples',
+           'step_prompt', 'parse_choice', 'parse_relation_choice', 'JCQLAgent', 'io_prompt', 'cot_prompt',
+           'parse_short', 'parse_cot', 'majority', 'BaselineConfig', 'IOBaseline', 'CoTBaseline', 'SCBaseline',
+           'ToGStyle', 'bfs_path', 'expand_paths', 'parse_trajectory', 'parse_paths', 'replay_batch', 'slm_triples',
+           'jcql_train', 'kbqa_questions', 'is_offline', 'prediction_frame', 'hits_table', 'failure_table',
            'efficiency_table', 'format_table', 'deviations', 'decoding_note', 'exclude_held_out', 'select_questions',
            'run_methods', 'special_test_set', 'special_first', 'replay_study', 'training_curve', 'named_triples',
-           'paper_rows', 'ours_for_table', 'experiment_frames', 'versus_paper', 'disabled_attempts', 'plot_lines',
-           'format_tax_arm']
+           'paper_rows', 'paper_llm', 'ours_for_table', 'label_by_model', 'experiment_frames', 'versus_paper',
+           'llm_predictions', 'trace_file', 'traced_calls', 'disabled_attempts', 'plot_lines', 'format_tax_arm']
 
 # %% ../nbs/17b_jcql.ipynb #c005
 ACTIONS = ("search", "complete", "generate", "finish")  # §3.2-3.3: the agent's action space
@@ -897,7 +898,7 @@ class BaselineConfig:
     max_beam: int = 4
     max_paths: int = 8
     seed: int = 0
-    decoding: str = "free"  # issue 21: free (the paper) | constrained | decoupled (ToG's relation pruning stays free)
+    decoding: str = "free"  # issue 21: free (the paper) | constrained | decoupled (every parsed step, ToG's relation pruning included)
 
 class _Baseline(BaseMethod):
     "A Table 2 baseline; every LLM call traced with its cache flag and latency (Table 4)."
@@ -974,23 +975,31 @@ class ToGStyle(_Baseline):
         kg = kb.kg
         topics = [kg.entity_index(q.topic) if q.topic and kb.has_entity(q.topic) else None for q in qs]
         beams, hist, calls = [[[]] if t is not None else [] for t in topics], [[] for _ in qs], [[] for _ in qs]
+        pruned_bad = [0] * len(qs)
         for d in range(cfg.depth):
             ends = {i: beam_ends(kg, topics[i], b) for i, b in enumerate(beams) if b}
             cands = {i: candidate_steps(kg, e, cfg.max_relations) for i, e in ends.items()}
             live = [i for i in ends if cands[i]]
             prompts = [TOG_PRUNE.format(width=cfg.width, question=qs[i].text, entities=", ".join(str(kb.names[e]) for e in ends[i]),
                                         relations="; ".join(step_label(kg, s) for s in cands[i])) for i in live]
-            outs, cl = self._call(client, [qs[i] for i in live], prompts, f"prune {d + 1}", cfg, trace, 48, ["\n"])
+            if cfg.decoding == "free":  # the paper's requests, one batch
+                outs, cl = self._call(client, [qs[i] for i in live], prompts, f"prune {d + 1}", cfg, trace, 48, ["\n"])
+            else:  # each question's own format: only its listed relations (kgqa.steps_constraint), one request each
+                got = [self._call(client, [qs[i]], [p], f"prune {d + 1}", cfg, trace, 48, ["\n"],
+                                  constraint=steps_constraint(kg, cands[i], cfg.width)) for i, p in zip(live, prompts)]
+                outs, cl = [g[0][0] for g in got], [g[1][0] for g in got]
             nxt = [[] for _ in qs]
             for i, o, c in zip(live, outs, cl):
-                nxt[i] = expand_beam(kg, topics[i], beams[i], parse_steps(o, kg, cands[i], cfg.width), cfg.max_beam, seed=cfg.seed + d)
+                kept = parse_steps(o, kg, cands[i], cfg.width)
+                pruned_bad[i] += not kept  # a pruning reply naming no listed relation: counted, the beam ends there
+                nxt[i] = expand_beam(kg, topics[i], beams[i], kept, cfg.max_beam, seed=cfg.seed + d)
                 hist[i] += nxt[i]; calls[i] += c
             beams = nxt
         paths = [[path_text(kg, t, p, kb.names) for p in beam_context(h)[:cfg.max_paths]] if t is not None else [] for t, h in zip(topics, hist)]
         ps = [TOG_ANSWER.format(paths="\n".join(p) or "(none)", question=q.text) for q, p in zip(qs, paths)]
         outs, cl = self._call(client, qs, ps, "answer", cfg, trace, cfg.max_tokens, ["\n"], constraint=SHORT_ANSWER)
-        return [self._pred(q, parse_short(o), calls[i] + c, p, o, None if parse_short(o) else "empty answer", paths=paths[i])
-                for i, (q, o, c, p) in enumerate(zip(qs, outs, cl, ps))]
+        return [self._pred(q, parse_short(o), calls[i] + c, p, o, None if parse_short(o) else "empty answer", paths=paths[i],
+                           prune_failures=pruned_bad[i]) for i, (q, o, c, p) in enumerate(zip(qs, outs, cl, ps))]
 
 # %% ../nbs/17b_jcql.ipynb #c029
 def bfs_path(triples: Sequence[Sequence[str]],  # G_q: (h, r, t) triples
@@ -1165,6 +1174,14 @@ def kbqa_questions(dataset: str,  # 'cwq' or 'webqsp'
             for r, tops, shown, mids in rows]
 
 # %% ../nbs/17b_jcql.ipynb #c039
+# App. E: the relation schemas Prompt 6 shows are summarised per relation "in advance" (offline), so Table 4's
+# `LLM call` counts the online calls only; our agent makes them lazily (first use, cached per run): counted apart
+OFFLINE_STAGES = ("schema",)
+
+def is_offline(stage: str) -> bool:  # a traced call's stage ('schema', 'schema reformat', 'step 1', ...)
+    "Whether a call is one of the paper's offline calls (a per-relation schema summary, App. E)."
+    return str(stage).startswith(OFFLINE_STAGES)
+
 def prediction_frame(preds: Sequence[Prediction], questions: Sequence[Question], **cols) -> pd.DataFrame:
     "One row per prediction: method, id, answers, Hits@1 (`kbqa_hits_at_1`), LLM calls, misses, time of misses, failures."
     gold = {q.id: q.answers for q in questions}
@@ -1175,6 +1192,8 @@ def prediction_frame(preds: Sequence[Prediction], questions: Sequence[Question],
         rows.append(dict(**cols, method=p.method, id=p.question_id, answer=p.answer, ranked=list(p.ranked), gold=gold[p.question_id],
                          hits1=kbqa_hits_at_1(p.ranked, gold[p.question_id]) if p.ranked else 0.0, failure=p.failure,
                          llm_calls=len(calls), llm_misses=sum(not c["cached"] for c in calls),
+                         llm_calls_offline=sum(is_offline(c.get("stage", "")) for c in calls),
+                         miss_time_offline_s=float(sum(c["latency_s"] for c in calls if not c["cached"] and is_offline(c.get("stage", "")))),
                          miss_time_s=float(sum(c["latency_s"] for c in calls if not c["cached"])),
                          hit_time_s=float(sum(c["latency_s"] for c in calls if c["cached"])),
                          complete_calls=p.meta.get("complete_calls", 0), n_steps=p.meta.get("n_steps", 0),
@@ -1201,11 +1220,15 @@ def failure_table(df: pd.DataFrame, by=("method",)) -> pd.DataFrame:
     return pd.DataFrame(rows).fillna(0)
 
 def efficiency_table(df: pd.DataFrame, by=("dataset", "setting", "method")) -> pd.DataFrame:
-    "Table 4: LLM calls per question (from the trajectories), and seconds per question of cache misses only (hits apart)."
-    g = df.groupby(list(by), sort=False)
-    return g.agg(n=("id", "size"), **{"LLM call": ("llm_calls", "mean"), "misses/question": ("llm_misses", "mean"),
-                                       "Time (s) of misses": ("miss_time_s", "mean"), "hit time (s)": ("hit_time_s", "mean"),
-                                       "Complete calls": ("complete_calls", "mean")}).reset_index()
+    "Table 4: online LLM calls per question (the paper's `LLM call`), the offline schema calls apart (totals), every call"
+    " traced, and seconds per question of online cache misses (hits and offline calls apart)."
+    d = df.assign(_off=df.get("llm_calls_offline", 0), _off_s=df.get("miss_time_offline_s", 0.0))
+    d = d.assign(_on=d["llm_calls"] - d["_off"], _on_s=d["miss_time_s"] - d["_off_s"])
+    g = d.groupby(list(by), sort=False)
+    return g.agg(n=("id", "size"), **{"LLM call": ("_on", "mean"), "online calls": ("_on", "sum"), "offline calls": ("_off", "sum"),
+                                       "calls traced": ("llm_calls", "sum"), "misses/question": ("llm_misses", "mean"),
+                                       "Time (s) of misses": ("_on_s", "mean"), "offline miss time (s)": ("_off_s", "sum"),
+                                       "hit time (s)": ("hit_time_s", "mean"), "Complete calls": ("complete_calls", "mean")}).reset_index()
 
 def format_table(df: pd.DataFrame, by=("dataset", "setting", "method")) -> pd.DataFrame:
     "Issue 21 rates of the agent rows: steps parsed as an enabled action with well-formed arguments (ok, of which repaired),"
@@ -1387,6 +1410,18 @@ def paper_rows(table: str, **filters) -> pd.DataFrame:
     "Rows of the paper's `table` (kgrag_nb/papers/jcql_joint_kbc_kbqa.csv)."
     return paper_numbers(PAPER, table=table, **filters)
 
+# §4.3: JCQL runs with three LLMs (Table 2: JCQL_Qwen3-30B-A3B, JCQL_LLaMA3.1-70B, JCQL_GPT-4o-mini); a served id
+# (provider prefix, size/instruct/date suffixes) is recognised by these patterns
+PAPER_LLMS = {"GPT-4o-mini": r"gpt-?4o-?mini", "LLaMA3.1-70B": r"llama-?3\.1-?70b", "Qwen3-30B-A3B": r"qwen-?3-?30b-?a3b"}
+DEFAULT_PAPER_LLM = "GPT-4o-mini"  # §4.1: "We adopt GPT-4o-mini as the LLM ... in other experiments"
+METHOD_LABEL = {"jcql io": "IO", "jcql cot": "CoT", "jcql sc": "SC", "jcql tog": "ToG", "jcql": "JCQL",
+                "jcql w/o generate": "JCQL w/o generate", "jcql w/o complete": "JCQL w/o complete"}  # ours, before ' (<llm>)'
+
+def paper_llm(model: str | None) -> str | None:  # a served model id, e.g. 'meta-llama/Llama-3.1-70B-Instruct'
+    "The paper's name of `model` when it is one of the paper's three LLMs, else None."
+    s = str(model or "").lower()
+    return next((name for name, pat in PAPER_LLMS.items() if re.search(pat, s)), None)
+
 def ours_for_table(hits: pd.DataFrame,  # `hits_table` / `efficiency_table` rows (dataset, setting, method, metrics)
                    rows: dict,  # our method -> the paper's row label (PAPER_ROW, TABLE3_ROW, TABLE4_ROW)
                    llm: str) -> pd.DataFrame:  # our LLM (shown in `llm`)
@@ -1395,7 +1430,25 @@ def ours_for_table(hits: pd.DataFrame,  # `hits_table` / `efficiency_table` rows
     out["setting"] = [("w/o KB" if m in NO_KB else s) for m, s in zip(out["method"], out["setting"])]
     out["model"] = out["method"].map(rows)
     out["dataset"] = out["dataset"].map(lambda d: DATASET_LABEL.get(d, d))
-    out["llm"] = llm
+    out["llm"] = out["llm"].fillna(llm) if "llm" in out else llm  # rows of other LLMs keep theirs
+    return out
+
+def label_by_model(ours: pd.DataFrame,  # `ours_for_table` rows (model = the paper's row label, llm = the model that ran)
+                   main: str,  # the experiment's main LLM (it ran every method; others ran JCQL only)
+                   base: dict = METHOD_LABEL) -> pd.DataFrame:  # our method -> its label before ' (<llm>)'
+    "Our rows labelled by the model that ran them (`model`, e.g. 'JCQL (gemma-3-270m-q4_k_m)'), with the paper's row each"
+    " stands beside (`paper row`): Table 2's JCQL_<LLM> row of the same LLM, else the paper's default-LLM row for the main"
+    " model, else none (the row's own label)."
+    out = ours.copy()
+    own = [f"{base.get(m, m)} ({l})" for m, l in zip(out["method"], out["llm"])]
+    default_ran = any(paper_llm(l) == DEFAULT_PAPER_LLM for l in set(out["llm"]))
+    rows = []
+    for m, p, l, o in zip(out["method"], out["model"], out["llm"], own):
+        if str(p).startswith("JCQL_"):  # Table 2's JCQL rows name their LLM
+            x = paper_llm(l) or (DEFAULT_PAPER_LLM if l == main and not default_ran else None)
+            rows.append(f"JCQL_{x}" if x else o)
+        else: rows.append(p if l == main else o)
+    out["paper row"], out["model"] = rows, own
     return out
 
 # %% ../nbs/17b_jcql.ipynb #c048
@@ -1408,10 +1461,31 @@ def versus_paper(ours: pd.DataFrame,  # `ours_for_table` rows
                  label: str) -> pd.DataFrame:  # what ours are (profile, LLM, n)
     "Ours beside the paper's rows of `table`; a `note` column marks the paper's rows we do not run."
     paper = paper_rows(table)
-    both = compare(ours, paper, on=("model", "dataset", "setting"), ours_label=label)
+    key = "paper row" if "paper row" in ours.columns else "model"  # `label_by_model` rows: ours keep their own label
+    both = compare(ours, paper, on={key: "model", "dataset": "dataset", "setting": "setting"}, ours_label=label)
+    if key != "model":  # the paper's rows keep the paper's labels
+        both["model"] = both["model"].fillna(both[key])
+        both = both[["source", "model", *[c for c in both.columns if c not in ("source", "model")]]]
     notes = dict(zip(paper["model"], paper["note"]))
-    both["note"] = [notes.get(m, "") if s.startswith("paper") else "" for m, s in zip(both["model"], both["source"])]
+    both["note"] = [notes.get(m, "") if s.startswith("paper") else "" for m, s in zip(both[key], both["source"])]
     return both
+
+def llm_predictions(xp) -> pd.DataFrame:  # a finished `jcql_kbqa` experiment (`ExperimentResults`)
+    "JCQL's predictions by the experiment's other LLMs (`models`, one `llm` per row); empty when it ran only the main one."
+    return pd.DataFrame(xp.load("llm_predictions")) if "llm_predictions" in xp.names() else pd.DataFrame()
+
+def trace_file(dataset: str, setting: str, llm: str | None = None) -> str:  # setting e.g. '50% KB'; llm: another LLM's
+    "Name of the `jcql_kbqa` trace file of one dataset and KB setting (and of another LLM than the main one)."
+    tail = "" if llm is None else "_" + re.sub(r"[^A-Za-z0-9.-]+", "_", llm)
+    return f"{dataset}_{setting.replace('% KB', '')}{tail}.jsonl"
+
+def traced_calls(trace_dir, preds: pd.DataFrame, methods: Sequence[str]) -> pd.DataFrame:
+    "Records of the trace files (`trace_file`) per dataset, setting and method, for the questions `preds` holds."
+    rows = []
+    for (d, s), g in preds[preds["method"].isin(list(methods))].groupby(["dataset", "setting"], sort=False):
+        n = Counter((r["method"], r["question_id"]) for r in TraceWriter.read(f"{trace_dir}/{trace_file(d, s)}"))
+        rows += [dict(dataset=d, setting=s, method=m, traced=sum(n[(m, str(i))] for i in gm["id"])) for m, gm in g.groupby("method", sort=False)]
+    return pd.DataFrame(rows, columns=["dataset", "setting", "method", "traced"])
 
 def disabled_attempts(preds: pd.DataFrame) -> pd.DataFrame:
     "Per agent variant: steps, how often the LLM wrote an action that is disabled in it (refused by the dispatcher), Complete calls."

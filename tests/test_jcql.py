@@ -438,3 +438,90 @@ def test_format_tax_arm_counts_with_the_stub():
     assert not any(r["cot_fallback"] for out in arms.values() for r in out)  # the agent ran on both items in both arms
     assert all((r["parsed"], r["finished"], r["n_steps"], r["metric"]) == (0.0, False, FT_MAX_STEPS, 0.0) for r in arms["free"])
     assert all(r["parsed"] == 1.0 and set(r["actions"]) <= {"search", "generate", "finish"} for r in arms["constrained"])
+
+# ---------------------------------------------------------------- Table 2 / Table 4 as the paper means them (issue 22 item 8)
+
+@pytest.mark.parametrize("model,paper", [("gpt-4o-mini", "GPT-4o-mini"), ("gpt-4o-mini-2024-07-18", "GPT-4o-mini"),
+                                         ("meta-llama/Llama-3.1-70B-Instruct", "LLaMA3.1-70B"), ("llama-3.1-70b", "LLaMA3.1-70B"),
+                                         ("Qwen/Qwen3-30B-A3B", "Qwen3-30B-A3B"), ("Qwen/Qwen3-30B-A3B-Instruct-2507", "Qwen3-30B-A3B"),
+                                         ("gemma-3-270m-q4_k_m", None), ("meta-llama/Llama-3.1-8B-Instruct", None),
+                                         ("Qwen/Qwen2.5-72B-Instruct", None), ("gpt-4o", None), (None, None)])
+def test_paper_llm(model, paper):
+    assert J.paper_llm(model) == paper
+
+
+def _hits(rows):  # (method, llm) -> a hits_table-like frame on CWQ 50% KB
+    return pd.DataFrame([dict(dataset="cwq", setting="50% KB", method=m, llm=l, n=1, **{"Hits@1": 0.0}) for m, l in rows])
+
+
+def test_rows_labelled_by_the_model_that_ran():
+    # tiny/smoke: the embedded Gemma ran everything; its JCQL row stands beside the paper's default-LLM row
+    g = "gemma-3-270m-q4_k_m"
+    out = J.label_by_model(J.ours_for_table(_hits([("jcql io", g), ("jcql", g), ("jcql w/o complete", g)]), J.PAPER_ROW, g), g)
+    assert out[["model", "paper row", "setting", "llm"]].values.tolist() == [
+        ["IO (gemma-3-270m-q4_k_m)", "GPT-4o-mini", "w/o KB", g], ["JCQL (gemma-3-270m-q4_k_m)", "JCQL_GPT-4o-mini", "50% KB", g],
+        ["JCQL w/o complete (gemma-3-270m-q4_k_m)", "JCQL w/o complete", "50% KB", g]]
+    assert "JCQL_GPT-4o-mini" not in set(out["model"])
+    # full: the main model is GPT-4o-mini; the two other paper LLMs ran JCQL only, each beside its own paper row
+    m, l, q = "gpt-4o-mini", "meta-llama/Llama-3.1-70B-Instruct", "Qwen/Qwen3-30B-A3B"
+    out = J.label_by_model(J.ours_for_table(_hits([("jcql cot", m), ("jcql", m), ("jcql", l), ("jcql", q)]), J.PAPER_ROW, m), m)
+    assert out[["model", "paper row"]].values.tolist() == [
+        ["CoT (gpt-4o-mini)", "CoT"], ["JCQL (gpt-4o-mini)", "JCQL_GPT-4o-mini"],
+        ["JCQL (meta-llama/Llama-3.1-70B-Instruct)", "JCQL_LLaMA3.1-70B"], ["JCQL (Qwen/Qwen3-30B-A3B)", "JCQL_Qwen3-30B-A3B"]]
+    # a main model that is not the paper's, beside a GPT-4o-mini that ran: the default row is GPT-4o-mini's, not Gemma's
+    out = J.label_by_model(J.ours_for_table(_hits([("jcql", g), ("jcql", m)]), J.PAPER_ROW, g), g)
+    assert out["paper row"].tolist() == ["JCQL (gemma-3-270m-q4_k_m)", "JCQL_GPT-4o-mini"]
+    # Table 4's labels: the paper's row names with the model
+    out = J.label_by_model(J.ours_for_table(_hits([("jcql w/o complete", g)]), J.TABLE4_ROW, g), g, base=J.TABLE4_ROW)
+    assert out[["model", "paper row"]].values.tolist() == [["JCQL-SLM (gemma-3-270m-q4_k_m)", "JCQL-SLM"]]
+
+
+def test_versus_paper_keeps_the_papers_labels():
+    g = "gemma-3-270m-q4_k_m"
+    ours = J.label_by_model(J.ours_for_table(_hits([("jcql", g)]), J.PAPER_ROW, g), g)
+    both = J.versus_paper(ours, "Table 2", "tiny")
+    mine, paper = both[both["source"] == "ours (tiny)"], both[both["source"] == "paper (Table 2)"]
+    assert mine["model"].tolist() == ["JCQL (gemma-3-270m-q4_k_m)"] and (paper["model"] == paper["paper row"]).all()
+    assert {"JCQL_GPT-4o-mini", "JCQL_LLaMA3.1-70B", "JCQL_Qwen3-30B-A3B", "GPT-4o-mini"} <= set(paper["model"])
+    # ours sits right before the paper's JCQL_GPT-4o-mini CWQ 50% KB row (0.508, Table 2)
+    i = both.index[both["source"] == "ours (tiny)"][0]
+    assert both.loc[i + 1, ["model", "dataset", "setting", "Hits@1"]].tolist() == ["JCQL_GPT-4o-mini", "CWQ", "50% KB", 0.508]
+
+
+def _call(stage, cached=False, s=1.0): return dict(stage=stage, cached=cached, latency_s=s)
+
+
+def test_table4_offline_schema_calls_apart(tmp_path):
+    from kgrag_nb.kgqa import Prediction, TraceWriter
+    # q1: 3 steps, a generate + modify, two schema summaries (one restated when decoupled); q2: 2 steps, no schema
+    c1 = [_call("step 1"), _call("step 2"), _call("generate"), _call("schema", s=2.0), _call("schema reformat", s=0.5),
+          _call("modify", cached=True, s=0.1), _call("step 3")]
+    c2 = [_call("step 1", s=3.0), _call("step 2")]
+    qs = [Question("q1", "?", ["/m/b"], ["France"]), Question("q2", "?", ["/m/b"], ["Spain"])]
+    preds = [Prediction(q.id, "jcql", "", [], len(c), meta=dict(calls=c)) for q, c in zip(qs, [c1, c2])]
+    df = J.prediction_frame(preds, qs, dataset="cwq", setting="50% KB")
+    assert df["llm_calls_offline"].tolist() == [2, 0] and df["llm_calls"].tolist() == [7, 2]
+    e = J.efficiency_table(df).iloc[0]
+    # online: 5 + 2 = 7 calls over 2 questions; offline: 2; traced: 9; online miss time (1+1+1+1 + 3+1) / 2 = 4.0
+    assert (e["LLM call"], e["online calls"], e["offline calls"], e["calls traced"]) == (3.5, 7, 2, 9)
+    assert (e["Time (s) of misses"], e["offline miss time (s)"], e["misses/question"]) == (4.0, 2.5, 4.0)
+    # the same calls counted again from the trace file the experiment writes
+    tw = TraceWriter(tmp_path / J.trace_file("cwq", "50% KB"))
+    assert tw.path.name == "cwq_50.jsonl" and J.trace_file("cwq", "50% KB", "Qwen/Qwen3-30B-A3B") == "cwq_50_Qwen_Qwen3-30B-A3B.jsonl"
+    for q, c in zip(qs, [c1, c2]):
+        for x in c: tw.write(q.id, "jcql", x["stage"], "p", "t")
+    tw.write("q9", "jcql", "step 1", "p", "t")  # an Algorithm 1 (training) question: not a predicted one
+    tw.write("q1", "jcql tog", "answer", "p", "t")  # another method
+    tr = J.traced_calls(tmp_path, df, ["jcql"])
+    assert tr.values.tolist() == [["cwq", "50% KB", "jcql", 9]]
+    assert e["online calls"] + e["offline calls"] == tr["traced"].iloc[0]
+    # a missing schema call in the trace would break the identity
+    assert J.traced_calls(tmp_path, df.iloc[:1], ["jcql"])["traced"].tolist() == [7]
+
+
+def test_efficiency_table_of_frames_without_the_split():
+    # predictions saved before the split (no offline columns): every call is online, as before
+    df = pd.DataFrame([dict(dataset="cwq", setting="50% KB", method="jcql", id="q1", llm_calls=4, llm_misses=1, miss_time_s=2.0,
+                            hit_time_s=0.0, complete_calls=1)])
+    e = J.efficiency_table(df).iloc[0]
+    assert (e["LLM call"], e["offline calls"], e["calls traced"], e["Time (s) of misses"]) == (4.0, 0, 4, 2.0)
