@@ -25,18 +25,19 @@ __all__ = ['EXTRACT_INTENT_KEYWORDS_PROMPT', 'EXTRACT_RELATIONS_PROMPT', 'INTENT
            'FEATURE_TOKENS', 'RELATION_TOKENS', 'REFORMAT', 'DATASETS', 'VARIANTS', 'MARKUP', 'PLACEMENTS',
            'BROADER_TERM_PROMPT', 'MISINFORMATION_PROMPT', 'CONDITIONS', 'ANSWER_TOKENS', 'JUDGE_TOKENS', 'ANSWER_STOP',
            'RAG_TOP_K', 'PAPER', 'PAPER_MODELS', 'OPEN_STAND_INS', 'CONDITION_TABLE', 'DEVIATIONS',
-           'DECODING_DEVIATION', 'FORMAT_TAX', 'FT_DATASET', 'FT_P', 'fill', 'parse_features', 'parse_relations',
-           'parse_verdict', 'judge_verdict', 'parse_phrase', 'split_sentences', 'sentence_spans', 'decode_traced',
-           'extract_features', 'discrimination_prompts', 'coe_decision', 'discriminate', 'contains', 'load_released',
-           'quirks', 'piece_counts', 'sample_records', 'paper_piece_count', 'paper_piece_counts', 'paper_rule_pieces',
-           'irrelevant_chars', 'irrelevant_context', 'misinformation_needed', 'misinformation_context', 'swap_answer',
-           'wrong_answers', 'is_yes_no', 'rebuild_samples', 'rebuild_summary', 'make_misinformation', 'answer_prompt',
-           'following', 'build_contexts', 'run_conditions', 'cell_table', 'significance', 'discrimination_rates',
-           'minimal_coverage', 'distractor_index', 'pool_released', 'pool_hotpot', 'rag_select', 'scope_coe',
-           'scope_coe_many', 'run_usability', 'usability_table', 'setting_label', 'ours_vs_paper_cells',
-           'stars_vs_paper', 'deviations', 'released_overview', 'misinformation_counts', 'usability_questions',
-           'hotpot_questions', 'bm25_distractors', 'report_condition', 'report_usability', 'decoding_of',
-           'report_table1', 'format_tax_arm']
+           'DECODING_DEVIATION', 'GPT4O_ROLES', 'FORMAT_TAX', 'FT_DATASET', 'FT_P', 'fill', 'parse_features',
+           'parse_relations', 'parse_verdict', 'judge_verdict', 'parse_phrase', 'split_sentences', 'sentence_spans',
+           'decode_traced', 'extract_features', 'discrimination_prompts', 'coe_decision', 'discriminate', 'contains',
+           'load_released', 'quirks', 'piece_counts', 'sample_records', 'paper_piece_count', 'paper_piece_counts',
+           'paper_rule_pieces', 'irrelevant_chars', 'irrelevant_context', 'misinformation_needed',
+           'misinformation_context', 'swap_answer', 'wrong_answers', 'is_yes_no', 'rebuild_samples', 'rebuild_summary',
+           'make_misinformation', 'answer_prompt', 'following', 'build_contexts', 'run_conditions', 'cell_table',
+           'significance', 'discrimination_rates', 'minimal_coverage', 'distractor_index', 'pool_released',
+           'pool_hotpot', 'rag_select', 'scope_coe', 'scope_coe_many', 'pair_jobs', 'usability_jobs',
+           'answer_usability', 'run_usability', 'usability_table', 'setting_label', 'ours_vs_paper_cells',
+           'stars_vs_paper', 'deviations', 'roles_spec', 'role_models', 'released_overview', 'misinformation_counts',
+           'usability_questions', 'hotpot_questions', 'bm25_distractors', 'report_condition', 'report_usability',
+           'report_roles', 'decoding_of', 'report_table1', 'format_tax_arm']
 
 # %% ../nbs/19_coe.ipynb #c005
 # chain_of_evidence.txt App. A, "Intent and Keyword Extraction Prompt" (verbatim; 5 few-shot examples)
@@ -841,45 +842,75 @@ def scope_coe_many(client, questions: list[dict],  # per question: id, features 
     js = discriminate(client, items, trace, method="scopecoe", decoding=decoding)
     return [(minimal_coverage(js[a:b]), js[a:b]) for a, b in spans]
 
-def run_usability(client, judge, questions: list[dict],  # per question: id, question, answer, features, snippets, is_gold, setting
-                  seeds: Sequence[int], embedder=None, trace: TraceWriter | None = None,
-                  decoding: str = "free") -> pd.DataFrame:  # ScopeCoE verdicts and the judge (answers always free)
-    "One row per (question, method, run): snippets selected, gold recall, output, judge ACC and containment (Table 5 substitutes)."
-    if questions: embed([q["question"] for q in questions] + [s for q in questions for s in q["snippets"]], embedder)  # one pass fills the cache
-    scoped = iter(scope_coe_many(client, [q for q in questions if q["features"] is not None], trace, decoding))
+def pair_jobs(questions: list[dict],  # per question: id, question, answer, features, snippets, is_gold, setting, dataset
+              rag: Sequence[Sequence[int]],  # per question: RAG's selected snippet indices
+              scoped: Sequence[Sequence[int] | None]) -> list[dict]:  # per question: ScopeCoE's selection; None = features unreadable
+    "The same-questions rule: a RAG and a RAG+ScopeCoE job for every question; no features = a counted ScopeCoE failure (no context)."
+    if not len(questions) == len(rag) == len(scoped):
+        raise ValueError(f"pair_jobs: {len(questions)} questions, {len(rag)} RAG and {len(scoped)} ScopeCoE selections")
     jobs = []
-    for q in questions:
-        rag = rag_select(q["question"], q["snippets"], embedder=embedder)
-        jobs.append(dict(q, method="RAG", selected=rag, context="\n".join(q["snippets"][i] for i in rag)))
-        if q["features"] is None: continue
-        sel, _ = next(scoped)
-        jobs.append(dict(q, method="RAG+ScopeCoE", selected=sel, context="\n".join(q["snippets"][i] for i in sel)))
+    for q, r, sel in zip(questions, rag, scoped):
+        jobs.append(dict(q, method="RAG", selected=list(r), context="\n".join(q["snippets"][i] for i in r), scope_failed=False))
+        jobs.append(dict(q, method="RAG+ScopeCoE", selected=[] if sel is None else list(sel), scope_failed=sel is None,
+                         context=None if sel is None else "\n".join(q["snippets"][i] for i in sel)))
+    return jobs
+
+def usability_jobs(roles,  # LLMClient playing GPT-4o's roles (ScopeCoE's feature judgment, §8.2.1)
+                   questions: list[dict],  # per question: id, question, answer, features (None = unreadable), snippets, is_gold, setting
+                   embedder=None, trace: TraceWriter | None = None,
+                   decoding: str = "free") -> list[dict]:  # free | constrained | decoupled (VERDICT)
+    "`pair_jobs` of RAG's top 5 (MiniLM) and ScopeCoE's selection (judged by `roles`): selected once, answered by every model."
+    if questions: embed([q["question"] for q in questions] + [s for q in questions for s in q["snippets"]], embedder)  # one pass fills the cache
+    scoped = iter(scope_coe_many(roles, [q for q in questions if q["features"] is not None], trace, decoding))
+    rag = [rag_select(q["question"], q["snippets"], embedder=embedder) for q in questions]
+    return pair_jobs(questions, rag, [None if q["features"] is None else next(scoped)[0] for q in questions])
+
+def answer_usability(client, judge, jobs: list[dict],  # pair_jobs output
+                     seeds: Sequence[int], trace: TraceWriter | None = None,
+                     decoding: str = "free") -> pd.DataFrame:  # the judge's format (answers always free)
+    "One row per (job, run): snippets selected, gold recall, output, judge ACC and containment; a ScopeCoE failure is ACC 0, unjudged."
+    todo = [j for j in jobs if not j["scope_failed"]]
     rows = []
     for run, s in enumerate(seeds):
-        ids = [f"{j['id']}/{j['method']}" for j in jobs]
-        outs, _ = complete_traced(client, [answer_prompt(j["question"], j["context"]) for j in jobs], ids, "coe_usability", f"run{run}", trace,
+        ids = [f"{j['id']}/{j['method']}" for j in todo]
+        outs, _ = complete_traced(client, [answer_prompt(j["question"], j["context"]) for j in todo], ids, "coe_usability", f"run{run}", trace,
                                   max_tokens=ANSWER_TOKENS, temperature=0.1, seed=s, stop=ANSWER_STOP)
         ans = [first_line(o) for o in outs]
-        jp = [fill(CORRECTNESS_JUDGE_PROMPT, Question=j["question"], Reference_answer=j["answer"], Model_response=a) for j, a in zip(jobs, ans)]
+        jp = [fill(CORRECTNESS_JUDGE_PROMPT, Question=j["question"], Reference_answer=j["answer"], Model_response=a) for j, a in zip(todo, ans)]
         raw, _ = decode_traced(judge, jp, ids, [f"usability{run}"] * len(jp), "coe_judge", trace, None, JUDGE_VERDICT, decoding,
                                REFORMAT["judge"], max_tokens=JUDGE_TOKENS, temperature=0.1, seed=s)
-        for j, o, a, jr in zip(jobs, outs, ans, raw):
+        done = {id(j): (o, a, jr) for j, o, a, jr in zip(todo, outs, ans, raw)}
+        for j in jobs:
+            o, a, jr = done.get(id(j), (None, "", None))
             ng = sum(j["is_gold"])
             rows.append(dict(setting=j["setting"], dataset=j["dataset"], id=j["id"], method=j["method"], run=run, seed=s, n_selected=len(j["selected"]),
-                             gold_recall=100 * sum(j["is_gold"][i] for i in j["selected"]) / ng if ng else np.nan, pool=len(j["snippets"]),
-                             output=o, answer_text=a, acc=float(judge_verdict(jr)), contains_gold=contains(a, j["answer"]),
-                             judge_unreadable=parse_verdict(jr) is None))
+                             gold_recall=100 * sum(j["is_gold"][i] for i in j["selected"]) / ng if ng and not j["scope_failed"] else np.nan,
+                             pool=len(j["snippets"]), output=o, answer_text=a, acc=0.0 if j["scope_failed"] else float(judge_verdict(jr)),
+                             contains_gold=False if j["scope_failed"] else contains(a, j["answer"]),
+                             judge_unreadable=False if j["scope_failed"] else parse_verdict(jr) is None, scope_failed=j["scope_failed"]))
     return pd.DataFrame(rows)
 
-def usability_table(rows: pd.DataFrame) -> pd.DataFrame:  # run_usability output (with model)
-    "Per (model, setting, dataset, method): ACC mean / min / max over runs (%), containment (%), mean snippets, gold recall (%), n."
+def run_usability(client, judge, questions: list[dict],  # per question: id, question, answer, features, snippets, is_gold, setting
+                  seeds: Sequence[int], embedder=None, trace: TraceWriter | None = None,
+                  decoding: str = "free",  # ScopeCoE verdicts and the judge (answers always free)
+                  roles=None) -> pd.DataFrame:  # LLMClient of ScopeCoE's feature judgment (None = `client`)
+    "`answer_usability` of `usability_jobs`: one answering model (Table 5 substitutes)."
+    return answer_usability(client, judge, usability_jobs(roles or client, questions, embedder, trace, decoding), seeds, trace, decoding)
+
+def usability_table(rows: pd.DataFrame) -> pd.DataFrame:  # run_usability / answer_usability output (with model)
+    "Per (model, setting, dataset, method): ACC mean / min / max over runs (%, ScopeCoE failures count 0), containment (%), n questions,"
+    " ScopeCoE failures, mean snippets and gold recall (%) of the questions the arm selected for, pool size."
     keys = ["model", "setting", "dataset", "method"]
+    rows = rows.assign(scope_failed=rows["scope_failed"].astype(bool)) if "scope_failed" in rows else rows.assign(scope_failed=False)
     per_run = rows.groupby(keys + ["run"])["acc"].mean().mul(100).reset_index()
     out = per_run.groupby(keys)["acc"].agg(["mean", "min", "max"]).rename(columns=lambda c: f"ACC {c}")
-    extra = rows.groupby(keys).agg(n=("id", "nunique"), containment=("contains_gold", "mean"), snippets=("n_selected", "mean"),
-                                   gold_recall=("gold_recall", "mean"), pool=("pool", "mean"))
+    extra = rows.groupby(keys).agg(n=("id", "nunique"), containment=("contains_gold", "mean"), pool=("pool", "mean"))
+    extra["scope_failed"] = rows[rows["scope_failed"]].groupby(keys)["id"].nunique().reindex(extra.index, fill_value=0)
+    ran = rows[~rows["scope_failed"]].groupby(keys).agg(snippets=("n_selected", "mean"), gold_recall=("gold_recall", "mean"))
+    extra = extra.join(ran)
     extra["containment"] *= 100
-    return out.join(extra).reset_index()
+    return out.join(extra[["n", "scope_failed", "containment", "snippets", "gold_recall", "pool"]]).reset_index()
+
 
 # %% ../nbs/19_coe.ipynb #c037
 PAPER = "chain_of_evidence.txt"
@@ -905,7 +936,7 @@ def stars_vs_paper(sig: pd.DataFrame, paper: pd.DataFrame, condition: str) -> pd
     return d.rename(columns={"stars": "our stars"})
 
 DEVIATIONS = [
-    "Models: the embedded Gemma-3-270M base model (a completion model) answers, extracts, discriminates and judges at tiny/smoke; the paper uses GPT-4o for extraction, discrimination, wrong answers and judging, and GPT-3.5, GPT-4, Llama2-13B, Llama3-70B, Qwen2.5-32B as answerers (full profile: open stand-ins for GPT-3.5/GPT-4, a stronger judge on its own endpoint).",
+    "Models: the embedded Gemma-3-270M base model (a completion model) answers, extracts, discriminates and judges at tiny/smoke; the paper uses GPT-4o for extraction, discrimination, WordP broader terms, wrong answers, misinformation and judging, and GPT-3.5, GPT-4, Llama2-13B, Llama3-70B, Qwen2.5-32B as answerers (full profile: the five answerers with open stand-ins for GPT-3.5/GPT-4 in Tables 2–5, a stronger judge on its own endpoint, and GPT-4o's other roles played by `roles_model`, the judge's model by default; the `roles` table of each artefact names the model of every role).",
     "Completion prompts: the App. B prompts get an 'Output:' cue; the authors' answer prompt is sent as system prompt + user turn + 'Answer:' in one completion prompt; the judges, answer containment and FR's wrong-answer test read the first non-empty line of the output (answers stop at a blank line).",
     "Decoding budgets are ours (verdicts 3 tokens, features 48, relations 64, answers 32); extraction and discrimination run at temperature 0 (the paper does not say), answers and judges at 0.1 (§5.1 / the authors' code).",
     "Features: an unreadable intent/keyword reply leaves the question out (counted); an unreadable relation reply is counted and the question is judged on intent and keywords only; an unreadable yes/no verdict counts as 'no' (tallied). No relations = the relation condition holds (our reading).",
@@ -916,6 +947,7 @@ DEVIATIONS = [
     "Rebuilt samples: from the mirror's 500-question HotpotQA distractor dev file, not the paper's random 1,000; SenP removes candidate sentences in text order; WordP uses our broader-term prompt (the paper prints none) and only keywords that occur literally in the CoE.",
     "Statistics: Mann–Whitney U on per-question means over runs (the paper does not state its test unit); stars = two-sided p < 0.05; with a handful of questions per cell the test has little power.",
     "Table 5: the Google-snippet corpus is not available; substitutes (a) released irrelevant snippets + CoE sentences + BM25 hard distractors and (b) HotpotQA distractor sentences (capped pool); the RAG reranker is MiniLM cosine similarity; pools are shuffled with the seed.",
+    "Table 5, same questions in both arms: a question whose features are unreadable stays in both arms; its RAG+ScopeCoE row is a ScopeCoE failure (no selection, no answer, ACC 0), counted in the column `scope_failed`; snippets and gold recall are means over the questions each arm selected for.",
     "Sample sizes: tiny evaluates 1 record per dataset (reduced for CI), smoke 4 de-duplicated records per dataset with every condition and three runs (the issue asked for ~20: measured here cold, 4 records take 23 minutes with 1,601 requests at 0.85 s each on 2 cores, so 20 records need ~7,000 requests, about 1.7 hours; `--set n_records=20 --set n_discriminate=20` runs that size), full every released record, not 676 / 660. With 4 questions per group a two-sided Mann–Whitney p can reach 0.029 at best (3 would never reach 0.05).",
     "The rebuild (§4.1–4.2) is run on HotpotQA only: the mirror has no 2WikiMultihopQA records with supporting facts beyond a two-record fixture.",
 ]
@@ -929,6 +961,28 @@ DECODING_DEVIATION = ("Decoding ({decoding}): the paper decodes freely; here the
 def deviations(decoding: str = "free") -> list[str]:  # the run's decoding (run_info['decoding'])
     "`DEVIATIONS`, plus the decoding line when `decoding` is not free."
     return DEVIATIONS + ([DECODING_DEVIATION.format(decoding=check_decoding(decoding))] if decoding != "free" else [])
+
+
+# %% ../nbs/19_coe.ipynb #rl01
+GPT4O_ROLES = {"extraction": "§3.2, App. A", "discrimination": "§3.2, App. B; ScopeCoE §8.2.1", "broader terms (WordP)": "§4.2",
+               "wrong answers": "§6.1, App. C", "misinformation": "§7.1"}  # GPT-4o's roles in the paper, besides the judges
+
+def roles_spec(roles_model: str | None,  # the experiment's `roles_model` (None = the judge's model)
+               judge_url: str | None,  # the experiment's `judge_url` (None = the answering endpoint)
+               judge_model: str | None) -> dict | None:  # the experiment's `judge_model` (None = the endpoint's model)
+    "None when the judge's client plays GPT-4o's roles; else the `LLMClient.from_config` arguments of their own client"
+    " (`base_url` None = the answering endpoint)."
+    if roles_model is None or roles_model == judge_model: return None
+    return {"base_url": judge_url, "model": roles_model}
+
+def role_models(answer_models: Sequence[str],  # the answering models, in run order
+                roles_model: str,  # the model that played GPT4O_ROLES
+                judge_model: str) -> pd.DataFrame:  # the judges' model
+    "Per role: the paper's model, ours, and where the paper says so (the `roles` table of the artefacts)."
+    rows = [dict(role="answers (Tables 2–5)", paper=", ".join(PAPER_MODELS), ours=", ".join(answer_models), where="§5.1, §8.3")]
+    rows += [dict(role=r, paper="GPT-4o", ours=roles_model, where=w) for r, w in GPT4O_ROLES.items()]
+    rows += [dict(role="judges (correctness, groundedness)", paper="GPT-4o", ours=judge_model, where="§5.1, §6.1")]
+    return pd.DataFrame(rows)
 
 
 # %% ../nbs/19_coe.ipynb #c039
@@ -982,7 +1036,7 @@ def report_condition(run,  # kgrag_nb.reproduce.StudyRun of the artefact
                      papers_mod) -> dict:  # kgrag_nb.papers (passed in: the study's report step)
     "Tables 2–4: our cells (mean, min–max over runs) beside the paper's, Mann–Whitney stars beside the paper's, containment / agreement, exclusions."
     table, metric = CONDITION_TABLE[condition]
-    _sizes(run, xp); dec = decoding_of(xp)
+    _sizes(run, xp); dec = decoding_of(xp); report_roles(run, xp)
     rows = xp.load("answers")
     rows = rows[rows["condition"] == condition]
     cells, sig = cell_table(rows, metric.lower()), significance(rows, metric.lower())
@@ -1007,15 +1061,28 @@ def report_condition(run,  # kgrag_nb.reproduce.StudyRun of the artefact
 
 def report_usability(run, xp, papers_mod) -> dict:
     "Table 5: RAG vs RAG+ScopeCoE ACC on substitutes (a) and (b), snippets selected and gold recall, beside the paper's."
-    _sizes(run, xp); dec = decoding_of(xp)
+    _sizes(run, xp); dec = decoding_of(xp); roles = report_roles(run, xp)
     rows = xp.load("usability")
     t = usability_table(rows)
     paper = papers_mod.paper_numbers(PAPER, table="Table 5")
     ours = t.rename(columns={"setting": "substitute"}).rename(columns={"method": "setting", "ACC mean": "ACC"}).round(2)
     both = papers_mod.compare(ours, paper, on=["model", "dataset", "setting"], ours_label=run.profile)
     run.save_table(both, "table5_vs_paper", "Table 5: ACC (%) of naive RAG (top 5) and RAG+ScopeCoE, mean snippets selected (paper: §8.4 prose); "
-                   "ours on substitute (a) or (b) (column `substitute`), with gold-sentence recall (%) and pool size" + _dec(dec))
-    return dict(rows=rows, table=t, both=both, paper=paper, decoding=dec)
+                   "ours on substitute (a) or (b) (column `substitute`), with gold-sentence recall (%) and pool size; both arms cover the same "
+                   "questions: a question whose features are unreadable is a ScopeCoE failure (column `scope_failed`, ACC 0), snippets and "
+                   "gold recall are over the questions the arm selected for" + _dec(dec))
+    return dict(rows=rows, table=t, both=both, paper=paper, decoding=dec, roles=roles)
+
+def report_roles(run, xp) -> pd.DataFrame:
+    "Saves the `roles` table: which model played each of the paper's roles (run_info['roles']; older runs: the answering model(s) played all)."
+    info = xp.load("run_info") or {}
+    roles = pd.DataFrame(info["roles"]) if info.get("roles") else None
+    if roles is None:
+        ms = ", ".join(sorted(set(xp.load("answers")["model"])))
+        roles = role_models([ms], ms + " (the answering model)", ms + " (the answering model)")
+    run.save_table(roles, "roles", "Who played each role: the paper's model and ours (GPT-4o's roles other than the judges: `roles_model`, "
+                   "the judge's model by default)")
+    return roles
 
 def decoding_of(xp) -> str:  # the coe_runs ExperimentResults
     "The run's decoding (free | constrained | decoupled), from its run_info; 'free' for results made before it was recorded."
@@ -1028,7 +1095,7 @@ def _sizes(run, xp):
 
 def report_table1(run, xp, papers_mod) -> dict:
     "Table 1: released rows vs unique questions, knowledge pieces (ours and the paper's rule) beside the paper's, quirks, our discrimination rates, rebuilt samples."
-    _sizes(run, xp); dec = decoding_of(xp)
+    _sizes(run, xp); dec = decoding_of(xp); report_roles(run, xp)
     q, pieces = xp.load("quirks"), xp.load("pieces")
     run.save_table(q, "released_quirks", "Released files (lsplx/ScopeCOE data/): rows vs unique questions and each quirk's count per dataset" + _dec(dec))
     paper = papers_mod.paper_numbers(PAPER, table="Table 1")

@@ -524,3 +524,48 @@ def test_format_tax_arm_counts_with_the_stub():
                for r in arms["free"])
     for d in ("constrained", "decoupled"):  # the stub's minimal features: intent + 1 keyword, no relation -> 2 + 2 judge verdicts
         assert all((r["parsed"], r["features_ok"], r["verdicts"], r["verdicts_readable"]) == (1.0, True, 4, 4) for r in arms[d])
+
+
+# ------------------------------------------------------------------------------------------------ issue 22 item 11: roles and Table 5 arms
+def test_roles_spec_hand_computed():
+    assert coe.roles_spec(None, None, None) is None  # tiny/smoke: the judge is the answering client, and it plays the roles
+    assert coe.roles_spec(None, "http://judge/v1", "Llama-3.1-70B") is None  # full: the judge's client
+    assert coe.roles_spec("Llama-3.1-70B", "http://judge/v1", "Llama-3.1-70B") is None  # the judge's model named: same client
+    assert coe.roles_spec("Qwen-72B", "http://judge/v1", "Llama-3.1-70B") == {"base_url": "http://judge/v1", "model": "Qwen-72B"}
+    assert coe.roles_spec("Qwen-72B", None, None) == {"base_url": None, "model": "Qwen-72B"}  # the answering endpoint
+
+
+def test_role_models_table():
+    t = coe.role_models(["A-7B", "B-13B"], "R-70B", "J-70B").set_index("role")
+    assert t.loc["answers (Tables 2–5)", "ours"] == "A-7B, B-13B" and t.loc["answers (Tables 2–5)", "paper"] == ", ".join(coe.PAPER_MODELS)
+    for role in ("extraction", "discrimination", "broader terms (WordP)", "wrong answers", "misinformation"):
+        assert (t.loc[role, "paper"], t.loc[role, "ours"]) == ("GPT-4o", "R-70B"), role
+    assert t.loc["judges (correctness, groundedness)", "ours"] == "J-70B" and len(t) == 7
+
+
+def _uq(qid, features, n_snip=3):
+    return dict(id=qid, question=f"{qid}?", answer="Delhi", features=features, snippets=[f"s{i} Delhi." if i == 0 else f"s{i}." for i in range(n_snip)],
+                is_gold=[i == 0 for i in range(n_snip)], setting="(a)", dataset="d")
+
+
+def test_same_questions_rule_hand_computed():
+    f = feats(1, 0)
+    qs = [_uq("q1", f), _uq("q2", None), _uq("q3", f, 2)]
+    jobs = coe.pair_jobs(qs, rag=[[2, 0], [1, 0, 2], [1]], scoped=[[0], None, [0, 1]])
+    assert [(j["id"], j["method"], j["scope_failed"]) for j in jobs] == [
+        ("q1", "RAG", False), ("q1", "RAG+ScopeCoE", False), ("q2", "RAG", False), ("q2", "RAG+ScopeCoE", True),
+        ("q3", "RAG", False), ("q3", "RAG+ScopeCoE", False)]
+    assert jobs[3]["selected"] == [] and jobs[3]["context"] is None and jobs[0]["context"] == "s2.\ns0 Delhi."
+    with pytest.raises(ValueError, match="2 questions"): coe.pair_jobs(qs[:2], [[0]] * 3, [None] * 3)
+    c = ByPrompt(" Delhi")  # answers Delhi, the judge says yes
+    rows = coe.answer_usability(c, c, jobs, seeds=[0, 1])
+    assert len(c.prompts) == 2 * (5 + 5)  # two runs x (5 answers + 5 judges): the failed ScopeCoE job sends nothing
+    assert len(rows) == 2 * 6 and rows["scope_failed"].sum() == 2  # the failure is a row of every run
+    fail = rows[rows["scope_failed"]]
+    assert (fail["acc"] == 0).all() and (~fail["contains_gold"]).all() and fail["gold_recall"].isna().all() and fail["output"].isna().all()
+    t = coe.usability_table(rows.assign(model="m")).set_index("method")
+    assert t["n"].to_dict() == {"RAG": 3, "RAG+ScopeCoE": 3}  # the same three questions in both arms
+    assert t.loc["RAG", "ACC mean"] == 100.0 and t.loc["RAG+ScopeCoE", "ACC mean"] == pytest.approx(200 / 3)  # q2 counts 0
+    assert t["scope_failed"].to_dict() == {"RAG": 0, "RAG+ScopeCoE": 1}
+    assert t.loc["RAG", "snippets"] == 2.0 and t.loc["RAG+ScopeCoE", "snippets"] == 1.5  # (2+3+1)/3; (1+2)/2 over the scoped questions
+    assert t.loc["RAG", "gold_recall"] == pytest.approx(200 / 3) and t.loc["RAG+ScopeCoE", "gold_recall"] == 100.0  # q3's RAG misses s0
