@@ -32,18 +32,19 @@ __all__ = ['DEVIATIONS', 'DECODING_DEVIATIONS', 'NQ_MISSING_PROMPT', 'MED_MISSIN
            'MISSING_BLOCK_OPEN', 'MISSING_REASON_STOP', 'MISSING_RESTATE', 'BGE_QUERY_PREFIX', 'RAG_ROWS', 'MISK_ROWS',
            'ROWS', 'BUDGET_RULE', 'SPLIT_POLICY', 'FALLBACK_POLICY', 'PSEUDO_QA_PROMPT', 'TAU_EN', 'TAU_ZH', 'TAU',
            'TAU_GRID', 'JUDGE_GT_PROMPT', 'JUDGE_ATTR_PROMPT', 'ATTRIBUTION', 'ATTRIBUTION_RESTATE', 'OURS',
-           'TOKEN_ORIGQ', 'TOKEN_MISQ', 'RECALL_COLUMNS', 'FIG3_Y', 'PAPER', 'FORMAT_TAX', 'FT_TOPK', 'FT_POOL',
-           'FT_DISTRACTORS', 'FT_N_CTX', 'FT_MAX_TOKENS', 'FT_MAX_TOKENS_MISSING', 'fill', 'standard_prompt',
-           'direct_prompt', 'Chunk', 'format_contexts', 'clip_chunks', 'balanced_objects', 'parse_json_verdict',
-           'jieba_words', 'KnowledgeBase', 'kb_statistics', 'load_nq_oracle', 'load_distractors', 'load_medical',
-           'qa_text', 'leaks', 'cmekg_texts', 'cmekg_subjects', 'nq_setup', 'medical_setup', 'second_retrieval',
-           'clean_answer', 'complete_as', 'run_pipeline', 'parse_pseudo_qa', 'pseudo_qa_pairs', 'token_recall',
-           'attributed_det', 'recall_eq3', 'sentences', 'calibration_pairs', 'calibrate_tau', 'tau_calibration',
-           'parse_facts', 'parse_attribution', 'add_recall', 'llm_judge', 'containment_em', 'JiebaTokenizer',
-           'nq_scores', 'med_scores', 'corpus_bleu', 'bleu_resamples', 'table1', 'table3', 'table4', 'fig3_data',
-           'generator', 'judge_client', 'format_rates', 'run_settings', 'run_nq', 'run_med', 'setting_label',
-           'vs_paper', 'table2_vs_paper', 'table4_vs_paper', 'fig3_figure', 'settings_lines', 'open_artefact',
-           'caption', 'deviations', 'load_predictions', 'save_predictions', 'format_tax_arm']
+           'TOKEN_ORIGQ', 'TOKEN_MISQ', 'RECALL_COLUMNS', 'FIG3_Y', 'DATASETS', 'PAPER_GENERATORS', 'PAPER',
+           'FORMAT_TAX', 'FT_TOPK', 'FT_POOL', 'FT_DISTRACTORS', 'FT_N_CTX', 'FT_MAX_TOKENS', 'FT_MAX_TOKENS_MISSING',
+           'fill', 'standard_prompt', 'direct_prompt', 'Chunk', 'format_contexts', 'clip_chunks', 'balanced_objects',
+           'parse_json_verdict', 'jieba_words', 'KnowledgeBase', 'kb_statistics', 'load_nq_oracle', 'load_distractors',
+           'load_medical', 'qa_text', 'leaks', 'cmekg_texts', 'cmekg_subjects', 'nq_setup', 'medical_setup',
+           'second_retrieval', 'clean_answer', 'complete_as', 'run_pipeline', 'parse_pseudo_qa', 'pseudo_qa_pairs',
+           'token_recall', 'attributed_det', 'recall_eq3', 'sentences', 'calibration_pairs', 'calibrate_tau',
+           'tau_calibration', 'parse_facts', 'parse_attribution', 'add_recall', 'llm_judge', 'containment_em',
+           'JiebaTokenizer', 'nq_scores', 'med_scores', 'corpus_bleu', 'bleu_resamples', 'table1', 'table3', 'table4',
+           'fig3_data', 'generator', 'judge_client', 'generator_models', 'generator_clients', 'judge_clients',
+           'format_rates', 'run_settings', 'run_nq', 'run_med', 'setting_label', 'vs_paper', 'table2_vs_paper',
+           'table4_vs_paper', 'fig3_figure', 'settings_lines', 'open_artefact', 'caption', 'deviations', 'generator_of',
+           'generator_deviation', 'load_predictions', 'save_predictions', 'format_tax_arm']
 
 # %% ../nbs/18_missing.ipynb #m005
 DEVIATIONS = [
@@ -1163,6 +1164,57 @@ def judge_client(run, gen_client, judge_url: str | None, judge_model: str | None
                          "(e.g. --set judge_url=http://host:8001/v1); the generator is not reused as judge silently")
     return gen_client, f"{gen_client.model} (the generator; {profile} profile)"
 
+# %% ../nbs/18_missing.ipynb #m043g
+DATASETS = ("nq", "med")  # the experiment's datasets: Natural Questions (§3.3) and the medical set (§3.4)
+PAPER_GENERATORS = {"nq": "meta-llama/Llama-3.3-70B-Instruct", "med": "Qwen/Qwen2.5-72B-Instruct"}  # §3.3, §3.4
+
+def generator_models(generators: dict | None,  # dataset -> model id, or -> {"model": id, "url": endpoint}; empty = run's model
+                     run_model: str | None,  # the run's model (None = whatever the run's endpoint serves)
+                    ) -> dict[str, dict]:
+    "`{dataset: {model, url}}` for both datasets: the mapping's entry, else the run's model; `url` None = the run's endpoint."
+    generators = dict(generators or {})
+    unknown = sorted(set(generators) - set(DATASETS), key=str)
+    if unknown:
+        raise ValueError(f"generators: unknown dataset key(s) {unknown}; the keys are {list(DATASETS)} (NQ, medical): "
+                         "set e.g. generators: {nq: <model id>, med: <model id>} in studies.yaml's misk_runs profile or with --set")
+    out = {}
+    for d in DATASETS:
+        g = generators.get(d)
+        if g is None or g == "": out[d] = dict(model=run_model, url=None)
+        elif isinstance(g, str): out[d] = dict(model=g, url=None)
+        elif isinstance(g, dict) and g.get("model") and set(g) <= {"model", "url"}: out[d] = dict(model=g["model"], url=g.get("url") or None)
+        else: raise ValueError(f"generators[{d!r}] = {g!r}: give a model id, or {{model: <id>, url: <endpoint>}} for its own endpoint")
+    return out
+
+# %% ../nbs/18_missing.ipynb #m043c
+def generator_clients(run,  # an ExperimentRun
+                      n_ctx: int,  # context window of the embedded server (see `generator`)
+                      generators: dict | None = None,  # dataset -> model id / {model, url}; empty = the run's model for both
+                     ) -> dict:
+    "`{dataset: LLMClient}`: the run's client (`generator`) where the dataset keeps the run's model, else one client per"
+    " (endpoint, model), made by `run.llm()` with that model (and endpoint) for the call."
+    base = generator(run, n_ctx)
+    made, out = {}, {}
+    for d, s in generator_models(generators, run.model_name).items():
+        if s["url"] is None and s["model"] in (None, run.model_name, base.model): out[d] = base; continue
+        if (s["url"], s["model"]) not in made:
+            saved = run.llm_url, run.model_name
+            try:
+                run.llm_url, run.model_name = s["url"] or run.llm_url, s["model"]
+                made[s["url"], s["model"]] = run.llm()
+            finally: run.llm_url, run.model_name = saved
+        out[d] = made[s["url"], s["model"]]
+    return out
+
+def judge_clients(run, gens: dict, judge_url: str | None, judge_model: str | None, profile: str) -> tuple[dict, str]:
+    "(`{dataset: judge client}`, description): `judge_client` once when a judge endpoint is given or one generator serves"
+    " both datasets; otherwise (below `full` only) each dataset's generator is its judge."
+    if judge_url or len({id(c) for c in gens.values()}) == 1:
+        j, desc = judge_client(run, next(iter(gens.values())), judge_url, judge_model, profile)
+        return {d: j for d in gens}, desc
+    js = {d: judge_client(run, c, None, None, profile)[0] for d, c in gens.items()}
+    return js, "each dataset's generator (" + ", ".join(f"{d}: {c.model}" for d, c in js.items()) + f"; {profile} profile)"
+
 # %% ../nbs/18_missing.ipynb #m044
 def format_rates(preds: pd.DataFrame) -> dict:
     "Issue 21 rates of the Fig. 4/5 calls (one per question, first KB and TopK): calls, parsed (ok + repaired), judge=true,"
@@ -1194,7 +1246,7 @@ def run_nq(client,  # generator LLMClient
            chars_per_token_en: float = 3.0, seed: int = 0,
            decoding: str = "free",  # parsed calls (Fig. 4 JSON, judge verdicts): "free" (the paper), "constrained", "decoupled"
           ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
-    "NQ end to end (§3.1, §3.3): (predictions with recall columns, KB statistics, settings)."
+    "NQ end to end (§3.1, §3.3): (predictions with recall columns, KB statistics, settings); both record the generator."
     cfg = cfg or get_config()
     # Wiki = pool gold passages + distractors; QA = other pool QA pairs + pseudo QA pairs of the evaluated passages
     s = nq_setup(load_nq_oracle(cfg), n_nq, n_pool_nq, load_distractors(cfg), n_distractors, seed)
@@ -1211,10 +1263,11 @@ def run_nq(client,  # generator LLMClient
                          decoding)
     preds = llm_judge(judge, add_recall(preds, [[q["passage"]] for q in s["questions"]], "en", tau), llm_judge_questions,
                       decoding=decoding)
-    settings = dict(questions=n_nq, pool=n_pool_nq, distractors=n_distractors, qa_real=len(s["qa"]),
+    settings = dict(generator=client.model, questions=n_nq, pool=n_pool_nq, distractors=n_distractors, qa_real=len(s["qa"]),
                     qa_real_dropped=s["qa_dropped"], pseudo_written=len(pseudo), pseudo_failed=pseudo_failed,
                     pseudo_dropped_leak=len(leaked), embedder=embedder_name(emb), decoding=decoding,
                     **format_rates(preds), llm_judge=preds.attrs["llm_judge"])
+    preds = preds.assign(generator=client.model)  # which model wrote this dataset's answers (issue 22 item 4)
     return preds, kb_statistics(kbs.values(), "NQ"), settings
 
 # %% ../nbs/18_missing.ipynb #m044p3
@@ -1225,7 +1278,7 @@ def run_med(client, judge, cfg: Config | None = None,
             chars_per_token_zh: float = 0.8, seed: int = 0,
             decoding: str = "free",  # parsed calls (Fig. 5 JSON, judge verdicts): "free" (the paper), "constrained", "decoupled"
            ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
-    "The medical set end to end (§3.4): (predictions with recall columns, KB statistics, settings)."
+    "The medical set end to end (§3.4): (predictions with recall columns, KB statistics, settings); both record the generator."
     cfg = cfg or get_config()
     # history QA (test questions and answers removed) + CMeKG encyclopedia chunks
     m = medical_setup(load_medical(cfg), n_med, n_qa_med, n_wiki_subjects, cmekg_subjects(), seed)
@@ -1238,10 +1291,11 @@ def run_med(client, judge, cfg: Config | None = None,
                          decoding)
     preds = llm_judge(judge, add_recall(preds, [[q["answers"][0]] for q in m["questions"]], "zh", tau), llm_judge_questions,
                       decoding=decoding)
-    settings = dict(questions=n_med, qa_pool=n_qa_med, qa_kept=len(m["qa"]), qa_dropped_leak=m["qa_dropped"],
+    settings = dict(generator=client.model, questions=n_med, qa_pool=n_qa_med, qa_kept=len(m["qa"]), qa_dropped_leak=m["qa_dropped"],
                     cmekg_subjects=len(m["subjects"]), cmekg_subjects_named_in_queries=m["subjects_named"],
                     backend=zh_backend, embedder=embedder_name(kw["embedder"]) if kw["embedder"] else "BM25 (jieba)",
                     decoding=decoding, **format_rates(preds), llm_judge=preds.attrs["llm_judge"])
+    preds = preds.assign(generator=client.model)  # which model wrote this dataset's answers (issue 22 item 4)
     return preds, kb_statistics(kbs.values(), "Huatuo-26M"), settings
 
 # %% ../nbs/18_missing.ipynb #m046
@@ -1313,9 +1367,25 @@ def caption(text: str, settings: dict) -> str:
 
 # %% ../nbs/18_missing.ipynb #m048p2
 def deviations(settings: dict) -> list[str]:
-    "`DEVIATIONS`, plus the decoding line when the experiment did not decode freely (what artefacts list)."
+    "`DEVIATIONS`, plus the decoding line when the experiment did not decode freely and the generator line when a"
+    " dataset did not run on the paper's model (what artefacts list)."
     d = settings.get("decoding", "free")
-    return DEVIATIONS + ([DECODING_DEVIATIONS[d]] if d != "free" else [])
+    return DEVIATIONS + ([DECODING_DEVIATIONS[d]] if d != "free" else []) + generator_deviation(settings)
+
+def generator_of(settings: dict,  # the experiment's settings
+                 dataset: str,  # "nq" or "med"
+                 default: str | None = None) -> str | None:  # for an experiment run before the generator was recorded
+    "The model that generated `dataset`'s answers (what an artefact labels its rows with)."
+    return settings.get(dataset, {}).get("generator", default)
+
+def generator_deviation(settings: dict) -> list[str]:
+    "The generator line, when a recorded dataset's generator is not the paper's (§3.3: Llama-3.3-70B, §3.4: Qwen2.5-72B)."
+    used = {d: generator_of(settings, d) for d in DATASETS if generator_of(settings, d)}
+    off = {d: m for d, m in used.items() if m.split("/")[-1].lower() != PAPER_GENERATORS[d].split("/")[-1].lower()}
+    if not off: return []
+    return ["Generator: the paper answers NQ with Llama-3.3-70B-Instruct and the medical set with Qwen2.5-72B-Instruct; "
+            "this run: " + ", ".join(f"{d} by {m}" for d, m in used.items()) + " (`generators` in the profile; the full "
+            "profile names the paper's two)."]
 
 # %% ../nbs/18_missing.ipynb #m048p3
 def load_predictions(xp, name: str) -> pd.DataFrame:

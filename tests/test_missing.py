@@ -259,6 +259,55 @@ def test_full_profile_never_reuses_the_generator_as_judge():
     assert M.judge_client(None, gen, None, None, "smoke")[0] is gen
 
 
+# ---------------------------------------------------------------- per-dataset generators (issue 22 item 4)
+def test_generator_selection_by_hand():
+    run = "gemma-3-270m"
+    same = {"model": run, "url": None}
+    assert M.generator_models({}, run) == {"nq": same, "med": same}  # empty: the run's model for both
+    assert M.generator_models(None, None) == {"nq": {"model": None, "url": None}, "med": {"model": None, "url": None}}
+    full = {"nq": "meta-llama/Llama-3.3-70B-Instruct", "med": "Qwen/Qwen2.5-72B-Instruct"}  # the paper's (§3.3, §3.4)
+    assert M.generator_models(full, run) == {"nq": {"model": "meta-llama/Llama-3.3-70B-Instruct", "url": None},
+                                             "med": {"model": "Qwen/Qwen2.5-72B-Instruct", "url": None}}
+    assert M.PAPER_GENERATORS == full
+    one = M.generator_models({"med": "Qwen/Qwen2.5-72B-Instruct"}, run)  # a dataset left out keeps the run's model
+    assert one == {"nq": same, "med": {"model": "Qwen/Qwen2.5-72B-Instruct", "url": None}}
+    own = M.generator_models({"med": {"model": "q", "url": "http://h:8002/v1"}, "nq": {"model": "l"}}, run)  # endpoint per model
+    assert own == {"nq": {"model": "l", "url": None}, "med": {"model": "q", "url": "http://h:8002/v1"}}
+
+
+def test_generator_unknown_dataset_key_names_the_key_and_the_fix():
+    with pytest.raises(ValueError) as e:
+        M.generator_models({"nq": "l", "medical": "q"}, "m")
+    msg = str(e.value)
+    assert "['medical']" in msg and "['nq', 'med']" in msg and "studies.yaml" in msg and "misk_runs" in msg
+    with pytest.raises(ValueError, match=r"generators\['med'\].*url"):
+        M.generator_models({"med": {"url": "http://h:8002/v1"}}, "m")  # an endpoint without a model
+    with pytest.raises(ValueError, match=r"generators\['nq'\]"):
+        M.generator_models({"nq": 3}, "m")
+
+
+def test_judges_follow_the_generators_below_full():
+    l, q = type("C", (), {"model": "l"})(), type("C", (), {"model": "q"})()
+    js, desc = M.judge_clients(None, {"nq": l, "med": l}, None, None, "tiny")  # one generator: as before
+    assert js == {"nq": l, "med": l} and desc == "l (the generator; tiny profile)"
+    js, desc = M.judge_clients(None, {"nq": l, "med": q}, None, None, "smoke")
+    assert js["nq"] is l and js["med"] is q and desc == "each dataset's generator (nq: l, med: q; smoke profile)"
+    with pytest.raises(ValueError, match="judge_url"):
+        M.judge_clients(None, {"nq": l, "med": q}, None, None, "full")
+
+
+def test_generator_in_captions_and_deviations():
+    s = M.run_settings(2048, [2], 0.5) | {"nq": {"generator": "meta-llama/Llama-3.3-70B-Instruct"},
+                                         "med": {"generator": "gemma-3-270m"}}
+    cap = M.caption("Table 3", s)
+    assert "nq: generator=meta-llama/Llama-3.3-70B-Instruct" in cap and "med: generator=gemma-3-270m" in cap
+    assert M.generator_of(s, "med") == "gemma-3-270m" and M.generator_of({}, "med", "old") == "old"
+    dev = M.deviations(s)
+    assert len(dev) == len(M.DEVIATIONS) + 1 and "med by gemma-3-270m" in dev[-1] and "Qwen2.5-72B-Instruct" in dev[-1]
+    s["med"]["generator"] = "Qwen/Qwen2.5-72B-Instruct"  # both the paper's: no generator line
+    assert M.deviations(s) == M.DEVIATIONS
+
+
 def test_miss_rate_and_rates_per_row():
     rows = [dict(qid=i, question="q", answers=["a"], row="Misk Wiki+Wiki", topk=2, prediction="a", clipped=0,
                  contexts=[], parse_status=s, judge=j, missing_truncated=t, fallback=f)
