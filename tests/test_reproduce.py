@@ -401,7 +401,10 @@ def test_an_interrupted_run_is_recorded_as_interrupted_with_the_usage_so_far(tmp
                 "reproduce", "--profile", "smoke", "--run-id", "r1"]
     else:
         argv = [sys.executable, "-c", "from kgrag_nb.reproduce import reproduce; reproduce(profile='smoke', run_id='r1', progress=False)"]
-    proc = subprocess.Popen(argv, env=_run_env(cfg, root), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # the run starts with the default SIGINT action, as a foreground command does: a test runner started in the background
+    # by a non-interactive shell inherits SIGINT ignored, and Python keeps an ignored SIGINT ignored (Ctrl-C never arrives)
+    proc = subprocess.Popen(argv, env=_run_env(cfg, root), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     pid_file = cfg.runs_dir / "r1" / "kernel.pid"
     try:
         deadline = time.monotonic() + 240
