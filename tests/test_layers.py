@@ -34,7 +34,7 @@ itself (`sqlite3.connect`), so every cache follows its one locking rule.
 coordinator shrinks them when those branches merge (a stale entry fails `test_known_lists_are_not_stale`).
 """
 from __future__ import annotations
-import ast
+import ast, importlib.util
 from collections import Counter
 from pathlib import Path
 
@@ -92,15 +92,10 @@ PAPER_PREFIXES = ("AWAKENING", "BRINK", "UNSEEN", "JCQL", "COE", "MKR", "MISSING
 
 
 def _rank() -> dict[str, tuple[int, str | None, int]]:
-    "module -> (layer index, study name or None, position inside the study)."
-    out = {}
-    for i, layer in enumerate(LAYERS):
-        if isinstance(layer, dict):
-            for study, mods in layer.items():
-                for j, m in enumerate(mods): out[m] = (i, study, j)
-        else:
-            for m in layer: out[m] = (i, None, 0)
-    return out
+    "module -> (layer index, study name or None, position inside the study): the one ranking rule, `tools/import_graph.rank`."
+    spec = importlib.util.spec_from_file_location("import_graph", Path(__file__).resolve().parents[1] / "tools" / "import_graph.py")
+    graph = importlib.util.module_from_spec(spec); spec.loader.exec_module(graph)
+    return graph.rank(LAYERS)
 
 
 RANK = _rank()
