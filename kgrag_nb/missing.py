@@ -16,7 +16,7 @@ import numpy as np, pandas as pd
 from matplotlib.figure import Figure
 
 from .config import EMBEDDED_MODEL_ALIAS, Config, get_config
-from .datasets import fetch
+from .datasets import fetch, load_corpus, read_json_records
 from .llm import LLMClient, Constraint
 from .serve import LOOPBACK, free_port, served_models
 from . import papers
@@ -29,27 +29,32 @@ from .metrics import (exact_match, token_f1, squad_normalize, rouge_scores, Char
 # %% auto #0
 __all__ = ['DEVIATIONS', 'DECODING_DEVIATIONS', 'NQ_MISSING_PROMPT', 'MED_MISSING_PROMPT', 'NQ_ANSWER_PROMPT',
            'MED_ANSWER_PROMPT', 'MISSING_SECTION', 'PARSE_STATUSES', 'MISSING_SCHEMA', 'MISSING_JSON',
-           'MISSING_BLOCK_OPEN', 'MISSING_REASON_STOP', 'MISSING_RESTATE', 'BGE_QUERY_PREFIX', 'RAG_ROWS', 'MISK_ROWS',
-           'ROWS', 'BUDGET_RULE', 'SPLIT_POLICY', 'FALLBACK_POLICY', 'PSEUDO_QA_PROMPT', 'TAU_EN', 'TAU_ZH', 'TAU',
-           'TAU_GRID', 'JUDGE_GT_PROMPT', 'JUDGE_ATTR_PROMPT', 'ATTRIBUTION', 'ATTRIBUTION_RESTATE', 'OURS',
-           'TOKEN_ORIGQ', 'TOKEN_MISQ', 'RECALL_COLUMNS', 'FIG3_Y', 'DATASETS', 'PAPER_GENERATORS', 'PAPER',
-           'FORMAT_TAX', 'FT_TOPK', 'FT_POOL', 'FT_DISTRACTORS', 'FT_N_CTX', 'FT_MAX_TOKENS', 'FT_MAX_TOKENS_MISSING',
-           'fill', 'standard_prompt', 'direct_prompt', 'Chunk', 'format_contexts', 'clip_chunks', 'balanced_objects',
-           'parse_json_verdict', 'jieba_words', 'KnowledgeBase', 'kb_statistics', 'load_nq_oracle', 'load_distractors',
+           'MISSING_BLOCK_OPEN', 'MISSING_REASON_STOP', 'MISSING_RESTATE', 'BGE_QUERY_PREFIX', 'NQ_WIKI_SOURCES',
+           'NQ_WIKI_KBS', 'RAG_ROWS', 'MISK_ROWS', 'ROWS', 'BUDGET_RULE', 'SPLIT_POLICY', 'FALLBACK_POLICY',
+           'PSEUDO_QA_PROMPT', 'TAU_EN', 'TAU_ZH', 'TAU', 'TAU_GRID', 'JUDGE_GT_PROMPT', 'JUDGE_ATTR_PROMPT',
+           'ATTRIBUTION', 'ATTRIBUTION_RESTATE', 'OURS', 'TOKEN_ORIGQ', 'TOKEN_MISQ', 'RECALL_COLUMNS', 'FIG3_Y',
+           'DATASETS', 'PAPER_GENERATORS', 'GOLD_ROWS', 'PAPER', 'FORMAT_TAX', 'FT_TOPK', 'FT_POOL', 'FT_DISTRACTORS',
+           'FT_N_CTX', 'FT_MAX_TOKENS', 'FT_MAX_TOKENS_MISSING', 'fill', 'standard_prompt', 'direct_prompt', 'Chunk',
+           'format_contexts', 'clip_chunks', 'balanced_objects', 'parse_json_verdict', 'jieba_words', 'KnowledgeBase',
+           'kb_statistics', 'load_nq_oracle', 'load_distractors', 'hotpot_paragraphs', 'load_wiki_passages',
            'load_medical', 'qa_text', 'leaks', 'cmekg_texts', 'cmekg_subjects', 'nq_setup', 'medical_setup',
            'second_retrieval', 'clean_answer', 'complete_as', 'run_pipeline', 'parse_pseudo_qa', 'pseudo_qa_pairs',
            'token_recall', 'attributed_det', 'recall_eq3', 'sentences', 'calibration_pairs', 'calibrate_tau',
            'tau_calibration', 'parse_facts', 'parse_attribution', 'add_recall', 'llm_judge', 'containment_em',
            'JiebaTokenizer', 'nq_scores', 'med_scores', 'corpus_bleu', 'bleu_resamples', 'table1', 'table3', 'table4',
            'fig3_data', 'generator', 'judge_client', 'generator_models', 'generator_clients', 'judge_clients',
-           'format_rates', 'run_settings', 'run_nq', 'run_med', 'setting_label', 'vs_paper', 'table2_vs_paper',
-           'table4_vs_paper', 'fig3_figure', 'settings_lines', 'open_artefact', 'caption', 'deviations', 'generator_of',
-           'generator_deviation', 'load_predictions', 'save_predictions', 'format_tax_arm']
+           'format_rates', 'gold_recall', 'run_settings', 'run_nq', 'run_med', 'setting_label', 'vs_paper',
+           'table2_vs_paper', 'table4_vs_paper', 'fig3_figure', 'settings_lines', 'open_artefact', 'caption',
+           'deviations', 'generator_of', 'generator_deviation', 'load_predictions', 'save_predictions',
+           'format_tax_arm']
 
 # %% ../nbs/18_missing.ipynb #m005
 DEVIATIONS = [
     "Data: NQ-open dev questions with their annotated gold passage (nq-open-oracle) stand in for the full NQ Wikipedia "
-    "(4.8M chunks); the Wiki KB is the gold passages of a sampled pool plus unrelated Wikipedia distractors, capped.",
+    "(4.8M chunks); the Wiki KB is every Wikipedia passage of the offline mirror (`nq_wiki: mirror`, smoke and full: "
+    "15,520 distinct passages from the 2,655 NQ-open gold passages, 1,000 sample passages, HotpotQA context and "
+    "2WikiMultihopQA corpus paragraphs), or (`nq_wiki: sample`, tiny, for CI minutes) the gold passages of a sampled "
+    "pool plus unrelated Wikipedia distractors. Gold-passage recall@K (`gold_recall`) shows how hard retrieval is.",
     "Data: the NQ QA-pairs KB holds NQ-open dev QA pairs not evaluated (the paper uses NQ train) plus pseudo-QA pairs the "
     "generator writes from the evaluated questions' gold passages (prompt ours, §3.1 prints none); pairs repeating an "
     "evaluated question are removed and counted.",
@@ -453,6 +458,32 @@ def load_distractors(cfg: Config | None = None) -> list[str]:
     path = fetch("nq_wiki_passages", cfg)["nq_open/wiki_passages_sample_1000.jsonl"]
     rows = [json.loads(l) for l in Path(path).read_text(encoding="utf-8").splitlines() if l.strip()]
     return [" ".join(str(r["contents"]).replace('"', "").split("\n", 1)).strip() for r in rows]
+
+# %% ../nbs/18_missing.ipynb #m022p1b
+NQ_WIKI_SOURCES = ("nq_open_oracle", "nq_wiki_passages", "hotpotqa", "hotpotqa_first100", "2wiki_corpus")
+NQ_WIKI_KBS = ("mirror", "sample")  # every mirror passage (smoke, full) / pool gold passages + distractors (tiny)
+
+def hotpot_paragraphs(records: Sequence[dict]) -> list[str]:
+    "HotpotQA context paragraphs as `title: text`, from the original layout ([[title, sentences]]) or the Hugging Face one."
+    out = []
+    for r in records:
+        ctx = r["context"]
+        pairs = zip(ctx["title"], ctx["sentences"]) if isinstance(ctx, dict) else ctx
+        out += [f"{t}: {''.join(s).strip()}" for t, s in pairs]
+    return out
+
+def load_wiki_passages(cfg: Config | None = None) -> pd.DataFrame:
+    "Every Wikipedia passage of the mirror as `title: text` with the dataset it came from (md5-distinct, first source kept)."
+    cfg = cfg or get_config()
+    rows = [("nq_open_oracle", r["passage"]) for r in load_nq_oracle(cfg)]
+    for name in ("nq_wiki_passages", "2wiki_corpus"):
+        c = load_corpus(name, cfg)
+        rows += [(name, f"{t.strip()}: {x.strip()}") for t, x in zip(c["title"], c["text"])]
+    for name in ("hotpotqa", "hotpotqa_first100"):
+        (path,) = fetch(name, cfg).values()
+        rows += [(name, p) for p in hotpot_paragraphs(read_json_records(path))]
+    df = pd.DataFrame(rows, columns=["source", "text"])
+    return df.loc[~df["text"].map(md5_key).duplicated()].reset_index(drop=True)
 
 # %% ../nbs/18_missing.ipynb #m022p2
 def load_medical(cfg: Config | None = None) -> pd.DataFrame:
@@ -1228,6 +1259,29 @@ def format_rates(preds: pd.DataFrame) -> dict:
                 misk_rows=len(misk), misk_rows_fired=int((~misk["fallback"].astype(bool)).sum()),
                 misk_rows_judge_true=int(yes.sum()), misk_rows_judge_true_fired=int((yes & ~misk["fallback"].astype(bool)).sum()))
 
+# %% ../nbs/18_missing.ipynb #m044g1
+GOLD_ROWS = ("Wiki", "Merged KB", "2-way retrieval", "Misk Wiki+Wiki", "Misk Wiki+QA Pairs", "Misk QA Pairs+Wiki",
+             "Misk Merged KB")
+
+def _holds(chunks, gold: str) -> bool:
+    "Whether a saved chunk list (`[{text, kb}]`) holds the gold passage (the KBs' md5 rule: whitespace runs ignored)."
+    return isinstance(chunks, (list, tuple)) and md5_key(gold) in {md5_key(c["text"]) for c in chunks}
+
+def gold_recall(preds: pd.DataFrame) -> pd.DataFrame:
+    "Per TopK and row: questions, gold passage recall@K of the first retrieval and of the prompt, and Misk rows fired."
+    if "gold_passage" not in preds: raise ValueError("preds has no gold_passage column: run_nq adds it (NQ only)")
+    p = preds[preds["row"].isin(GOLD_ROWS)]
+    first_ctx = p["contexts_origq"] if "contexts_origq" in p else pd.Series([None] * len(p), index=p.index)
+    first_ctx = [o if isinstance(o, (list, tuple)) else c for o, c in zip(first_ctx, p["contexts"])]
+    fired = ~p["fallback"].fillna(True).astype(bool) if "fallback" in p else pd.Series(False, index=p.index)
+    df = p.assign(first=[_holds(c, g) for c, g in zip(first_ctx, p["gold_passage"])],
+                  after=[_holds(c, g) for c, g in zip(p["contexts"], p["gold_passage"])],
+                  fired=fired & p["row"].str.startswith("Misk"))
+    out = df.groupby(["topk", "row"], sort=False).agg(n=("qid", "size"), first=("first", "mean"), after=("after", "mean"),
+                                                     fired=("fired", "sum")).reset_index()
+    order = {r: i for i, r in enumerate(GOLD_ROWS)}
+    return out.sort_values(["topk", "row"], key=lambda s: s.map(order) if s.name == "row" else s).reset_index(drop=True)
+
 # %% ../nbs/18_missing.ipynb #m044p1
 def run_settings(n_ctx, topks, tau, chars_per_token_en=3.0, chars_per_token_zh=0.8, decoding="free") -> dict:
     "The policies and settings every table prints: budget rule, K/2 split, fallback, n_ctx, TopK, tau, decoding."
@@ -1244,12 +1298,17 @@ def run_nq(client,  # generator LLMClient
            topks: Sequence[int] = (2, 4), n_ctx: int = 4096, max_tokens_nq: int = 24, max_tokens_missing: int = 192,
            llm_judge_questions: int = 4, tau: float | None = None, embedder_en: str | None = None,
            chars_per_token_en: float = 3.0, seed: int = 0,
+           nq_wiki: str = "sample",  # Wiki KB: "mirror" (every Wikipedia passage of the mirror) or "sample" (pool + distractors)
            decoding: str = "free",  # parsed calls (Fig. 4 JSON, judge verdicts): "free" (the paper), "constrained", "decoupled"
           ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     "NQ end to end (§3.1, §3.3): (predictions with recall columns, KB statistics, settings); both record the generator."
     cfg = cfg or get_config()
-    # Wiki = pool gold passages + distractors; QA = other pool QA pairs + pseudo QA pairs of the evaluated passages
-    s = nq_setup(load_nq_oracle(cfg), n_nq, n_pool_nq, load_distractors(cfg), n_distractors, seed)
+    if nq_wiki not in NQ_WIKI_KBS: raise ValueError(f"nq_wiki={nq_wiki!r}: use one of {NQ_WIKI_KBS}")
+    # Wiki = every mirror passage, or pool gold passages + distractors; QA = other pool QA pairs + pseudo QA pairs
+    mirror = nq_wiki == "mirror"
+    s = nq_setup(load_nq_oracle(cfg), n_nq, n_pool_nq, [] if mirror else load_distractors(cfg), 0 if mirror else n_distractors, seed)
+    if mirror: s["wiki"] = load_wiki_passages(cfg)["text"].tolist()
+    assert {md5_key(q["passage"]) for q in s["questions"]} <= set(map(md5_key, s["wiki"])), "a gold passage is not in the Wiki KB"
     gold = [q["passage"] for q in s["questions"]][: n_nq if n_pseudo is None else n_pseudo]
     pseudo, pseudo_failed = pseudo_qa_pairs(client, gold)
     leaked = {t for _, t in leaks(pseudo, s["forbidden"])}
@@ -1263,11 +1322,13 @@ def run_nq(client,  # generator LLMClient
                          decoding)
     preds = llm_judge(judge, add_recall(preds, [[q["passage"]] for q in s["questions"]], "en", tau), llm_judge_questions,
                       decoding=decoding)
-    settings = dict(generator=client.model, questions=n_nq, pool=n_pool_nq, distractors=n_distractors, qa_real=len(s["qa"]),
+    settings = dict(generator=client.model, questions=n_nq, pool=n_pool_nq, nq_wiki=nq_wiki, wiki_passages=wiki.n_dedup,
+                    distractors=0 if mirror else n_distractors, qa_real=len(s["qa"]),
                     qa_real_dropped=s["qa_dropped"], pseudo_written=len(pseudo), pseudo_failed=pseudo_failed,
                     pseudo_dropped_leak=len(leaked), embedder=embedder_name(emb), decoding=decoding,
                     **format_rates(preds), llm_judge=preds.attrs["llm_judge"])
-    preds = preds.assign(generator=client.model)  # which model wrote this dataset's answers (issue 22 item 4)
+    preds = preds.assign(generator=client.model,  # which model wrote this dataset's answers (issue 22 item 4)
+                         gold_passage=preds["qid"].map(lambda i: s["questions"][i]["passage"]))  # for gold_recall
     return preds, kb_statistics(kbs.values(), "NQ"), settings
 
 # %% ../nbs/18_missing.ipynb #m044p3
