@@ -4,7 +4,7 @@
 
 # %% ../nbs/08_bench.ipynb #c003
 from __future__ import annotations
-import asyncio, json, os, tempfile, time
+import asyncio, dataclasses, hashlib, json, os, re, tempfile, time, warnings
 from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 import httpx
@@ -20,8 +20,11 @@ from .serve import STUB_MODEL, EmbeddedServer, StubServer, embedded_model_path, 
 from .retrieval import _TORCH_DEFAULT_THREADS, embed, encode_threads, load_embedder
 
 # %% auto #0
-__all__ = ['print_bench', 'cache_write_rate', 'bench_llm', 'bench_kg', 'bench_embed', 'workload_requests', 'stage_request_body',
-           'stage_split', 'summarize_stages', 'stage_setting_name', 'profile_llm_stages', 'bench_llm_stages']
+__all__ = ['STUDY_OF_PAPER', 'print_bench', 'cache_write_rate', 'bench_llm', 'bench_kg', 'bench_embed', 'workload_requests',
+           'stage_request_body', 'stage_split', 'summarize_stages', 'stage_setting_name', 'profile_llm_stages',
+           'bench_llm_stages', 'study_groups', 'read_key_log', 'study_requests', 'find_bench_run', 'replay_body',
+           'reply_text', 'arm_settings', 'arm_name', 'summarize_llm_studies', 'profile_llm_studies',
+           'bench_llm_studies']
 
 # %% ../nbs/08_bench.ipynb #c004
 def _bench_prompts(n: int) -> list[str]:
@@ -343,6 +346,192 @@ def bench_llm_stages(n: int = 24,  # requests of the real workload
     rows, facts = profile_llm_stages(n, seed, cfg=cfg, **kw)
     return [{**r, "load_1min_mean": facts["load_1min_mean"], "source": facts["source"]} for r in summarize_stages(rows, facts["baseline"])]
 
+# %% ../nbs/08_bench.ipynb #ls02
+STUDY_OF_PAPER = {"awakening_unseen_entity_kgqa.txt": "awakening", "brink_incomplete_kg_benchmark.txt": "brink",
+                  "jcql_joint_kbc_kbqa.txt": "jcql", "missing_knowledge_rag.txt": "misk", "chain_of_evidence.txt": "coe",
+                  "all": "format_tax"}  # studies.yaml `paper:` -> study (another paper: its file name without .txt)
+
+def study_groups(manifest: dict,  # a run's manifest.json (its `experiments` and `artifacts` entries, each with `paper`)
+                ) -> dict[str, list[tuple[str, str]]]:
+    "Study -> its members as (run-folder section, id), experiments first, each in manifest order: the key logs"
+    " (`<section>/<id>.keys`) that hold what the study sent."
+    groups = {}
+    for section, kind in (("experiments", "experiment"), ("artifacts", "artifact")):
+        for e in manifest.get(section) or []:
+            paper = e.get("paper") or e[kind]
+            groups.setdefault(STUDY_OF_PAPER.get(paper, Path(paper).stem), []).append((section, e[kind]))
+    return groups
+
+# %% ../nbs/08_bench.ipynb #ls04
+def read_key_log(path: str | Path) -> list[str]:  # `<run>/<section>/<id>.keys`
+    "The LLM-cache keys of a key log (`LLMClient.key_log`) in the order they were written, repeats kept; [] when there is none."
+    path = Path(path)
+    return [k.strip() for k in path.read_text().splitlines() if k.strip()] if path.exists() else []
+
+def study_requests(run_dir: str | Path,  # the run folder (`runs/<run_id>`)
+                   members: list[tuple[str, str]],  # (section, id) of the study, in order (`study_groups`)
+                   cache,  # a `ResponseCache` (read: `.request(key)`)
+                   n: int = 24,  # requests to take
+                   model: str = EMBEDDED_MODEL_ALIAS,  # only requests sent to this model can be replayed on the embedded server
+                  ) -> tuple[list[dict], int]:
+    "The first `n` requests of a study's key logs, in order: each the cached request plus its `key` and `source` (the"
+    " experiment or artefact that logged it); and how many keys on the way were skipped (no stored request, another model)."
+    out, skipped = [], 0
+    for section, sid in members:
+        for key in read_key_log(Path(run_dir) / section / f"{sid}.keys"):
+            if len(out) >= n: return out, skipped
+            req = cache.request(key)
+            if req is None or req.get("model") != model or req.get("kind") not in ("completion", "chat"):
+                skipped += 1; continue
+            out.append({**req, "key": key, "source": sid})
+    return out, skipped
+
+# %% ../nbs/08_bench.ipynb #ls06
+def find_bench_run(cfg: Config,  # `cfg.runs_dir` holds the runs
+                   run: str | None = None,  # a run id (folder name); None = the newest `profile` run that lists its experiments
+                   profile: str = "smoke") -> Path:
+    "The run folder whose key logs the per-study benchmark replays; a clear error naming the fix when there is none."
+    if run:
+        path = cfg.runs_dir / run
+        if not (path / "manifest.json").exists():
+            known = sorted(p.parent.name for p in cfg.runs_dir.glob("*/manifest.json"))
+            raise FileNotFoundError(f"no run {run!r} under {cfg.runs_dir} (no manifest.json); known runs: {', '.join(known) or 'none'}")
+        return path
+    found = []
+    for p in cfg.runs_dir.glob("*/manifest.json"):
+        try: m = json.loads(p.read_text())
+        except (OSError, ValueError): continue
+        if m.get("profile") == profile and m.get("experiments"): found.append((str(m.get("started") or ""), p.stat().st_mtime, p.parent))
+    if not found:
+        raise FileNotFoundError(f"no finished {profile} run under {cfg.runs_dir} (a manifest.json that lists its experiments): run "
+                                f"`kgrag reproduce --profile {profile}` first, or point KGRAG_RUNS at the runs folder that holds one")
+    return max(found)[2]
+
+# %% ../nbs/08_bench.ipynb #ls08
+def replay_body(req: dict,  # a stored request (`study_requests`)
+                model: str = EMBEDDED_MODEL_ALIAS) -> tuple[str, dict]:  # the served model alias
+    "(route, JSON body) that `LLMClient` posts to the llama.cpp server for this request."
+    if req["kind"] == "completion": return "completions", stage_request_body(req, model)
+    body = {"model": model, "messages": req["payload"], **req["params"]}
+    if req.get("constraint"): body.update(constraint_body(Constraint.from_spec(req["constraint"]), "llama.cpp", "chat"))
+    return "chat/completions", body
+
+def reply_text(out: dict) -> str:  # a /v1/completions or /v1/chat/completions response
+    "The text of the first choice (completion `text`, chat `message.content`)."
+    choice = out["choices"][0]
+    return choice["text"] if "text" in choice else choice["message"]["content"]
+
+def arm_settings(argv: list[str]) -> dict:  # the embedded server's command line (`EmbeddedServer._command`, `Popen.args`)
+    "Decode and batch threads, logits of every prompt token or not, prompt snapshots, as the server process gets them"
+    " (a flag given twice: the last one counts, as for argparse)."
+    argv = [str(a) for a in argv]
+    def flag(name):
+        return argv[len(argv) - 1 - argv[::-1].index(name) + 1] if name in argv else None
+    snaps = re.search(r"snapshots=(\d+)", argv[argv.index("-c") + 1]) if "-c" in argv else None
+    logits = flag("--logits_all")
+    return dict(decode_threads=int(flag("--n_threads")) if flag("--n_threads") else None,
+                batch_threads=int(flag("--n_threads_batch")) if flag("--n_threads_batch") else None,
+                logits_all=None if logits is None else logits == "True", snapshots=int(snaps.group(1)) if snaps else 0)
+
+def arm_name(s: dict) -> str:  # `arm_settings`
+    "`decode1 batch2 all-logits snap0`: an arm's settings in the tables."
+    return f"decode{s['decode_threads']} batch{s['batch_threads']} {'all' if s['logits_all'] else 'last'}-logits snap{s['snapshots']}"
+
+def summarize_llm_studies(rows: list[dict],  # one per replayed request: study, prompt, prompt_tokens, before_s, after_s, same_text, same_as_cache, load_1min
+                          skipped: dict | None = None) -> list[dict]:  # study -> keys skipped (`study_requests`)
+    "One row per study and a `total`: requests, distinct prompts, prompt tokens, seconds per arm, speed-up (ratio of the"
+    " totals, and median of the per-request ratios), answers identical between the arms and to the cached one."
+    by = {}
+    for r in rows: by.setdefault(r["study"], []).append(r)
+    def row(name, rs, skip):
+        b, a = sum(r["before_s"] for r in rs), sum(r["after_s"] for r in rs)
+        return dict(study=name, requests=len(rs), distinct_prompts=len({r["prompt"] for r in rs}),
+                    prompt_tokens=sum(r["prompt_tokens"] for r in rs), before_s=round(b, 3), after_s=round(a, 3),
+                    speedup=round(b / a, 2) if a else None,
+                    speedup_median=round(float(np.median([r["before_s"] / r["after_s"] for r in rs if r["after_s"]])), 2) if a else None,
+                    identical=sum(bool(r["same_text"]) for r in rs), same_as_cache=sum(bool(r["same_as_cache"]) for r in rs),
+                    skipped=skip, load_1min=round(float(np.mean([r["load_1min"] for r in rs])), 2) if rs else None)
+    skipped = skipped or {}
+    out = [row(s, rs, skipped.get(s, 0)) for s, rs in by.items()]
+    total = row("total", rows, sum(skipped.values()))
+    total["distinct_prompts"] = sum(r["distinct_prompts"] for r in out)  # a prompt is counted once per study
+    return out + [total]
+
+# %% ../nbs/08_bench.ipynb #ls10
+def _run_cache(manifest: dict, cfg: Config) -> ResponseCache:
+    "The LLM response cache the run used (its manifest's `cache_dir`; else `cfg`'s), opened read-only."
+    recorded = (manifest.get("config") or {}).get("cache_dir")
+    paths = ([dataclasses.replace(cfg, cache_dir=Path(recorded)).llm_cache_path] if recorded else []) + [cfg.llm_cache_path]
+    path = next((p for p in paths if p.exists()), None)
+    if path is None: raise FileNotFoundError(f"no LLM response cache at {' or '.join(map(str, paths))}: the run's answers are needed to replay its requests")
+    cache = ResponseCache(path)
+    cache.store = SqliteStore(path, what="LLM response cache", readonly=True)  # reads only (`request`, `get`)
+    return cache
+
+def profile_llm_studies(n: int = 24,  # requests per study (the first of its key logs)
+                        run: str | None = None,  # run id; None = the newest finished smoke run (`find_bench_run`)
+                        studies: list[str] | None = None,  # only these studies (`study_groups` names); None = all
+                        warmup: int = 2,  # short requests per server before the timing
+                        cfg: Config | None = None) -> tuple[list[dict], dict]:
+    "Each study's first `n` requests replayed in order on a server as before issue 23 (llama-cpp-python's defaults, no"
+    " snapshots) and on today's `EmbeddedServer`, the two arms of a request back to back in alternating order."
+    " Returns (one row per request, for `summarize_llm_studies`; run facts)."
+    from llama_cpp.server.settings import ModelSettings  # llama-cpp-python's own defaults: the server before issue 23
+    cfg = cfg or get_config()
+    run_dir = find_bench_run(cfg, run)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    cache, groups = _run_cache(manifest, cfg), study_groups(manifest)
+    if studies:
+        unknown = set(studies) - set(groups)
+        if unknown: raise ValueError(f"studies {sorted(unknown)} are not in run {run_dir.name}; it has {sorted(groups)}")
+        groups = {s: m for s, m in groups.items() if s in studies}
+    work = {s: study_requests(run_dir, m, cache, n) for s, m in groups.items()}
+    defaults = ModelSettings.model_fields
+    before = (defaults["n_threads"].default, defaults["n_threads_batch"].default, defaults["logits_all"].default, 0)
+    rows, loads = [], []
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        servers = {"before": stack.enter_context(_stage_server(cfg, *before, Path(tmp))),
+                   "after": stack.enter_context(EmbeddedServer(cfg, port=free_port(), log_path=Path(tmp) / "after.log"))}
+        arms = {a: arm_settings(s.proc.args) for a, s in servers.items()}
+        http = stack.enter_context(httpx.Client(timeout=600.0))
+        def send(arm, route, body):
+            t0 = time.perf_counter(); r = http.post(f"{servers[arm].url}/{route}", json=body); r.raise_for_status()
+            return time.perf_counter() - t0, r.json()
+        for p in _bench_prompts(warmup):  # page the weights in, allocate the buffers
+            for arm in servers: send(arm, "completions", {"model": EMBEDDED_MODEL_ALIAS, "prompt": p, "max_tokens": 4, "temperature": 0.0})
+        t_start, i = time.perf_counter(), 0
+        for study, (reqs, _) in work.items():
+            for req in reqs:
+                route, body = replay_body(req)
+                loads.append(os.getloadavg()[0]); res = {}
+                for arm in (("before", "after") if i % 2 == 0 else ("after", "before")): res[arm] = send(arm, route, body)
+                i += 1
+                (b_s, b_out), (a_s, a_out) = res["before"], res["after"]
+                stored = cache.get(req["key"])
+                rows.append(dict(study=study, source=req["source"], key=req["key"], kind=req["kind"],
+                                 prompt=hashlib.sha256(json.dumps(req["payload"], sort_keys=True).encode()).hexdigest()[:16],
+                                 constraint=bool(req.get("constraint")), prompt_tokens=a_out["usage"]["prompt_tokens"],
+                                 completion_tokens=a_out["usage"]["completion_tokens"], before_s=b_s, after_s=a_s,
+                                 same_text=reply_text(b_out) == reply_text(a_out),
+                                 same_as_cache=stored is not None and stored.get("text") == reply_text(a_out), load_1min=loads[-1]))
+    cache.close()
+    facts = dict(run=run_dir.name, run_dir=str(run_dir), cache=str(cache.path), cores=os.cpu_count(), arms=arms,
+                 before=arm_name(arms["before"]), after=arm_name(arms["after"]), skipped={s: k for s, (_, k) in work.items()},
+                 load_1min_mean=round(float(np.mean(loads)), 2) if loads else None, run_s=round(time.perf_counter() - t_start, 1),
+                 mismatched_keys=[r["key"] for r in rows if not r["same_text"]], date=time.strftime("%Y-%m-%d %H:%M"))
+    return rows, facts
+
+def bench_llm_studies(n: int = 24,  # requests per study
+                      run: str | None = None,  # run id; None = the newest finished smoke run
+                      cfg: Config | None = None, **kw) -> list[dict]:  # more `profile_llm_studies` arguments
+    "`profile_llm_studies` as a table: one row per study and the total, each with the run and the two arms' settings."
+    rows, facts = profile_llm_studies(n, run, cfg=cfg, **kw)
+    if facts["mismatched_keys"]:
+        warnings.warn(f"{len(facts['mismatched_keys'])} of {len(rows)} answers differ between the arms (keys "
+                      f"{', '.join(k[:12] for k in facts['mismatched_keys'][:5])}): the server is not deterministic across them")
+    return [{**r, "run": facts["run"], "before": facts["before"], "after": facts["after"]}
+            for r in summarize_llm_studies(rows, facts["skipped"])]
+
 # %% ../nbs/08_bench.ipynb #breg0
 # `kgrag bench llm`, `kgrag bench kg` and `kgrag bench embed` register here, like every study module's benchmarks (`kgrag_nb.hooks`)
 @benchmark("llm", "client vs raw openai requests/s on one server (--server stub: the test instrument), warm rerun, cache writes/s")
@@ -364,3 +553,11 @@ def _bench_llm_stages(n=None, llm_url=None, server=None, concurrency=None, **kw)
         raise ValueError("llm-stages profiles the embedded llama.cpp server against the same model in this process, "
                          "one request at a time: drop --llm-url, --server and --concurrency")
     return bench_llm_stages(**({"n": n} if n else {}), **kw)
+
+# %% ../nbs/08_bench.ipynb #breg3
+@benchmark("llm-studies", "each study's smoke requests in order: server before issue 23 vs today (ABBA), seconds, speed-up, identical answers")
+def _bench_llm_studies(n=None, llm_url=None, server=None, concurrency=None, run=None, **kw):
+    if llm_url or server or concurrency:
+        raise ValueError("llm-studies starts its own two embedded servers (before and after issue 23) and replays one request "
+                         "at a time: drop --llm-url, --server and --concurrency")
+    return bench_llm_studies(**({"n": n} if n else {}), run=run, **kw)

@@ -128,6 +128,7 @@ def _bench(sub):
     p.add_argument("--server", choices=["embedded", "stub"], default=None,
                    help="llm: which local server to measure against without --llm-url (stub = the test instrument)")
     p.add_argument("--concurrency", type=int, default=None, help="llm: requests in flight (default 8 embedded, 64 stub)")
+    p.add_argument("--run", default=None, help="llm-studies: the run whose key logs are replayed (default: the newest finished smoke run)")
     def run(args):
         if args.name == "list":
             for name, (_, text) in sorted(BENCHMARKS.items()): print(f"{name:<22} {text}")
@@ -135,7 +136,7 @@ def _bench(sub):
         if args.name not in BENCHMARKS:
             raise SystemExit(f"kgrag bench: unknown benchmark {args.name!r}; known: {', '.join(sorted(BENCHMARKS))}")
         fn = BENCHMARKS[args.name][0]
-        extra = {k: v for k, v in (("llm_url", args.llm_url), ("server", args.server), ("concurrency", args.concurrency)) if v}
+        extra = {k: v for k, v in (("llm_url", args.llm_url), ("server", args.server), ("concurrency", args.concurrency), ("run", args.run)) if v}
         result = fn(n=args.n, **extra)
         print_bench(result, as_json=args.json); return 0
     p.set_defaults(func=run)

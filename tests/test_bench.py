@@ -1,5 +1,6 @@
 """Tests of the benchmarks: `kgrag_nb.bench` (general: llm, kg, embed) and the Unseen-Entity study's own `difar` benchmark
 (registered in `kgrag_nb.unseen` through the `benchmark` hook, issue 24)."""
+import pytest
 from kgrag_nb.config import get_config
 
 
@@ -72,3 +73,116 @@ def test_workload_requests_one_per_distinct_prompt(tmp_path):
     two = workload_requests(2, seed=5, cfg=cfg)[0]
     assert len(two) == 2 and two == workload_requests(2, seed=5, cfg=cfg)[0]  # seeded
     assert stage_request_body(reqs[0]) == {"model": EMBEDDED_MODEL_ALIAS, "prompt": "P0", "max_tokens": 4, "temperature": 0.7, "seed": 0}
+
+
+# issue 23 "Done means": `kgrag bench llm-studies`, each study's real requests before vs after (pure parts, hand-computed)
+def test_study_groups_by_paper_experiments_first():
+    from kgrag_nb.bench import study_groups
+    manifest = {"experiments": [{"experiment": "coe_runs", "paper": "chain_of_evidence.txt"},
+                                {"experiment": "awaken_task1", "paper": "awakening_unseen_entity_kgqa.txt"},
+                                {"experiment": "misk_runs", "paper": "missing_knowledge_rag.txt"},
+                                {"experiment": "unseen_entity", "paper": "awakening_unseen_entity_kgqa.txt"},
+                                {"experiment": "format_tax_runs", "paper": "all"}],
+                "artifacts": [{"artifact": "closed_book_baseline", "paper": "awakening_unseen_entity_kgqa.txt"},
+                              {"artifact": "jcql_table2", "paper": "jcql_joint_kbc_kbqa.txt"}]}
+    g = study_groups(manifest)
+    assert list(g) == ["coe", "awakening", "misk", "format_tax", "jcql"]
+    assert g["awakening"] == [("experiments", "awaken_task1"), ("experiments", "unseen_entity"), ("artifacts", "closed_book_baseline")]
+    assert g["jcql"] == [("artifacts", "jcql_table2")] and g["format_tax"] == [("experiments", "format_tax_runs")]
+
+
+def _key_log_run(tmp_path):
+    "A run folder with two key logs and a ResponseCache holding their requests (one of another model, one key unknown)."
+    from kgrag_nb.config import EMBEDDED_MODEL_ALIAS
+    from kgrag_nb.llm import ResponseCache, request_key
+    run = tmp_path / "runs" / "r1"; (run / "experiments").mkdir(parents=True); (run / "artifacts").mkdir()
+    keys = {}
+    with ResponseCache(tmp_path / "cache" / "llm_cache.sqlite") as cache:
+        for name, prompt, seed, model in (("p0s0", "Q: a?", 0, EMBEDDED_MODEL_ALIAS), ("p0s1", "Q: a?", 1, EMBEDDED_MODEL_ALIAS),
+                                          ("p1s0", "Q: b?", 0, EMBEDDED_MODEL_ALIAS), ("stub", "Q: c?", 0, "stub")):
+            params = {"max_tokens": 4, "seed": seed, "temperature": 0.7}
+            keys[name] = request_key("completion", model, prompt, params, seed)
+            cache.put(keys[name], {"text": f" {name}"}, request={"kind": "completion", "model": model, "payload": prompt,
+                                                                 "params": params, "sample_index": seed})
+    (run / "experiments" / "awaken_task1.keys").write_text("".join(f"{keys[k]}\n" for k in ("p0s0", "p0s1", "stub", "p0s0")) + "\n" + "f" * 64 + "\n")
+    (run / "artifacts" / "closed_book_baseline.keys").write_text(f"{keys['p1s0']}\n{keys['p0s1']}\n")
+    return run, keys
+
+
+def test_study_requests_in_key_log_order(tmp_path):
+    from kgrag_nb.bench import read_key_log, study_requests
+    from kgrag_nb.llm import ResponseCache
+    run, keys = _key_log_run(tmp_path)
+    assert read_key_log(run / "experiments" / "awaken_task1.keys") == [keys["p0s0"], keys["p0s1"], keys["stub"], keys["p0s0"], "f" * 64]
+    assert read_key_log(run / "experiments" / "absent.keys") == []
+    members = [("experiments", "awaken_task1"), ("experiments", "unseen_entity"), ("artifacts", "closed_book_baseline")]
+    with ResponseCache(tmp_path / "cache" / "llm_cache.sqlite") as cache:
+        reqs, skipped = study_requests(run, members, cache, n=10)
+        # repeats and samples kept, in order; the stub's request and the unknown key skipped; the artefact's log after the experiment's
+        assert [r["key"] for r in reqs] == [keys[k] for k in ("p0s0", "p0s1", "p0s0", "p1s0", "p0s1")] and skipped == 2
+        assert [(r["payload"], r["params"]["seed"], r["sample_index"], r["source"]) for r in reqs[:2]] == [
+            ("Q: a?", 0, 0, "awaken_task1"), ("Q: a?", 1, 1, "awaken_task1")]
+        assert reqs[3]["source"] == "closed_book_baseline"
+        first3, skipped3 = study_requests(run, members, cache, n=3)
+        assert [r["key"] for r in first3] == [keys["p0s0"], keys["p0s1"], keys["p0s0"]] and skipped3 == 1
+
+
+def test_find_bench_run_newest_finished_smoke(tmp_path):
+    import json
+    import pytest
+    from kgrag_nb.bench import find_bench_run
+    cfg = get_config(runs_dir=tmp_path)
+    with pytest.raises(FileNotFoundError, match="kgrag reproduce --profile smoke"): find_bench_run(cfg)
+    for rid, profile, started, exps in (("a", "smoke", "2026-11-01T00:00:00", ["e"]), ("b", "smoke", "2026-11-02T00:00:00", ["e"]),
+                                        ("c", "smoke", "2026-11-03T00:00:00", []), ("d", "full", "2026-11-04T00:00:00", ["e"])):
+        (tmp_path / rid).mkdir()
+        (tmp_path / rid / "manifest.json").write_text(json.dumps({"profile": profile, "started": started, "experiments": exps}))
+    assert find_bench_run(cfg).name == "b" and find_bench_run(cfg, "a").name == "a"
+    with pytest.raises(FileNotFoundError, match="known runs: a, b, c, d"): find_bench_run(cfg, "zz")
+
+
+def test_summarize_llm_studies_hand_computed():
+    from kgrag_nb.bench import summarize_llm_studies
+    def row(study, prompt, before, after, same=True):
+        return dict(study=study, prompt=prompt, prompt_tokens=100, before_s=before, after_s=after, same_text=same,
+                    same_as_cache=True, load_1min=2.0)
+    rows = [row("a", "p", 1.0, 0.5), row("a", "p", 1.0, 0.25), row("b", "q", 3.0, 2.0, same=False), row("b", "r", 1.0, 1.0)]
+    a, b, total = summarize_llm_studies(rows, {"a": 0, "b": 3})
+    assert (a["requests"], a["distinct_prompts"], a["prompt_tokens"], a["before_s"], a["after_s"]) == (2, 1, 200, 2.0, 0.75)
+    assert (a["speedup"], a["speedup_median"], a["identical"]) == (2.67, 3.0, 2)  # 2/0.75; median of 2 and 4
+    assert (b["speedup"], b["speedup_median"], b["identical"], b["skipped"]) == (1.33, 1.25, 1, 3)  # 4/3; median of 1.5 and 1
+    assert (total["study"], total["requests"], total["distinct_prompts"], total["before_s"], total["after_s"]) == ("total", 4, 3, 6.0, 3.75)
+    assert (total["speedup"], total["identical"], total["skipped"]) == (1.6, 3, 3)  # 6/3.75
+
+
+def test_arm_settings_read_from_the_server_command():
+    from pathlib import Path
+    from kgrag_nb.bench import arm_name, arm_settings
+    from kgrag_nb.serve import EmbeddedServer
+    argv = EmbeddedServer(get_config(), n_threads=3, prompt_snapshots=16)._command(Path("m.gguf"))
+    assert arm_settings(argv) == dict(decode_threads=3, batch_threads=3, logits_all=False, snapshots=16)
+    before = arm_settings(argv + ["--logits_all", "True"])  # `_stage_server` appends the flag: the last one counts
+    assert before["logits_all"] is True and arm_name(before) == "decode3 batch3 all-logits snap16"
+
+
+@pytest.mark.llm
+def test_llm_studies_replay_identical_on_real_servers(tmp_path):
+    "Two servers, before (llama-cpp-python's defaults, no snapshots) and after (today's): same answers, a repeat included."
+    import json
+    pytest.importorskip("llama_cpp.server", reason='llama-cpp-python[server] missing: pip install -e ".[cpu]"')
+    from kgrag_nb.bench import profile_llm_studies, summarize_llm_studies
+    run, keys = _key_log_run(tmp_path)
+    (run / "manifest.json").write_text(json.dumps({
+        "profile": "smoke", "started": "2026-11-01T00:00:00", "config": {"cache_dir": str(tmp_path / "cache")},
+        "experiments": [{"experiment": "awaken_task1", "paper": "awakening_unseen_entity_kgqa.txt"}],
+        "artifacts": [{"artifact": "closed_book_baseline", "paper": "awakening_unseen_entity_kgqa.txt"}]}))
+    cfg = get_config(runs_dir=tmp_path / "runs")  # the model from the project cache; the LLM cache is the run's
+    rows, facts = profile_llm_studies(n=3, cfg=cfg)
+    assert [r["key"] for r in rows] == [keys["p0s0"], keys["p0s1"], keys["p0s0"]]  # the third is a repeat: a snapshot hit after
+    assert all(r["same_text"] for r in rows) and facts["mismatched_keys"] == [] and facts["skipped"] == {"awakening": 1}
+    assert not any(r["same_as_cache"] for r in rows)  # the cached answers here are made up
+    assert facts["arms"]["before"]["logits_all"] is True and facts["arms"]["before"]["snapshots"] == 0
+    assert facts["arms"]["after"]["logits_all"] is False and facts["arms"]["after"]["snapshots"] == 16
+    assert all(r["prompt_tokens"] > 0 and r["before_s"] > 0 and r["after_s"] > 0 for r in rows)
+    (study, total) = summarize_llm_studies(rows, facts["skipped"])
+    assert (study["study"], study["requests"], study["distinct_prompts"], study["identical"]) == ("awakening", 3, 1, 3)
