@@ -18,8 +18,9 @@ from .serve import STUB_MODEL
 
 # %% auto #0
 __all__ = ['DEFAULT_PLAN_MODEL', 'DEFAULT_THROUGHPUT', 'EXACT_PROMPTS', 'H100_BF16_FLOPS', 'PREFILL_MFU', 'SIZE_CLASSES',
-           'STAND_IN_KEYS', 'COUNTS', 'GROWTH_FORMS', 'gpu_hours', 'size_class', 'phase_hours', 'throughput_model',
-           'rehearsal_records', 'price_keys', 'shipped_records', 'plan', 'rehearsal_table', 'fit_growth']
+           'PREFILL_RULE', 'STAND_IN_KEYS', 'COUNTS', 'TOKENS', 'GROWTH_FORMS', 'gpu_hours', 'size_class',
+           'phase_hours', 'throughput_model', 'rehearsal_records', 'prompt_id', 'price_keys', 'shipped_records', 'plan',
+           'rehearsal_table', 'fit_growth']
 
 # %% ../nbs/20_plan.ipynb #p004
 DEFAULT_PLAN_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -91,21 +92,32 @@ def rehearsal_records(profile: str, cfg: Config | None = None) -> dict:
     return found
 
 # %% ../nbs/20_plan.ipynb #p008
+PREFILL_RULE = ("prefill once per distinct (model, prompt): vLLM evaluates a prompt once for a request with n samples, and its"
+                " automatic prefix cache reuses a repeated prompt (a lower bound where the cache has evicted it); decode counts every sample")
+
+def prompt_id(kind: str,  # "completion" or "chat"
+              payload) -> str:  # the prompt text, or the chat messages
+    "What identifies a prompt for prefill: its kind and content (not the sampling parameters, the seed or the sample index)."
+    return kind + "\x00" + (payload if isinstance(payload, str) else json.dumps(payload, sort_keys=True, default=str))
+
 def price_keys(keys_path: Path,  # a key log (one request key a line; repeats allowed)
                rehearsal_cache: Path,  # the cache the rehearsal wrote (request contents, stub token counts)
                target_cache: Path | None,  # the cache of the real run (None: nothing cached)
                model: str) -> dict:  # model the real run uses (the stub's main id is re-keyed to it)
     "Requests, tokens and cache state of one notebook's logged requests, re-keyed for `model` (requests of the stub's"
     " main id; requests already made with `model` keep their keys; other ids, the stand-ins of model comparisons,"
-    " count as `other_models` and as still to send); `by_model`: what is still to send, per model id."
+    " count as `other_models` and as still to send); `by_model`: what is still to send, per model id. `prefill_tokens`"
+    " counts each distinct (model, prompt) once (`PREFILL_RULE`); `prompt_tokens` every request's prompt, as sent."
     keys = list(dict.fromkeys(keys_path.read_text().split())) if keys_path.exists() else []
-    out = dict(requests=len(keys), other_models=0, prompt_tokens=0, completion_tokens_max=0, in_cache=0, unknown=0,
-               to_send_tokens_max=0, to_send_prompt_tokens=0, by_model={})
+    out = dict(requests=len(keys), other_models=0, prompt_tokens=0, prefill_tokens=0, completion_tokens_max=0, in_cache=0, unknown=0,
+               to_send_tokens_max=0, to_send_prompt_tokens=0, to_send_prefill_tokens=0, models=[], by_model={})
     if not keys: return out
-    def send(m, prompt, budget):
-        b = out["by_model"].setdefault(m, dict(requests=0, prompt_tokens=0, completion_tokens_max=0))
-        b["requests"] += 1; b["prompt_tokens"] += prompt; b["completion_tokens_max"] += budget
-        out["to_send_tokens_max"] += budget; out["to_send_prompt_tokens"] += prompt
+    seen, sent = set(), set()  # distinct (model, prompt) of all requests, of those still to send
+    def send(m, prompt, budget, pid):
+        b = out["by_model"].setdefault(m, dict(requests=0, prompt_tokens=0, prefill_tokens=0, completion_tokens_max=0))
+        new = prompt * ((m, pid) not in sent); sent.add((m, pid))
+        b["requests"] += 1; b["prompt_tokens"] += prompt; b["prefill_tokens"] += new; b["completion_tokens_max"] += budget
+        out["to_send_tokens_max"] += budget; out["to_send_prompt_tokens"] += prompt; out["to_send_prefill_tokens"] += new
     with ResponseCache(rehearsal_cache) as src:
         answers = src.get_many(keys)
         target = {}
@@ -113,42 +125,48 @@ def price_keys(keys_path: Path,  # a key log (one request key a line; repeats al
             req = src.request(k)
             if req is None: out["unknown"] += 1; continue
             budget, prompt = int(req["params"].get("max_tokens") or 16), int((answers.get(k) or {}).get("prompt_tokens", 0))
+            pid = prompt_id(req["kind"], req["payload"])
+            m = model if req["model"] in (model, STUB_MODEL) else req["model"]
             out["prompt_tokens"] += prompt
+            out["prefill_tokens"] += prompt * ((m, pid) not in seen); seen.add((m, pid))
             out["completion_tokens_max"] += budget
-            if req["model"] == model: target[k] = (prompt, budget)  # a run of the model itself: its own keys
+            if req["model"] == model: target[k] = (prompt, budget, pid)  # a run of the model itself: its own keys
             elif req["model"] == STUB_MODEL:
                 target[request_key(req["kind"], model, req["payload"], req["params"], req.get("sample_index", 0),
-                              req.get("constraint"))] = (prompt, budget)
-            else: out["other_models"] += 1; send(req["model"], prompt, budget)  # stand-ins for the other models of a comparison
+                              req.get("constraint"))] = (prompt, budget, pid)
+            else: out["other_models"] += 1; send(req["model"], prompt, budget, pid)  # stand-ins for the other models of a comparison
     held = {}
     if target_cache is not None and Path(target_cache).exists() and target:
         with ResponseCache(target_cache) as dst: held = dst.get_many(list(target))
     out["in_cache"] = len(held)
-    for k, (prompt, budget) in target.items():
-        if k not in held: send(model, prompt, budget)
+    for k, (prompt, budget, pid) in target.items():
+        if k not in held: send(model, prompt, budget, pid)
+    out["models"] = sorted({m for m, _ in seen})
     return out
 
 # %% ../nbs/20_plan.ipynb #p009c
 def shipped_records(profile: str = "full") -> pd.DataFrame:  # profile the records are for (only `full` is shipped)
     "The rehearsal records shipped as package data (`kgrag_nb/rehearsal/<profile>.csv`); empty when none is shipped."
     path = Path(str(files("kgrag_nb") / "rehearsal" / f"{profile}.csv"))  # package data
-    cols = ["id", "kind", "model", "role", "requests", "prompt_tokens", "completion_tokens_max", "n_samples", "status", "source", "note"]
+    cols = ["id", "kind", "model", "role", "requests", "prompt_tokens", "prefill_tokens", "completion_tokens_max", "n_samples", "status",
+            "source", "note"]
     return pd.read_csv(path) if path.exists() else pd.DataFrame(columns=cols)
 
 # %% ../nbs/20_plan.ipynb #p010
 STAND_IN_KEYS = ("models", "judge_model", "judge_url", "model")  # --set keys that name stand-ins, not sizes
-COUNTS = ["requests", "other_models", "prompt_tokens", "completion_tokens_max", "in_cache", "to_send"]
+COUNTS = ["requests", "models", "other_models", "prompt_tokens", "prefill_tokens", "completion_tokens_max", "in_cache", "to_send"]
+TOKENS = ["requests", "prompt_tokens", "prefill_tokens", "completion_tokens_max"]
 
 def _price(row: dict, sends: dict, throughput, replicas, per_model: dict):
-    "Adds prefill/decode hours of `sends` ({model: tokens to send}) to `row` and to `per_model`."
+    "Adds prefill/decode hours of `sends` ({model: tokens to send}) to `row` and to `per_model`: prefill prices the"
+    " distinct prompts (`prefill_tokens`), decode every sample's budget."
     row.update(prefill_hours=0.0, decode_hours=0.0)
     for m, s in sends.items():
-        pre, dec = phase_hours(s["prompt_tokens"], s["completion_tokens_max"], m, throughput, replicas)
+        pre, dec = phase_hours(s["prefill_tokens"], s["completion_tokens_max"], m, throughput, replicas)
         row["prefill_hours"] += pre; row["decode_hours"] += dec
-        b = per_model.setdefault(m, dict(model=m, size_class=size_class(m), requests=0, prompt_tokens=0, completion_tokens_max=0,
-                                         prefill_hours=0.0, decode_hours=0.0))
-        for k, v in (("requests", s["requests"]), ("prompt_tokens", s["prompt_tokens"]),
-                     ("completion_tokens_max", s["completion_tokens_max"]), ("prefill_hours", pre), ("decode_hours", dec)): b[k] += v
+        b = per_model.setdefault(m, dict(model=m, size_class=size_class(m), **dict.fromkeys(TOKENS, 0), prefill_hours=0.0, decode_hours=0.0))
+        for k in TOKENS: b[k] += s[k]
+        b["prefill_hours"] += pre; b["decode_hours"] += dec
     row["gpu_hours"] = row["prefill_hours"] + row["decode_hours"]
 
 def plan(profile: str = "full",  # profile the run will use
@@ -166,7 +184,7 @@ def plan(profile: str = "full",  # profile the run will use
     arts = select_artifacts(registry, only)
     records, ship, rows, per_model = rehearsal_records(profile, cfg), shipped_records(profile), [], {}
     for s in [*experiments_for(arts, exps_all), *arts]:
-        row = dict(id=s.id, kind=s.kind, basis="", rehearsal="", requests=0, other_models=0, prompt_tokens=0,
+        row = dict(id=s.id, kind=s.kind, basis="", rehearsal="", requests=0, models=0, other_models=0, prompt_tokens=0, prefill_tokens=0,
                    completion_tokens_max=0, in_cache=0, to_send=0, prefill_hours=0.0, decode_hours=0.0, gpu_hours=0.0)
         rec, shipped = records.get(s.id), ship[ship["id"] == s.id]
         if not s.needs_llm: row["basis"] = "no LLM"
@@ -174,16 +192,15 @@ def plan(profile: str = "full",  # profile the run will use
             sends = {}
             for r in shipped.itertuples():
                 m = model if r.model == "{model}" else r.model
-                b = sends.setdefault(m, dict(requests=0, prompt_tokens=0, completion_tokens_max=0))
-                b["requests"] += int(r.requests); b["prompt_tokens"] += int(r.prompt_tokens); b["completion_tokens_max"] += int(r.completion_tokens_max)
+                b = sends.setdefault(m, dict.fromkeys(TOKENS, 0))
+                for k in TOKENS: b[k] += int(getattr(r, k))
             row.update(basis=f"shipped record ({', '.join(dict.fromkeys(shipped['status']))}): {'; '.join(dict.fromkeys(shipped['source']))}",
-                       rehearsal="shipped", requests=int(shipped["requests"].sum()),
-                       other_models=int(shipped.loc[shipped["model"] != "{model}", "requests"].sum()),
-                       prompt_tokens=int(shipped["prompt_tokens"].sum()), completion_tokens_max=int(shipped["completion_tokens_max"].sum()),
-                       to_send=int(shipped["requests"].sum()))
+                       rehearsal="shipped", models=len(sends), other_models=int(shipped.loc[shipped["model"] != "{model}", "requests"].sum()),
+                       **{k: int(shipped[k].sum()) for k in TOKENS}, to_send=int(shipped["requests"].sum()))
             _price(row, sends, throughput, replicas, per_model)
         elif rec is None or not (rec["keys"].exists() or rec["complete"]):
-            row.update(basis="no rehearsal", requests=math.nan, to_send=math.nan, prefill_hours=math.nan, decode_hours=math.nan, gpu_hours=math.nan)
+            row.update(basis="no rehearsal", requests=math.nan, models=math.nan, to_send=math.nan, prefill_hours=math.nan, decode_hours=math.nan,
+                       gpu_hours=math.nan)
         else:
             p = price_keys(rec["keys"], rec["cache"], cfg.llm_cache_path, model)
             kind = "exact" if s.id in EXACT_PROMPTS else "estimate"
@@ -191,21 +208,22 @@ def plan(profile: str = "full",  # profile the run will use
             kind += "".join(f" ({x})" for x in ["rehearsal incomplete"] * (not rec["complete"]) + [
                 "--set " + ", ".join(f"{k}={v}" for k, v in sets.items())] * bool(sets))  # reduced or substituted: not the profile as is
             row.update(basis=kind, rehearsal=rec["run_id"],
-                       requests=p["requests"], other_models=p["other_models"], prompt_tokens=p["prompt_tokens"],
-                       completion_tokens_max=p["completion_tokens_max"], in_cache=p["in_cache"], to_send=p["requests"] - p["in_cache"])
+                       requests=p["requests"], models=len(p["models"]), other_models=p["other_models"], prompt_tokens=p["prompt_tokens"],
+                       prefill_tokens=p["prefill_tokens"], completion_tokens_max=p["completion_tokens_max"], in_cache=p["in_cache"],
+                       to_send=p["requests"] - p["in_cache"])
             _price(row, p["by_model"], throughput, replicas, per_model)
         rows.append(row)
     df = pd.DataFrame(rows)
     total = {c: df[c].sum(min_count=1) if c not in ("id", "kind", "basis", "rehearsal") else "" for c in df.columns}
-    total.update(id="TOTAL", basis="no rehearsal for some" if df["basis"].eq("no rehearsal").any() else
+    total.update(id="TOTAL", models=len(per_model), basis="no rehearsal for some" if df["basis"].eq("no rehearsal").any() else
                  "shipped records for some" if df["rehearsal"].eq("shipped").any() else "")
     out = pd.concat([df, pd.DataFrame([total])], ignore_index=True).astype({c: "Int64" for c in COUNTS})  # <NA> where nothing tells
     hours = ["prefill_hours", "decode_hours", "gpu_hours"]
-    by = pd.DataFrame(list(per_model.values()), columns=["model", "size_class", "requests", "prompt_tokens", "completion_tokens_max", *hours])
+    by = pd.DataFrame(list(per_model.values()), columns=["model", "size_class", *TOKENS, *hours])
     by["gpu_hours"] = by["prefill_hours"] + by["decode_hours"]
     by = by.sort_values("gpu_hours", ascending=False, ignore_index=True)
-    by = pd.concat([by, pd.DataFrame([dict(model="TOTAL", size_class="", **by[["requests", "prompt_tokens", "completion_tokens_max", *hours]].sum())])],
-                   ignore_index=True).astype({c: "int64" for c in ("requests", "prompt_tokens", "completion_tokens_max")})
+    by = pd.concat([by, pd.DataFrame([dict(model="TOTAL", size_class="", **by[[*TOKENS, *hours]].sum())])],
+                   ignore_index=True).astype({c: "int64" for c in TOKENS})
     out.attrs.update(by_model=by, throughput_model=throughput_model(throughput), model=model, throughput=throughput, replicas=replicas)
     return out
 
@@ -226,11 +244,14 @@ def _plan(sub):
         if args.json: print(df.to_json(orient="records")); return 0
         print(f"plan for profile {args.profile!r}, model {args.model}, x {args.replicas} replica(s); requests from stub rehearsals "
               f"(kgrag serve stub, a test instrument): a local one where present, else the shipped records "
-              f"(kgrag_nb/rehearsal/{args.profile}.csv); completion tokens are max_tokens budgets (upper bound); prompt tokens "
-              f"by the stub's rule (4 characters per token), every request counted (prefix caching would read fewer)")
-        print("throughput model (tokens/s per H100 SXM5 GPU): prefill = 50% of 989.4 TFLOPS dense BF16 / (2 x parameters); decode = "
+              f"(kgrag_nb/rehearsal/{args.profile}.csv); completion tokens are max_tokens budgets (upper bound), every sample counted; "
+              f"prompt tokens by the stub's rule (4 characters per token): prompt_tokens every request's prompt (sent), "
+              f"prefill_tokens each distinct (model, prompt) once (evaluated)")
+        print("throughput model (tokens/s per H100 SXM5 GPU): prefill = 50% of 989.4 TFLOPS dense BF16 / (2 x parameters), on prefill_tokens ("
+              + PREFILL_RULE + "); decode = "
               + (f"{args.throughput:g} (--throughput) for every model" if args.throughput else
-                 "MLPerf Inference v5.1 Llama-3.1-8B on one H100 (5,103, rounded to 5,000), scaled by parameters"))
+                 "MLPerf Inference v5.1 Llama-3.1-8B on one H100 (5,103, rounded to 5,000), scaled by parameters")
+              + ", on completion_tokens_max")
         print(markdown_table(df.attrs["throughput_model"]))
         print(markdown_table(df, floatfmt=".3f"))
         print("GPU-hours per model:")

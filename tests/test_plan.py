@@ -32,10 +32,10 @@ def test_price_keys_rekeys_for_the_target_model(tmp_path):
     log = tmp_path / "x.keys"; log.write_text("\n".join(keys + keys[:1]) + "\n")  # a repeated key is one request
     src.close(); dst.close()
     p = price_keys(log, tmp_path / "rehearsal.sqlite", tmp_path / "real.sqlite", "M")
-    assert p == dict(requests=3, other_models=1, prompt_tokens=9, completion_tokens_max=37, in_cache=1, unknown=0,
-                     to_send_tokens_max=8 + 5, to_send_prompt_tokens=3 + 3,
-                     by_model={"stub-2": dict(requests=1, prompt_tokens=3, completion_tokens_max=5),
-                               "M": dict(requests=1, prompt_tokens=3, completion_tokens_max=8)})
+    assert p == dict(requests=3, other_models=1, prompt_tokens=9, prefill_tokens=9, completion_tokens_max=37, in_cache=1, unknown=0,
+                     to_send_tokens_max=8 + 5, to_send_prompt_tokens=3 + 3, to_send_prefill_tokens=3 + 3, models=["M", "stub-2"],
+                     by_model={"stub-2": dict(requests=1, prompt_tokens=3, prefill_tokens=3, completion_tokens_max=5),
+                               "M": dict(requests=1, prompt_tokens=3, prefill_tokens=3, completion_tokens_max=8)})
 
 
 @pytest.mark.llm
@@ -158,3 +158,89 @@ def test_kgrag_plan_cli_on_a_fresh_clone(tmp_path):
     import pandas as pd
     df = pd.DataFrame(json.loads(js.stdout))
     _check_fresh_bill(df)
+
+
+# --- issue 23 item 4: every model an experiment calls; prefill priced once per distinct (model, prompt) ---
+from kgrag_nb.plan import PREFILL_RULE
+
+
+def _sampled_rehearsal(d: Path, n: int = 3, prompt_tokens: int = 100, max_tokens: int = 8, model: str = STUB_MODEL):
+    "A hand-made rehearsal of closed_book_baseline (tiny): one prompt x `n` samples, `prompt_tokens` each; its config."
+    run = d / "runs" / "reh"; (run / "artifacts").mkdir(parents=True); (d / "reh_cache").mkdir()
+    params, keys = {"max_tokens": max_tokens, "temperature": 0.7, "seed": 0}, []
+    with ResponseCache(d / "reh_cache" / "llm_cache.sqlite") as c:
+        for i in range(n):
+            keys.append(request_key("completion", model, "Q: who?", params, i))
+            c.put(keys[-1], {"text": "x", "prompt_tokens": prompt_tokens},
+                  request=dict(kind="completion", model=model, payload="Q: who?", params=params, sample_index=i))
+    (run / "artifacts" / "closed_book_baseline.keys").write_text("\n".join(keys) + "\n")
+    (run / "artifacts" / "closed_book_baseline.json").write_text("{}")
+    (run / "manifest.json").write_text(json.dumps(dict(run_id="reh", profile="tiny", config={"cache_dir": str(d / "reh_cache")})))
+    return get_config(runs_dir=d / "runs", cache_dir=d / "real_cache")
+
+
+def test_prefill_counts_one_prompt_of_n_samples_once(tmp_path):
+    # 3 requests = 1 prompt x 3 samples of 100 prompt tokens, max_tokens 8: prompt 300 sent, prefill 100, decode 3 x 8 = 24
+    cfg = _sampled_rehearsal(tmp_path)
+    keys = tmp_path / "runs" / "reh" / "artifacts" / "closed_book_baseline.keys"
+    p = price_keys(keys, tmp_path / "reh_cache" / "llm_cache.sqlite", None, "meta-llama/Llama-3.1-8B-Instruct")
+    assert (p["requests"], p["prompt_tokens"], p["prefill_tokens"], p["completion_tokens_max"]) == (3, 300, 100, 24)
+    assert p["by_model"] == {"meta-llama/Llama-3.1-8B-Instruct": dict(requests=3, prompt_tokens=300, prefill_tokens=100, completion_tokens_max=24)}
+    row = plan("tiny", only="closed_book_baseline", cfg=cfg).set_index("id").loc["closed_book_baseline"]
+    assert (row["requests"], row["models"], row["prompt_tokens"], row["prefill_tokens"], row["completion_tokens_max"]) == (3, 1, 300, 100, 24)
+    # Llama-3.1-8B: prefill 30,919 tok/s, decode 5,000 tok/s (SIZE_CLASSES["7-8B"])
+    assert row["prefill_hours"] == pytest.approx(100 / 30919 / 3600) and row["decode_hours"] == pytest.approx(24 / 5000 / 3600)
+    assert "distinct (model, prompt)" in PREFILL_RULE
+
+
+def test_prefill_is_per_model_and_per_prompt(tmp_path):
+    # the same prompt for two models is two prefills; two prompts for one model are two; the stub's id is the run's model
+    src = ResponseCache(tmp_path / "r.sqlite")
+    reqs = [(STUB_MODEL, "A", 0), (STUB_MODEL, "A", 1), (STUB_MODEL, "B", 0), ("stub-2", "A", 0), ("stub-2", "A", 1)]
+    keys = []
+    for m, prompt, i in reqs:
+        params = {"max_tokens": 4, "temperature": 0.7}
+        keys.append(request_key("completion", m, prompt, params, i))
+        src.put(keys[-1], {"text": "x", "prompt_tokens": 10}, request=dict(kind="completion", model=m, payload=prompt, params=params, sample_index=i))
+    src.close()
+    (tmp_path / "k.keys").write_text("\n".join(keys))
+    p = price_keys(tmp_path / "k.keys", tmp_path / "r.sqlite", None, "M")
+    assert (p["prompt_tokens"], p["prefill_tokens"], p["to_send_prefill_tokens"]) == (50, 30, 30)  # M: A, B; stub-2: A
+    assert {m: (b["prompt_tokens"], b["prefill_tokens"], b["completion_tokens_max"]) for m, b in p["by_model"].items()} == \
+        {"M": (30, 20, 12), "stub-2": (20, 10, 8)}
+
+
+def test_shipped_models_cover_every_model_the_full_profile_names():
+    exps, _ = _read_registry()
+    full = {k: e.profiles["full"] for k, e in exps.items()}
+    named = {"awaken_task1": full["awaken_task1"]["models"],
+             "coe_runs": [*full["coe_runs"]["models"], full["coe_runs"]["judge_model"]],
+             "misk_runs": list(full["misk_runs"]["generators"].values()),
+             "jcql_kbqa": full["jcql_kbqa"]["models"]}
+    assert len(named["jcql_kbqa"]) == 3 and len(named["misk_runs"]) == 2  # the issue's "JCQL's 3", "MisK's 2 plus judge"
+    rec = shipped_records("full")
+    assert not rec.duplicated(["id", "model"]).any()  # one row per (experiment, model it calls)
+    for sid, models in named.items():
+        got = set(rec.loc[rec["id"] == sid, "model"])
+        assert set(models) - {"meta-llama/Llama-3.1-8B-Instruct"} <= got, (sid, set(models) - got)  # the default run model is {model}
+    misk = rec[rec["id"] == "misk_runs"].set_index("model")
+    assert misk.loc["{model}", "role"].startswith("context-recall judge")  # judge_model null: the run's model prices the judge
+    # prefill: never more than sent; n-sampled rows (awakening, CoE's seeded runs, JCQL's SC) evaluate fewer than they send
+    assert (rec["prefill_tokens"] <= rec["prompt_tokens"]).all() and (rec["prefill_tokens"] > 0).all()
+    for sid in ("closed_book_baseline", "awaken_task1", "unseen_entity", "coe_runs", "jcql_kbqa"):
+        r = rec[(rec["id"] == sid) & (rec["n_samples"] > 1)]
+        assert len(r) and (r["prefill_tokens"] < r["prompt_tokens"]).all(), sid
+    cb = rec.set_index("id").loc["closed_book_baseline"]
+    assert cb["prefill_tokens"] == round(cb["prompt_tokens"] / 13)  # 3 Step-1 answers + 10 samples of one prompt per question
+
+
+def test_fresh_plan_shows_every_model_and_prefill_apart(tmp_path):
+    df = plan(profile="full", cfg=get_config(runs_dir=tmp_path / "runs", cache_dir=tmp_path / "cache")).set_index("id")
+    assert df.loc["jcql_kbqa", "models"] == 4 and df.loc["misk_runs", "models"] == 3  # run's model + 3 LLMs; 2 generators + judge
+    assert df.loc["TOTAL", "prefill_tokens"] < df.loc["TOTAL", "prompt_tokens"]
+    by = df.attrs["by_model"].set_index("model")
+    assert {"gpt-4o-mini", "Qwen/Qwen3-30B-A3B", "meta-llama/Llama-3.3-70B-Instruct"} <= set(by.index)
+    assert by.loc["TOTAL", "prefill_tokens"] == df.loc["TOTAL", "prefill_tokens"]
+    # prefill hours price prefill_tokens, not prompt_tokens: Qwen3-30B-A3B (32B class, 7,730 tok/s) runs only JCQL_<LLM>
+    q = by.loc["Qwen/Qwen3-30B-A3B"]
+    assert q["prefill_hours"] == pytest.approx(q["prefill_tokens"] / 7730 / 3600)

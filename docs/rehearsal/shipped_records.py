@@ -6,9 +6,12 @@ where a rehearsal ran reduced, and estimated from the code where none ran (label
     python docs/rehearsal/shipped_records.py      # writes kgrag_nb/rehearsal/full.csv
 
 Units: requests = distinct request keys (n samples count n times); prompt_tokens by the stub's rule (4 characters per
-token), every request counted (a server that caches prefixes evaluates shared prompts once: an upper bound for prefill);
-completion_tokens_max = the requests' max_tokens budgets (an UPPER BOUND: answers that stop early cost less).
-`{model}` = the run's own model (`kgrag plan --model`); other ids are the models the full profile names.
+token), every request counted (what is SENT); prefill_tokens = the prompt tokens the server EVALUATES: once per distinct
+(model, prompt), since vLLM evaluates a prompt once for a request with `n` samples and its automatic prefix cache reuses
+a repeated prompt (the same question's Step-1 answers and samples, CoE's seeded runs, JCQL's SC samples); how each row's
+share of repeated prompts was counted is in its note. n_samples = requests per distinct prompt in a row's sampled part.
+completion_tokens_max = the requests' max_tokens budgets (an UPPER BOUND: answers that stop early cost less), every
+sample counted. `{model}` = the run's own model (`kgrag plan --model`); other ids are the models the full profile names.
 """
 import re
 from pathlib import Path
@@ -20,7 +23,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 OUT = ROOT / "kgrag_nb" / "rehearsal" / "full.csv"
 FT_ARMS = ["free", "constrained", "decoupled"]
-COLUMNS = ["id", "kind", "model", "role", "requests", "prompt_tokens", "completion_tokens_max", "n_samples", "status", "source", "note"]
+COLUMNS = ["id", "kind", "model", "role", "requests", "prompt_tokens", "prefill_tokens", "completion_tokens_max", "n_samples", "status",
+           "source", "note"]
 
 
 def plan_rows(md: str) -> dict:
@@ -42,9 +46,19 @@ def template_tokens(text: str, filled_chars: int = 0) -> int:
     return round((len(re.sub(r"\{[a-zA-Z_]+\}", "", text)) + filled_chars) / 4)
 
 
-def row(id, kind, model, role, requests, prompt_tokens, completion, n_samples, status, source, note=""):
+def row(id, kind, model, role, requests, prompt_tokens, completion, n_samples, status, source, note="", prefill=None):
+    "One record; `prefill` = prompt tokens of the distinct prompts (None: every request's prompt is distinct)."
+    prefill = prompt_tokens if prefill is None else prefill
+    assert 0 < prefill <= prompt_tokens, (id, model, prefill, prompt_tokens)
     return dict(id=id, kind=kind, model=model, role=role, requests=round(requests), prompt_tokens=round(prompt_tokens),
-                completion_tokens_max=round(completion), n_samples=n_samples, status=status, source=source, note=note)
+                prefill_tokens=round(prefill), completion_tokens_max=round(completion), n_samples=n_samples, status=status,
+                source=source, note=note)
+
+
+def awakening_prefill(requests: float, tok_per_req: float, step1_requests: float, group: int, n_probe: int) -> float:
+    "Prefill of an awakening model's requests: Step 1's `group` requests per question share one prompt (exact); the rest"
+    " (probing: n_probe repeats of an item; awakening: n_samples per temperature of a pair) at 1 in n_probe (an upper bound)."
+    return step1_requests * tok_per_req / group + (requests - step1_requests) * tok_per_req / n_probe
 
 
 def main():
@@ -55,17 +69,26 @@ def main():
 
     # awakening: closed-book baseline (exact: prompts from the data only) and Task 1 (main + six other paper models)
     r = p1["closed_book_baseline"]
+    n_step1 = 3  # closed_book's n_probe (the notebook's default; the profile keeps it)
+    cb_group = n_step1 + full["closed_book_baseline"]["n_samples"]  # Step-1 answers and Hits@k samples: one prompt per question
     rows.append(row("closed_book_baseline", "artifact", "{model}", "answers (Step 1 + samples)", r["requests"], r["prompt_tokens"],
                     r["completion_tokens_max"], full["closed_book_baseline"]["n_samples"], "measured", "rehearsal reh-closed_book (plan_full.md)",
-                    "exact: its prompts depend on the data only"))
+                    f"exact: its prompts depend on the data only; prefill: the {n_step1} Step-1 answers and "
+                    f"{full['closed_book_baseline']['n_samples']} samples of a question share its one prompt (1 in {cb_group})",
+                    prefill=r["prompt_tokens"] / cb_group))
     r = p1["awaken_task1"]
     others = [m for m in full["awaken_task1"]["models"] if m != "meta-llama/Llama-3.1-8B-Instruct"]  # the default run model is the main one
     per_other = r["other_models"] / len(others)
     main_req = r["requests"] - r["other_models"]
     tok_per_req, comp_per_req = r["prompt_tokens"] / r["requests"], r["completion_tokens_max"] / r["requests"]
+    af = full["awaken_task1"]
+    aw_group, aw_step1 = 3 + af["n_samples"], (3 + af["n_samples"]) * 88  # 88 CWQ questions had a gold path (README.md, first session)
+    aw_note = (f"prefill: Step 1's {aw_group} requests per question (88 questions) share one prompt; probing and awakening "
+               f"requests at 1 in n_probe={af['n_probe']} (an upper bound: awakening's n_samples per temperature share more)")
     rows.append(row("awaken_task1", "experiment", "{model}", "main model: every type, probe, query and temperature", main_req,
-                    main_req * tok_per_req, main_req * comp_per_req, full["awaken_task1"]["n_samples"], "measured",
-                    "rehearsal reh-awaken-gates (plan_full.md)", "tokens split between models by request share"))
+                    main_req * tok_per_req, main_req * comp_per_req, af["n_samples"], "measured",
+                    "rehearsal reh-awaken-gates (plan_full.md)", "tokens split between models by request share; " + aw_note,
+                    prefill=awakening_prefill(main_req, tok_per_req, aw_step1, aw_group, af["n_probe"])))
     by_model = full["awaken_task1"].get("max_tokens_by_model") or {}
     for m in others:
         long = m in by_model  # R1-distilled models think before answering: a longer budget per request (studies.yaml)
@@ -73,11 +96,17 @@ def main():
                         per_other * tok_per_req, per_other * (by_model[m] if long else comp_per_req), full["awaken_task1"]["n_samples"],
                         "estimated" if long else "measured",
                         "rehearsal reh-awaken-gates, stand-ins stub-2..7 (plan_full.md)",
-                        f"completion budget max_tokens_by_model={by_model[m]} on every request (stand-ins had 24)" if long else
-                        "one of six stand-ins: other_models / 6"))
+                        (f"completion budget max_tokens_by_model={by_model[m]} on every request (stand-ins had 24)" if long else
+                         "one of six stand-ins: other_models / 6") + "; " + aw_note,
+                        prefill=awakening_prefill(per_other, tok_per_req, aw_step1, aw_group, af["n_probe"])))
     r = p4["unseen_entity"]
+    ue_q, ue_n = 474 + 644, full["unseen_entity"]["n_samples"]  # CWQ and WebQSP questions at full (README.md, fourth session)
+    ue_shared = 4 * ue_q  # <= 4 shared stages a question (extraction, disambiguation, type, decomposition), one request each
     rows.append(row("unseen_entity", "experiment", "{model}", "shared stages + ten Table 3 methods", r["requests"], r["prompt_tokens"],
-                    r["completion_tokens_max"], full["unseen_entity"]["n_samples"], "measured", "rehearsal reh4-unseen (plan_full_4.md)"))
+                    r["completion_tokens_max"], ue_n, "measured", "rehearsal reh4-unseen (plan_full_4.md)",
+                    f"prefill: <= {ue_shared:,} shared-stage requests ({ue_q:,} questions x <= 4 stages) each its own prompt, "
+                    f"the methods' answers {ue_n} samples of one prompt; tokens by request share (an upper bound)",
+                    prefill=r["prompt_tokens"] / r["requests"] * (ue_shared + (r["requests"] - ue_shared) / ue_n)))
 
     # BRINK: questions (App. D) and the methods; the methods ran in private_id mode only
     r = p4["brink_benchmarks"]
@@ -101,37 +130,63 @@ def main():
     per_other = r["other_models"] / len(cf["models"])
     tok_per_req = r["prompt_tokens"] / r["requests"]
     other_comp = per_other * coe.ANSWER_TOKENS
+    runs = len(cf["seeds"])  # the runs answer the same prompts (one seed each): one distinct prompt per `runs` requests
     for m in cf["models"]:
         rows.append(row("coe_runs", "experiment", m, "answers: contexts x p x runs", per_other, per_other * tok_per_req, other_comp,
-                        len(cf["seeds"]), "measured", "rehearsal reh4-coe-full, stand-ins stub-2..6 (plan_full_4.md)",
-                        "other_models / 5; prompt tokens by request share"))
+                        runs, "measured", "rehearsal reh4-coe-full, stand-ins stub-2..6 (plan_full_4.md)",
+                        f"other_models / 5; prompt tokens by request share; prefill: the {runs} runs (seeds) share each answer prompt",
+                        prefill=per_other * tok_per_req / runs))
     main_req = r["requests"] - r["other_models"]
     rows.append(row("coe_runs", "experiment", "{model}", "answers + features, discrimination, misinformation, rebuild, usability",
-                    main_req, main_req * tok_per_req, r["completion_tokens_max"] - len(cf["models"]) * other_comp, len(cf["seeds"]),
-                    "measured", "rehearsal reh4-coe-full (plan_full_4.md)", "prompt tokens by request share"))
+                    main_req, main_req * tok_per_req, r["completion_tokens_max"] - len(cf["models"]) * other_comp, runs,
+                    "measured", "rehearsal reh4-coe-full (plan_full_4.md)",
+                    f"prompt tokens by request share; prefill: its {per_other:,.0f} answers (as many as each other model's) at 1 in "
+                    f"{runs} runs, the other stages' requests each its own prompt (usability's runs too: an upper bound)",
+                    prefill=(main_req - per_other + per_other / runs) * tok_per_req))
     usability = 30720  # requests of the 2Wiki index + usability stage at full (README.md, fourth session)
     judged = (len(cf["models"]) + 1) * per_other + usability  # at most one verdict per answer (ACC always, FR unless it follows)
     judge_prompt = (template_tokens(coe.CORRECTNESS_JUDGE_PROMPT, 300) + template_tokens(coe.GROUNDEDNESS_JUDGE_PROMPT, 900)) / 2
     rows.append(row("coe_runs", "experiment", cf["judge_model"], "ACC/FR judge", judged, judged * judge_prompt, judged * coe.JUDGE_TOKENS,
-                    len(cf["seeds"]), "estimated", "not rehearsed: estimated from the answers of reh4-coe-full (the judge client is not key-logged)",
+                    1, "estimated", "not rehearsed: estimated from the answers of reh4-coe-full (the judge client is not key-logged)",
                     f"upper bound: one verdict per answer of the 6 answer models ({per_other:,.0f} each) and per usability request; "
-                    f"prompt ~{judge_prompt:.0f} tokens (templates + question, reference, answer or passage)"))
+                    f"prompt ~{judge_prompt:.0f} tokens (templates + question, reference, answer or passage); prefill: every "
+                    "verdict's prompt holds its run's answer, so each is its own prompt"))
 
-    # missing-knowledge RAG: generator measured; the context-recall judge (its own endpoint) is not key-logged
+    # missing-knowledge RAG: each dataset's generator (the profile's `generators`: NQ and the medical set on their own
+    # models, misk.generator_clients) measured per stage; the context-recall judge (its own endpoint) is not key-logged
     r = p3["misk_runs"]
     mf = full["misk_runs"]
-    rows.append(row("misk_runs", "experiment", "{model}", "generator: DirectGen, RAG, 2-way, Misk rows x TopK", r["requests"], r["prompt_tokens"],
-                    r["completion_tokens_max"], 1, "measured", "rehearsal reh-misk2 (plan_full_coe_misk_jcql.md)",
-                    "embedders substituted (MiniLM, BM25): request counts unchanged"))
-    n_q = min(mf["llm_judge_questions"], mf["n_nq"]) + min(mf["llm_judge_questions"], mf["n_med"])
+    # the rehearsal's two LLM stages (stages.csv, reh-misk): NQ (misk.run_nq) and the medical set (misk.run_med)
+    stage = {"nq": (7873, 4343689), "med": (4194, 2537146)}
+    assert sum(q for q, _ in stage.values()) == r["requests"] and sum(t for _, t in stage.values()) == r["prompt_tokens"]
+    n_q = {"nq": mf["n_nq"], "med": mf["n_med"]}
+    n_missing = 3 * len(mf["topks"])  # Fig. 4/5 calls a question: one per first KB (wiki, qa, merged) and TopK
+    budget = {d: n_q[d] * n_missing * mf["max_tokens_missing"]  # the rest answer with max_tokens_<dataset>; NQ's pseudo QA: 48
+              + (stage[d][0] - n_q[d] * n_missing - (n_q[d] if d == "nq" else 0)) * mf[f"max_tokens_{d}"]
+              + (48 * n_q[d] if d == "nq" else 0) for d in stage}
+    scale = r["completion_tokens_max"] / sum(budget.values())
+    label = {"nq": "NQ", "med": "medical"}
+    for d, m in mf["generators"].items():
+        q, t = stage[d]
+        rows.append(row("misk_runs", "experiment", m, f"{label[d]} generator: DirectGen, RAG, 2-way, Misk rows x TopK", q, t,
+                        budget[d] * scale, 1, "measured", f"rehearsal reh-misk2, its {label[d]} stage (stages.csv, plan_full_coe_misk_jcql.md)",
+                        f"requests and prompt tokens of the {label[d]} stage; completion budgets split by today's per-request budgets "
+                        f"({n_missing} Fig. 4/5 calls x {mf['max_tokens_missing']} a question, answers x {mf[f'max_tokens_{d}']}"
+                        + (", 256 pseudo QA x 48" if d == "nq" else "") + f") scaled to the rehearsal's total (x{scale:.3f}); "
+                        "embedders substituted (MiniLM, BM25): request counts unchanged"))
+    n_j = {d: min(mf["llm_judge_questions"], n_q[d]) for d in n_q}
     ctx = 3 * max(mf["topks"]) * 2  # distinct contexts per question: 3 KBs x top-8, original and missing-knowledge queries
     gt_p, attr_p = template_tokens(missing.JUDGE_GT_PROMPT, 700), template_tokens(missing.JUDGE_ATTR_PROMPT, 600 + 300)
-    rows.append(row("misk_runs", "experiment", "{model}", "context-recall judge (judge_url/judge_model via --set)", n_q * (1 + ctx),
-                    n_q * (gt_p + ctx * attr_p), n_q * (64 + ctx * 24), 1, "estimated",
+    nj = sum(n_j.values())
+    rows.append(row("misk_runs", "experiment", mf["judge_model"] or "{model}", "context-recall judge of both datasets (judge_url, judge_model)",
+                    nj * (1 + ctx), nj * (gt_p + ctx * attr_p), nj * (64 + ctx * 24), 1, "estimated",
                     "not rehearsed: estimated from missing.llm_judge (the judge client is not key-logged)",
-                    f"{n_q} judged questions x (1 ground-truth call, 64 tokens + <= {ctx} attribution calls, 24 tokens); priced as the run's model"))
+                    f"{nj} judged questions (NQ {n_j['nq']}, medical {n_j['med']}) x (1 ground-truth call, 64 tokens + <= {ctx} "
+                    "attribution calls, 24 tokens); judge_model null = the judge endpoint's model, priced as the run's model"))
 
-    # JCQL agent side: not rehearsed (needs the GPU-trained jcql_kbc checkpoints); sizes measured (jcql_kbqa_sizes.csv)
+    # JCQL agent side: not rehearsed (needs the GPU-trained jcql_kbc checkpoints); sizes measured (jcql_kbqa_sizes.csv).
+    # The run's model runs every method and Algorithm 1; each model of the profile's `models` (other than the run's)
+    # runs Algorithm 1 and the full agent on the test questions again (Table 2's JCQL_<LLM>, the jcql_kbqa notebook)
     jf = full["jcql_kbqa"]
     sizes = pd.read_csv(HERE / "jcql_kbqa_sizes.csv")
     n_test, n_train = int(sizes["test_run"].sum()), int(sizes["train_run"].sum())
@@ -143,16 +198,22 @@ def main():
     calls = sum(c for c, _, _ in methods.values()) + n_agents * agent_calls
     comp = sum(c for _, c, _ in methods.values()) + n_agents * agent_comp
     prompt = sum(p for _, _, p in methods.values()) + n_agents * agent_prompt
-    note = ("upper bound per question; step prompts ~750 tokens (history elided beyond 6,000 characters), aux ~250; "
-            "the profile calls the run's model only: the paper's GPT-4o-mini, Llama-3.1-70B and Qwen3-30B-A3B are one run each (--model)")
-    rows.append(row("jcql_kbqa", "experiment", "{model}", f"KBQA test: IO, CoT, SC, ToG-style, {n_agents} agent variants", n_test * calls,
-                    n_test * prompt, n_test * comp, jf["n_sc"], "estimated",
-                    "not rehearsed: estimated from jcql_kbqa_sizes.csv and the per-question call bounds (README.md)",
-                    f"{n_test:,} test questions (2 KB settings) x <= {calls} calls; " + note))
-    rows.append(row("jcql_kbqa", "experiment", "{model}", "Algorithm 1 training questions (agent + Parse)", n_train * (agent_calls + 1),
-                    n_train * (agent_prompt + 400), n_train * (agent_comp + aux), 1, "estimated",
-                    "not rehearsed: estimated from jcql_kbqa_sizes.csv and the per-question call bounds (README.md)",
-                    f"{n_train:,} training questions (2 KB settings) x <= {agent_calls + 1} calls; " + note))
+    train_calls, train_prompt, train_comp = agent_calls + 1, agent_prompt + 400, agent_comp + aux  # agent + Parse
+    src = "not rehearsed: estimated from jcql_kbqa_sizes.csv and the per-question call bounds (README.md)"
+    bound = "upper bound per question; step prompts ~750 tokens (history elided beyond 6,000 characters), aux ~250"
+    rows.append(row("jcql_kbqa", "experiment", "{model}", f"KBQA test: IO, CoT, SC, ToG-style, {n_agents} agent variants; "
+                    "Algorithm 1 training questions (agent + Parse)", n_test * calls + n_train * train_calls,
+                    n_test * prompt + n_train * train_prompt, n_test * comp + n_train * train_comp, jf["n_sc"], "estimated", src,
+                    f"{n_test:,} test questions (2 KB settings) x <= {calls} calls + {n_train:,} training questions x <= {train_calls} "
+                    f"calls; {bound}; prefill: SC's {jf['n_sc']} samples are of CoT's prompt (counted once, with CoT)",
+                    prefill=n_test * (prompt - methods["sc"][2]) + n_train * train_prompt))
+    for m in jf["models"]:
+        rows.append(row("jcql_kbqa", "experiment", m, "Table 2 JCQL_<LLM>: Algorithm 1 + the full agent on the test questions",
+                        n_test * agent_calls + n_train * train_calls, n_test * agent_prompt + n_train * train_prompt,
+                        n_test * agent_comp + n_train * train_comp, 1, "estimated", src,
+                        f"{n_test:,} test questions x <= {agent_calls} agent calls + {n_train:,} training questions x <= {train_calls} "
+                        f"calls; {bound}; run once more unless it is the run's model (then its {{model}} row covers it)"
+                        + ("; an API model (OpenAI): priced as the 7-8B class on an H100, its size is not public" if "/" not in m else "")))
 
     # format tax (issue 21): each study's format_tax_arm under free, constrained and decoupled on `n` items; not rehearsed.
     # Requests per item and arm as the arms send them cold (helpers' measurements on the embedded server, issue 21 notes):
@@ -171,10 +232,17 @@ def main():
     df = pd.DataFrame(rows, columns=COLUMNS)
     llm_ids = {k for sec in ("experiments", "artifacts") for k, v in reg[sec].items() if v.get("needs_llm")}
     assert set(df["id"]) == llm_ids, (set(df["id"]) ^ llm_ids)
+    named = {"awaken_task1": full["awaken_task1"]["models"], "coe_runs": [*full["coe_runs"]["models"], full["coe_runs"]["judge_model"]],
+             "misk_runs": list(full["misk_runs"]["generators"].values()), "jcql_kbqa": full["jcql_kbqa"]["models"]}
+    for sid, ms in named.items():  # every model the full profile names for an experiment has its row (or is the default run model)
+        left = set(ms) - set(df.loc[df["id"] == sid, "model"]) - {"meta-llama/Llama-3.1-8B-Instruct"}
+        assert not left, (sid, left)
+    assert not df.duplicated(["id", "model"]).any(), "one row per (experiment, model)"
     OUT.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(OUT, index=False)
     print(f"wrote {OUT.relative_to(ROOT)}: {len(df)} rows, {df['requests'].sum():,} requests, "
-          f"{df['prompt_tokens'].sum():,} prompt tokens, <= {df['completion_tokens_max'].sum():,} completion tokens")
+          f"{df['prompt_tokens'].sum():,} prompt tokens sent ({df['prefill_tokens'].sum():,} to prefill), "
+          f"<= {df['completion_tokens_max'].sum():,} completion tokens")
 
 
 if __name__ == "__main__":
