@@ -16,10 +16,10 @@ from .config import EMBEDDED_MODEL_ALIAS, Config, auto_threads, get_config
 from .llm import ServerDiedError, fill_constraint, process_alive
 
 # %% auto #0
-__all__ = ['LOOPBACK', 'SIGNAL_CAUSES', 'REBUILD_COMMAND', 'STUB_MODEL', 'STUB_NOTE', 'embedded_model_path', 'free_port',
-           'port_in_use', 'served_models', 'EmbeddedServer', 'server_state', 'make_deterministic', 'run_llama_server',
-           'server_threads', 'describe_exit', 'llm_endpoint', 'vllm_command', 'serve_vllm', 'stub_tokens', 'stub_reply',
-           'stub_models', 'run_stub_server', 'StubServer']
+__all__ = ['LOOPBACK', 'PROMPT_SNAPSHOTS', 'SNAPSHOT_BUDGET_MB', 'SIGNAL_CAUSES', 'REBUILD_COMMAND', 'STUB_MODEL', 'STUB_NOTE',
+           'embedded_model_path', 'free_port', 'port_in_use', 'served_models', 'EmbeddedServer', 'server_state',
+           'make_deterministic', 'run_llama_server', 'server_threads', 'describe_exit', 'llm_endpoint', 'vllm_command',
+           'serve_vllm', 'stub_tokens', 'stub_reply', 'stub_models', 'run_stub_server', 'StubServer']
 
 # %% ../nbs/04_serve.ipynb #c005
 _ASSEMBLED: dict[Path, Path] = {}
@@ -76,7 +76,7 @@ class EmbeddedServer:
                  startup_timeout: float = 120.0,  # seconds to wait for the server to report its model
                  shared: bool = False,  # other processes may reuse it (`kgrag serve embedded`); owned servers are never adopted
                  deterministic: bool = True,  # evaluate every prompt from scratch (no KV prefix reuse), see above
-                 prompt_snapshots: int = 16):  # deterministic: repeated prompts restored from snapshots (`make_deterministic`)
+                 prompt_snapshots: int | None = None):  # deterministic: prompts kept as snapshots; None = PROMPT_SNAPSHOTS (`make_deterministic`)
         self.cfg = cfg or get_config()
         self.host, self.port = self.cfg.embedded_host, int(port or self.cfg.embedded_port)
         if self.host not in LOOPBACK:
@@ -86,7 +86,7 @@ class EmbeddedServer:
         self.log_path = Path(log_path) if log_path else self.cfg.cache_dir / "logs" / f"llama_server_{self.port}.log"
         self.model, self.proc, self.reused = EMBEDDED_MODEL_ALIAS, None, False
         self.shared, self.deterministic, self.replaced_orphan = shared, deterministic, None
-        self.prompt_snapshots = int(prompt_snapshots)
+        self.prompt_snapshots = PROMPT_SNAPSHOTS if prompt_snapshots is None else int(prompt_snapshots)
         self.died, self.exit_status, self._stopping = None, None, False  # set by the watchdog when the process dies
 
     @property
@@ -177,8 +177,12 @@ def _exit_with_owner(every_s: float = 1.0):
 
 
 # %% ../nbs/04_serve.ipynb #snap1
+PROMPT_SNAPSHOTS = 512  # prompts kept (LRU): a smoke run repeats a prompt up to ~250 distinct prompts later (measured)
+SNAPSHOT_BUDGET_MB = 1024  # and at most this many MB of them (about 3 MB for a 120-token prompt: state 2.2 + logits 1)
+
 def make_deterministic(target,  # the `llama_cpp.Llama` class (server process) or one `Llama` instance (tests)
-                       snapshots: int = 16,  # prompts whose evaluated state is kept (LRU); 0 = evaluate every prompt
+                       snapshots: int = PROMPT_SNAPSHOTS,  # prompts whose evaluated state is kept (LRU); 0 = evaluate every prompt
+                       budget_mb: float = SNAPSHOT_BUDGET_MB,  # the snapshots' memory cap: the oldest go first
                       ):
     "Make every completion of `target` behave as if its prompt were evaluated from scratch (no KV prefix reuse), and"
     " serve repeated prompts from a snapshot of their from-scratch evaluation: same bytes, no second evaluation."
@@ -186,6 +190,7 @@ def make_deterministic(target,  # the `llama_cpp.Llama` class (server process) o
     cls = target if isinstance(target, type) else type(target)
     generate, evaluate = cls.generate, cls.eval
     if snapshots < 0: raise ValueError(f"snapshots={snapshots}: use 0 (off) or a positive number of prompts")
+    if budget_mb <= 0: raise ValueError(f"budget_mb={budget_mb}: give the snapshots' memory cap in MB (> 0)")
 
     def store(self) -> OrderedDict:
         if "_kgrag_snapshots" not in self.__dict__: self._kgrag_snapshots, self._kgrag_stats = OrderedDict(), Counter()
@@ -204,8 +209,10 @@ def make_deterministic(target,  # the `llama_cpp.Llama` class (server process) o
         buf = (ctypes.c_uint8 * int(size))()
         n = int(llama_cpp.llama_state_get_data(ctx, buf, size))
         snaps = store(self)
-        snaps[pending] = (bytes(buf)[:n], ctypes.string_at(logits, self._n_vocab * 4))
-        while len(snaps) > snapshots: snaps.popitem(last=False)
+        snaps[pending] = snap = (bytes(buf)[:n], ctypes.string_at(logits, self._n_vocab * 4))
+        self._kgrag_bytes = getattr(self, "_kgrag_bytes", 0) + len(snap[0]) + len(snap[1])
+        while snaps and (len(snaps) > snapshots or self._kgrag_bytes > budget_mb * 2**20):
+            old = snaps.popitem(last=False)[1]; self._kgrag_bytes -= len(old[0]) + len(old[1])
 
     def restore(self, tokens: list) -> bool:
         "Load the snapshot of exactly these prompt tokens; False when there is none (or it cannot be loaded)."

@@ -171,6 +171,7 @@ def test_llm_studies_replay_identical_on_real_servers(tmp_path):
     import json
     pytest.importorskip("llama_cpp.server", reason='llama-cpp-python[server] missing: pip install -e ".[cpu]"')
     from kgrag_nb.bench import profile_llm_studies, summarize_llm_studies
+    from kgrag_nb.serve import PROMPT_SNAPSHOTS
     run, keys = _key_log_run(tmp_path)
     (run / "manifest.json").write_text(json.dumps({
         "profile": "smoke", "started": "2026-11-01T00:00:00", "config": {"cache_dir": str(tmp_path / "cache")},
@@ -182,7 +183,7 @@ def test_llm_studies_replay_identical_on_real_servers(tmp_path):
     assert all(r["same_text"] for r in rows) and facts["mismatched_keys"] == [] and facts["skipped"] == {"awakening": 1}
     assert not any(r["same_as_cache"] for r in rows)  # the cached answers here are made up
     assert facts["arms"]["before"]["logits_all"] is True and facts["arms"]["before"]["snapshots"] == 0
-    assert facts["arms"]["after"]["logits_all"] is False and facts["arms"]["after"]["snapshots"] == 16
+    assert facts["arms"]["after"]["logits_all"] is False and facts["arms"]["after"]["snapshots"] == PROMPT_SNAPSHOTS
     assert all(r["prompt_tokens"] > 0 and r["before_s"] > 0 and r["after_s"] > 0 for r in rows)
     (study, total) = summarize_llm_studies(rows, facts["skipped"])
     assert (study["study"], study["requests"], study["distinct_prompts"], study["identical"]) == ("awakening", 3, 1, 3)
