@@ -27,7 +27,7 @@ __all__ = ['AWAKENING_MAX_SUBGRAPH_TRIPLES', 'AWAKENING_IVF', 'AWAKENING_TEMPLAT
            'gold_relations', 'relation_parts', 'relation_matches', 'find_gold_path', 'knowledge_candidates',
            'verbalize_knowledge', 'relation_text', 'type_label', 'qa_probe_question', 'leaks_answer', 'distances_to',
            'knowledge_distance', 'minilm_scorer', 'make_scorer', 'ranking_query', 'rank_top1', 'extract_knowledge',
-           'probe_rule', 'item_temperatures', 'probe', 'awaken', 'task1_data', 'save_run', 'run_awakening',
+           'rule_of', 'probe_rule', 'item_temperatures', 'probe', 'awaken', 'task1_data', 'save_run', 'run_awakening',
            'intersect_ids', 'passing_ids', 'base_ids', 'hits_row', 'awakening_table', 'filter_counts', 'distance_table',
            'probe_counts', 'step1_counts', 'paper_rows', 'plot_comparison', 'decoding_of', 'decoding_note',
            'study_deviations', 'save_task1', 'task1_models', 'load_task1', 'knowledge_label', 'setting_of',
@@ -386,6 +386,11 @@ def extract_knowledge(record,  # a `kgrag_nb.datasets.QARecord` with answers, to
 REFORMAT = {"nli": "\n- Restate the conclusion above as one word, True or False:", "qa": REFORMAT_SHORT}
 
 # %% ../nbs/14_awaken.ipynb #c028
+def rule_of(min_true,  # None (Eq. 7), k (at least k True), or {probing method: None | k} (absent = Eq. 7)
+            method: str) -> int | None:  # "nli" or "qa"
+    "The probing rule of `method`: `min_true` itself, or its entry for `method` when the rule is set per probing method."
+    return min_true.get(method) if isinstance(min_true, dict) else min_true
+
 def probe_rule(verdicts: list,  # parsed probing answers (True / False / None)
                min_true: int | None = None,  # None = Eq. 7 (all True); k = at least k True (a relaxation, not the paper's)
               ) -> bool:
@@ -410,7 +415,7 @@ def probe(client,  # `kgrag_nb.llm.LLMClient`
           expected: list[str] | None = None,  # QA-probing: the expected answer per item
           n_probe: int = 3,  # repetitions (Eq. 7: three)
           max_tokens: int = 8,  # enough for "True."/"False." (NLI); QA uses 24
-          min_true: int | None = None,  # None = Eq. 7 (all True); see `probe_rule`
+          min_true: int | dict | None = None,  # None = Eq. 7 (all True); k, or per method (`rule_of`); see `probe_rule`
           seed: int = 0,
           decoding: str = "free") -> list[dict]:  # "free" (the paper's) | "constrained" | "decoupled" (see `decode`)
     "Probe each item `n_probe` times at temperatures drawn from [0, 1] (App. C): raw answers, how each parsed"
@@ -431,7 +436,7 @@ def probe(client,  # `kgrag_nb.llm.LLMClient`
         raw = [outs[j][i][0] for j in range(n_probe)]
         verdicts = [parse_probe(a) for a in raw] if method == "nli" else [bool(acc_r(parse_short_answer(a), [expected[i]])) for a in raw]
         rows.append(dict(probe_temperatures=[float(x) for x in temps[i]], probe_raw=raw, probe_status=[parse_status(a, method) for a in raw],
-                         probe_verdicts=verdicts, in_model=probe_rule(verdicts, min_true))
+                         probe_verdicts=verdicts, in_model=probe_rule(verdicts, rule_of(min_true, method)))
                     | ({"probe_free": [free[j][i][0] for j in range(n_probe)]} if decoding == "decoupled" else {}))
     return rows
 
@@ -562,7 +567,8 @@ def passing_ids(knowledge: pd.DataFrame, type_: str, mode: str = "triple", metho
     k = knowledge[(knowledge["type"] == type_) & (knowledge["mode"] == mode) & knowledge["text"].notna()]
     col = f"{method}_probe_verdicts"
     if col not in k: return set()
-    return set(k.loc[[probe_rule(v, min_true) if isinstance(v, (list, tuple, np.ndarray)) else False for v in k[col]], "id"])
+    rule = rule_of(min_true, method)
+    return set(k.loc[[probe_rule(v, rule) if isinstance(v, (list, tuple, np.ndarray)) else False for v in k[col]], "id"])
 
 def base_ids(result: dict,  # from `run_awakening`
             ) -> set:
@@ -609,8 +615,9 @@ def filter_counts(result: dict, types=tuple(KNOWLEDGE_TYPES), mode: str = "tripl
         rows.append((f"{t} candidate after answer filter", int(kt["text"].notna().sum())))
         rows.append((f"{t} in model ({method}-probing, all {result.get('params', {}).get('n_probe', 3)} True, Eq. 7)",
                      len(passing_ids(k, t, mode, method) & base)))
-        if min_true is not None:
-            rows.append((f"{t} in model ({method}-probing, >= {min_true} True; relaxed)", len(passing_ids(k, t, mode, method, min_true) & base)))
+        if rule_of(min_true, method) is not None:
+            rows.append((f"{t} in model ({method}-probing, >= {rule_of(min_true, method)} True; relaxed)",
+                         len(passing_ids(k, t, mode, method, min_true) & base)))
     return pd.DataFrame(rows, columns=["filter", "F"])
 
 def distance_table(result: dict, types=("T3", "T7", "T8"), mode: str = "triple", method: str = "nli",
@@ -716,9 +723,10 @@ DEVIATIONS = [  # of Task 1 (awakening_unseen_entity_kgqa.txt §4.2, App. B, C, 
     "Verbalization: `head, relation, tail` with the relation's last Freebase name (Table 1 style, e.g. `owne_s`).",
     "Prompts: the App. E templates verbatim as completion prompts (a base model at the CPU profiles) with the answer cue of "
     "the template's own example appended (`- Short Answer:` / `- **Conclusion**:`).",
-    "Probing rule: Eq. 7 (all three True) at `min_true = 3` (full); the tiny and smoke profiles use `min_true = 1` (at "
-    "least one True of three) because the 270M base model almost never says True three times, also when its verdicts are "
-    "constrained to True / False (measured: 0 of 44 items kept by the strict rule, free or constrained); the F-count and "
+    "Probing rule: Eq. 7 (all three True) at `min_true = 3` (full). Smoke keeps Eq. 7 for QA-probing, where it keeps "
+    "items (cold smoke run, constrained verdicts: 8 of 112 QA-probed items), and relaxes NLI-probing to `>= 1 True` of "
+    "three, where Eq. 7 keeps none (0 of 112: the 270M base model almost never says True three times, also when its "
+    "verdicts are constrained to True / False); tiny relaxes both (`min_true = 1`, two questions). The F-count and "
     "probing tables show both rules.",
     "Order of steps: Step 2's KG filter runs before Step 1 so that only questions with a gold path cost LLM calls (the same "
     "resulting set); probing temperatures are seeded per item (uniform in [0, 1], App. C).",

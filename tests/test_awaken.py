@@ -244,6 +244,9 @@ def toy_result():
 def test_awakening_tables_hand_computed():
     res = toy_result()
     assert passing_ids(res["knowledge"], "T2") == {"q1", "q3"} and passing_ids(res["knowledge"], "T2", min_true=2) == {"q1", "q2", "q3"}
+    # a rule per probing method (smoke: NLI relaxed, QA Eq. 7): NLI's entry applies here, a method left out keeps Eq. 7
+    assert passing_ids(res["knowledge"], "T2", min_true={"nli": 2, "qa": None}) == {"q1", "q2", "q3"}
+    assert passing_ids(res["knowledge"], "T2", min_true={"qa": 2}) == {"q1", "q3"}
     t2 = awakening_table(res, ["T1", "T2"], intersection=True, n_resamples=200)  # Table 2: only q1 has both types
     assert t2["F"].tolist() == [1, 1, 1] and t2["Hits@1"].tolist() == [0.0, 100.0, 0.0] and t2["Hits@10"].tolist() == [100.0, 100.0, 0.0]
     t4 = awakening_table(res, ["T1", "T2"], intersection=False, n_resamples=200)  # Table 4: own questions
