@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 from fastcore.basics import patch
 
-from .config import EMBEDDED_MODEL_ALIAS, Config, auto_threads, get_config
+from .config import EMBEDDED_MODEL_ALIAS, Config, get_config
 from .llm import ServerDiedError, fill_constraint, process_alive
 
 # %% auto #0
@@ -70,7 +70,7 @@ class EmbeddedServer:
                  cfg: Config | None = None,  # None = get_config(); host, port and cache folder come from here
                  port: int | None = None,  # None = cfg.embedded_port
                  n_ctx: int | None = None,  # context window in tokens; None = cfg.embedded_n_ctx
-                 n_threads: int | None = None,  # CPU threads (decode and batch); None = `server_threads()`: the cores the load leaves free
+                 n_threads: int | None = None,  # CPU threads (decode and batch); None = `server_threads()`: every core for prompt batches
                  log_path: str | Path | None = None,  # server log; None = cfg.cache_dir/logs/llama_server_<port>.log
                  model_path: str | Path | None = None,  # GGUF file; None = embedded_model_path(cfg)
                  startup_timeout: float = 120.0,  # seconds to wait for the server to report its model
@@ -258,16 +258,16 @@ def run_llama_server(deterministic: bool = True,  # evaluate every prompt as fro
     server_main.main()
 
 # %% ../nbs/04_serve.ipynb #c012
-def server_threads(n_threads: int | None = None) -> int:  # a fixed count, or None = by the load
-    "Threads of the embedded server's prompt batches (and of decoding when fixed): `n_threads` when given, else `config.auto_threads`"
-    " of the machine's cores and the load other processes put on them (the embedder's rule). llama-cpp-python's own"
-    " default decodes on half the cores: one thread on a 2-core machine (issue 23)."
+def server_threads(n_threads: int | None = None) -> int:  # a fixed count, or None = every core
+    "Threads of the embedded server's prompt batches (and of decoding when fixed): `n_threads` when given, else every core."
+    " The server lives for the whole run, so the load at its start says nothing about the hours after: a first version"
+    " took the embedder's rule (the cores the load leaves free) and, started while setup was still busy, ran a whole cold"
+    " smoke run on 1 batch thread of 2 (load average 1.0 throughout, the server at 94% of one core; issue 23)."
+    " llama-cpp-python's own default decodes on half the cores."
     if n_threads is not None:
-        if int(n_threads) < 1: raise ValueError(f"n_threads={n_threads}: use 1 or more (or None for the automatic count)")
+        if int(n_threads) < 1: raise ValueError(f"n_threads={n_threads}: use 1 or more (or None for every core)")
         return int(n_threads)
-    try: load = os.getloadavg()[0]
-    except (OSError, AttributeError): load = 0.0
-    return auto_threads(os.cpu_count() or 1, load)
+    return os.cpu_count() or 1
 
 @patch
 def _command(self: EmbeddedServer, model_path: Path) -> list[str]:
