@@ -464,9 +464,7 @@ def _run_cache(manifest: dict, cfg: Config) -> ResponseCache:
     paths = ([dataclasses.replace(cfg, cache_dir=Path(recorded)).llm_cache_path] if recorded else []) + [cfg.llm_cache_path]
     path = next((p for p in paths if p.exists()), None)
     if path is None: raise FileNotFoundError(f"no LLM response cache at {' or '.join(map(str, paths))}: the run's answers are needed to replay its requests")
-    cache = ResponseCache(path)
-    cache.store = SqliteStore(path, what="LLM response cache", readonly=True)  # reads only (`request`, `get`)
-    return cache
+    return ResponseCache(path, readonly=True)  # reads only (`request`, `get`)
 
 def profile_llm_studies(n: int = 24,  # requests per study (the first of its key logs)
                         run: str | None = None,  # run id; None = the newest finished smoke run (`find_bench_run`)

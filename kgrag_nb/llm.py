@@ -508,9 +508,10 @@ class ResponseCache:
     "SQLite store of LLM responses keyed by `request_key`; safe for concurrent writers from several processes."
     def __init__(self,
                  path,  # SQLite file; its folder is created on first use
-                 busy_timeout_s: float = 60.0):  # how long a writer waits for the lock held by another process
+                 busy_timeout_s: float = 60.0,  # how long a writer waits for the lock held by another process
+                 readonly: bool = False):  # only read (e.g. another run's cache, `kgrag bench llm-studies`): the file must exist
         self.path, self.busy_timeout_s = Path(path), busy_timeout_s
-        self.store = SqliteStore(self.path, _RESPONSES_SCHEMA, busy_timeout_s, what="LLM response cache")
+        self.store = SqliteStore(self.path, _RESPONSES_SCHEMA, busy_timeout_s, what="LLM response cache", readonly=readonly)
         self._lock = self.store.lock  # held to group reads with a transaction (the claims)
         self.corrupt: dict[str, str] = {}  # key -> what is wrong with its stored answer (seen at lookup; asked again)
 
