@@ -4,7 +4,7 @@
 
 # %% ../nbs/04_serve.ipynb #c002
 from __future__ import annotations
-import atexit, ctypes, hashlib, json, os, random, re, shutil, signal, socket, subprocess, sys, threading, time, types
+import atexit, ctypes, hashlib, json, math, os, random, re, shutil, signal, socket, subprocess, sys, threading, time, types, weakref
 from collections import Counter, OrderedDict
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,8 +18,8 @@ from .llm import ServerDiedError, fill_constraint, process_alive
 # %% auto #0
 __all__ = ['LOOPBACK', 'PROMPT_SNAPSHOTS', 'SNAPSHOT_BUDGET_MB', 'SIGNAL_CAUSES', 'REBUILD_COMMAND', 'STUB_MODEL', 'STUB_NOTE',
            'embedded_model_path', 'free_port', 'port_in_use', 'served_models', 'EmbeddedServer', 'server_state',
-           'make_deterministic', 'run_llama_server', 'server_threads', 'describe_exit', 'llm_endpoint', 'vllm_command',
-           'serve_vllm', 'stub_tokens', 'stub_reply', 'stub_models', 'run_stub_server', 'StubServer']
+           'make_deterministic', 'run_llama_server', 'lazy_grammar', 'server_threads', 'describe_exit', 'llm_endpoint',
+           'vllm_command', 'serve_vllm', 'stub_tokens', 'stub_reply', 'stub_models', 'run_stub_server', 'StubServer']
 
 # %% ../nbs/04_serve.ipynb #c005
 _ASSEMBLED: dict[Path, Path] = {}
@@ -249,13 +249,67 @@ def make_deterministic(target,  # the `llama_cpp.Llama` class (server process) o
     return target
 
 def run_llama_server(deterministic: bool = True,  # evaluate every prompt as from scratch (no KV prefix reuse)
-                     snapshots: int = 16):  # deterministic: prompts kept as snapshots (`make_deterministic`); 0 = off
+                     snapshots: int = 16,  # deterministic: prompts kept as snapshots (`make_deterministic`); 0 = off
+                     lazy: bool = True):  # check the grammar only on the drawn token first (`lazy_grammar`), as llama.cpp's server does
     "Entry point of the embedded server process: `llama_cpp.server`, ended when its owner ends, with KV prefix reuse"
     " turned off and repeated prompts restored from snapshots when `deterministic`."
     import llama_cpp, llama_cpp.server.__main__ as server_main  # only inside the server process (heavy)
     _exit_with_owner()
     if deterministic: make_deterministic(llama_cpp.Llama, snapshots)
+    if lazy: lazy_grammar(llama_cpp.Llama)
     server_main.main()
+
+# %% ../nbs/04_serve.ipynb #b4c17f68
+def lazy_grammar(target):  # the `llama_cpp.Llama` class (server process) or one `Llama` instance (tests)
+    "Sample constrained tokens as llama.cpp's server does: draw from the chain without the grammar, keep the token when the"
+    " grammar accepts it, and only otherwise mask the whole vocabulary with the grammar and draw again."
+    import llama_cpp, numpy as np  # only where llama.cpp runs
+    cls = target if isinstance(target, type) else type(target)
+    init_sampler, sample = cls._init_sampler, cls.sample
+    token_dtype = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
+    if token_dtype.itemsize != ctypes.sizeof(llama_cpp.llama_token_data):
+        raise RuntimeError("llama_token_data changed layout in this llama-cpp-python; pin the version in settings.ini")
+
+    def init_without_grammar(self, *args, grammar=None, **kwargs):
+        chain = init_sampler(self, *args, grammar=None, **kwargs)
+        if grammar is not None:
+            g = llama_cpp.llama_sampler_init_grammar(self._model.vocab, grammar._grammar.encode("utf-8"), grammar._root.encode("utf-8"))
+            if not g: raise ValueError(f"llama.cpp could not parse the grammar (root {grammar._root!r}); check the GBNF text")
+            chain._kgrag_grammar = g
+            weakref.finalize(chain, llama_cpp.llama_sampler_free, g)
+        return chain
+
+    def candidates(self, logits) -> llama_cpp.llama_token_data_array:
+        "Every vocabulary token with its logit, as the C sampler's own candidate array."
+        n = self._n_vocab
+        buf = self.__dict__.get("_kgrag_candidates")
+        if buf is None or len(buf) != n: buf = self._kgrag_candidates = np.zeros(n, dtype=token_dtype)
+        buf["id"], buf["p"] = np.arange(n, dtype=np.int32), 0.0
+        buf["logit"] = np.ctypeslib.as_array(logits, shape=(n,))
+        return llama_cpp.llama_token_data_array(data=buf.ctypes.data_as(llama_cpp.llama_token_data_p), size=n, selected=-1, sorted=False)
+
+    def draw(chain, arr) -> int:
+        llama_cpp.llama_sampler_apply(chain, ctypes.byref(arr))
+        return int(arr.data[arr.selected].id)
+
+    def sample_lazily(self, *args, idx=None, **kwargs):
+        chain = self._sampler
+        g = getattr(chain, "_kgrag_grammar", None)
+        if g is None: return sample(self, *args, idx=idx, **kwargs)  # no grammar: llama-cpp-python's own path
+        logits = llama_cpp.llama_get_logits_ith(self._ctx.ctx, idx - self.n_tokens if idx is not None else -1)
+        token = draw(chain.sampler, candidates(self, logits))
+        one = (llama_cpp.llama_token_data * 1)(llama_cpp.llama_token_data(token, 1.0, 0.0))
+        llama_cpp.llama_sampler_apply(g, ctypes.byref(llama_cpp.llama_token_data_array(data=one, size=1, selected=-1, sorted=False)))
+        if one[0].logit == -math.inf:  # rejected: the grammar masks every token, then the chain draws again
+            arr = candidates(self, logits)
+            llama_cpp.llama_sampler_apply(g, ctypes.byref(arr))
+            token = draw(chain.sampler, arr)
+        llama_cpp.llama_sampler_accept(g, token); llama_cpp.llama_sampler_accept(chain.sampler, token)
+        return token
+
+    for name, fn in (("_init_sampler", init_without_grammar), ("sample", sample_lazily)):
+        setattr(target, name, fn if isinstance(target, type) else types.MethodType(fn, target))
+    return target
 
 # %% ../nbs/04_serve.ipynb #c012
 def server_threads(n_threads: int | None = None) -> int:  # a fixed count, or None = every core
