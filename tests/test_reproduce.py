@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from kgrag_nb.config import get_config
-from kgrag_nb.reproduce import (check_study_notebooks, load_registry, markdown_table, parameters_of, redact_url,
+from kgrag_nb.reproduce import (KERNEL_NICENESS, check_study_notebooks, load_registry, markdown_table, parameters_of, redact_url,
                                 reproduce, scrub_secrets, select_artifacts)
 
 ROOT = get_config().root
@@ -98,7 +98,8 @@ def test_failing_notebook_is_reported_and_others_still_run(tmp_path):
     root = tmp_path / "proj"
     _notebook(root / "nbs/studies/broken.ipynb", [("code", PARAMS, ["parameters"]), ("code", "x = 1", []), ("code", "1 / 0", [])])
     _notebook(root / "nbs/studies/fine.ipynb", [("code", PARAMS, ["parameters"]),
-              ("code", "from pathlib import Path\nPath(run_dir, 'fine.txt').write_text(str(n))", [])])
+              ("code", "import os\nfrom pathlib import Path\nPath(run_dir, 'fine.txt').write_text(str(n))\n"
+                       "Path(run_dir, 'nice.txt').write_text(str(os.nice(0)))", [])])
     (root / "studies.yaml").write_text(
         "artifacts:\n"
         "  broken: {paper: x, title: t, notebook: nbs/studies/broken.ipynb, profiles: {smoke: {n: 2}}}\n"
@@ -109,6 +110,8 @@ def test_failing_notebook_is_reported_and_others_still_run(tmp_path):
     broken = next(e for e in m["artifacts"] if e["artifact"] == "broken")
     assert "ZeroDivisionError" in broken["error"] and "cell" in broken["error"]
     assert (cfg.runs_dir / m["run_id"] / "fine.txt").read_text() == "7"  # injected parameter reached the notebook
+    # kernels run below the embedded server's CPU priority (the runner's own niceness plus KERNEL_NICENESS, at most 19)
+    assert int((cfg.runs_dir / m["run_id"] / "nice.txt").read_text()) == min(19, os.nice(0) + KERNEL_NICENESS)
     # the CLI exits non-zero and names the failing notebook
     from kgrag_nb.cli import main
     os.environ["KGRAG_HOME"] = str(root)
