@@ -5,7 +5,7 @@
 # %% ../nbs/07_reproduce.ipynb #c002
 from __future__ import annotations
 import ast, fnmatch, functools, hashlib, json, math, os, pickle, re, shutil, signal, stat, subprocess, sys, tempfile, threading, time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -922,20 +922,6 @@ def _stop_kernels(grace_s: float = 5.0) -> list[int]:
         except OSError: pass
     return pids
 
-def _parallel(fn, items: list, jobs: int) -> list:
-    "`[fn(x) for x in items]`, `jobs` at a time (each papermill run has its own kernel process). On Ctrl-C or SIGTERM"
-    " the queued items are dropped and the running notebooks' kernels are stopped, so the interrupt takes seconds."
-    if jobs <= 1 or len(items) <= 1: return [fn(x) for x in items]
-    pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="kgrag-nb")
-    futures = []
-    try:
-        futures = [pool.submit(fn, x) for x in items]
-        return [f.result() for f in futures]
-    except BaseException:
-        for f in futures: f.cancel()
-        _stop_kernels()
-        raise
-    finally: pool.shutdown(wait=True, cancel_futures=True)
 
 # %% ../nbs/07_reproduce.ipynb #c050
 def _run_selection(profile: str | None,  # `tiny`, `smoke` or `full` (None = the config's)
@@ -1075,15 +1061,40 @@ def _run_experiment(st: _Run, e: Artifact) -> dict:  # the run, and an experimen
     entry["status"] = "computed" if entry["status"] == "ok" else entry["status"]
     return entry
 
-def _run_experiments(st: _Run, exps: list, exps_all: dict,  # the run, the selected experiments, all of them
-                     into: list):  # the manifest's experiment entries (appended level by level)
-    "Run the experiments level by level (one runs after those it uses), `jobs` at a time."
-    remaining = [e for e in _topological(exps, exps_all)]
-    while remaining:
-        ready = [e for e in remaining if all(u in st.status for u in e.uses)]
-        remaining = [e for e in remaining if e not in ready]
-        for entry in _parallel(lambda e: _run_experiment(st, e), ready, st.jobs):
-            st.status[entry["experiment"]] = entry["status"]; into.append(entry)
+def _in_chain(e: Artifact, exps: list) -> bool:
+    "True when `e` uses an experiment or another selected one uses it: its chain is the run's critical path."
+    return bool(e.uses) or any(e.id in x.uses for x in exps)
+
+def _run_notebooks(st: _Run, exps: list, exps_all: dict,  # the run, the selected experiments, all of them
+                   arts: list,  # the selected artefacts
+                   into: list) -> list:  # the manifest's experiment entries (appended as they end)
+    "Run every experiment and then every artefact, `jobs` at a time, each as soon as what it uses has ended; returns"
+    " the artefacts' entries in `arts` order. A free slot takes the first ready notebook: experiments before artefacts,"
+    " and among experiments those in a chain (one uses another) first, so that a long chain starts early."
+    pending = sorted(_topological(exps, exps_all), key=lambda e: not _in_chain(e, exps))  # stable: ties keep their order
+    pending_arts, art_entries, running = list(arts), {}, {}
+    ready = lambda items: next((x for x in items if all(u in st.status for u in x.uses)), None)
+    pool = ThreadPoolExecutor(max_workers=max(1, st.jobs), thread_name_prefix="kgrag-nb")
+    try:
+        while pending or pending_arts or running:
+            while len(running) < max(1, st.jobs):
+                e = ready(pending)
+                a = None if e is not None or (pending and st.jobs <= 1) else ready(pending_arts)
+                if e is None and a is None: break
+                if e is not None: pending.remove(e); running[pool.submit(_run_experiment, st, e)] = e
+                else: pending_arts.remove(a); running[pool.submit(_run_artifact, st, a)] = a
+            if not running: raise RuntimeError(f"nothing can start: {[x.id for x in pending + pending_arts]} wait on each other")
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for f in done:
+                item, entry = running.pop(f), f.result()
+                if "experiment" in entry: st.status[entry["experiment"]] = entry["status"]; into.append(entry)
+                else: art_entries[item.id] = entry
+        return [art_entries[a.id] for a in arts]
+    except BaseException:  # Ctrl-C, SIGTERM or an error: queued notebooks are dropped, running kernels stopped
+        for f in running: f.cancel()
+        _stop_kernels()
+        raise
+    finally: pool.shutdown(wait=True, cancel_futures=True)
 
 def _run_artifact(st: _Run, a: Artifact) -> dict:  # the run, and an artefact (its experiments have ended)
     "The manifest entry of artefact `a` (skipped when an experiment it uses failed), also kept in `st.partial`."
@@ -1123,7 +1134,7 @@ def reproduce(profile: str | None = None,  # `tiny`, `smoke` or `full` (default:
               cell_timeout: int | None = None,  # seconds per notebook cell; None = the profile's CELL_TIMEOUT_S
               overrides: dict | None = None,  # `--set` values, each applied to the notebooks that declare it
               cfg: Config | None = None, progress: bool = True,
-              jobs: int = 1) -> dict:  # notebooks run in parallel (experiments first, then artefacts)
+              jobs: int = 1) -> dict:  # notebooks run in parallel (each once what it uses has ended)
     "Run the selected artefacts and the experiments they use (each once, reused when cached) and write"
     " `runs/<run_id>/manifest.json`; returns the manifest. Options, registry, overrides, endpoint and model are checked"
     " before the run folder is made; once it exists, the manifest ends `finished`, `failed` (an error, re-raised) or"
@@ -1152,8 +1163,7 @@ def reproduce(profile: str | None = None,  # `tiny`, `smoke` or `full` (default:
             st.nb_url, env_url = _endpoints(st.url)
             st.bar = tqdm(total=len(exps) + len(arts), desc="notebooks", unit="nb", disable=not progress)
             with config_environment(cfg, llm_url=env_url, model=model):
-                _run_experiments(st, exps, exps_all, manifest["experiments"])
-                manifest["artifacts"] = _parallel(lambda a: _run_artifact(st, a), arts, jobs)
+                manifest["artifacts"] = _run_notebooks(st, exps, exps_all, arts, manifest["experiments"])
             st.bar.close()
         usage = _sum_usage(manifest["experiments"] + manifest["artifacts"])
         if st.down: manifest["llm_stopped"] = _llm_stopped(st.down, usage)

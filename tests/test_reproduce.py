@@ -235,6 +235,23 @@ def test_an_experiment_runs_once_is_reused_and_only_a_changed_one_is_recomputed(
     assert "exp" in registry_graph(cfg) and "└ a1" in registry_graph(cfg)
 
 
+def test_an_artefact_starts_when_its_experiments_end_not_after_every_experiment(tmp_path):
+    # jobs=2: `exp` is quick and `exp2` sleeps, so a1 (uses exp) must be done before exp2 ends. The level-by-level runner
+    # started every artefact after the last experiment had ended, and failed this.
+    root = _project(tmp_path)
+    _notebook(root / "nbs/studies/experiments/exp2.ipynb", [
+        ("code", 'artifact = "exp2"\n' + RUNNER + "m = 1", ["parameters"]),
+        ("code", "import time\nfrom pathlib import Path\nimport pandas as pd\nfrom kgrag_nb.reproduce import ExperimentRun\n"
+                 "xp = ExperimentRun.from_papermill(globals())\ntime.sleep(20)\nxp.save('table', pd.DataFrame({'x': [0]}))\n"
+                 "Path(run_dir, 'exp2.end').write_text(repr(time.time()))", []),
+        ("code", "xp.finish()", [])])
+    cfg = _tmp_cfg(tmp_path, root=root)
+    m = reproduce(profile="smoke", cfg=cfg, progress=False, jobs=2)
+    run = cfg.runs_dir / m["run_id"]
+    assert m["failed"] == [] and [a["artifact"] for a in m["artifacts"]] == ["a1", "a2", "a3"]  # manifest keeps the registry order
+    assert (run / "a1.txt").stat().st_mtime < float((run / "exp2.end").read_text())
+
+
 def test_a_failing_experiment_skips_its_artefacts_and_fails_the_command(tmp_path):
     root = _project(tmp_path, bad=True)
     cfg = _tmp_cfg(tmp_path, root=root)
