@@ -14,6 +14,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import pandas as pd
 import yaml
+from jupyter_client.manager import AsyncKernelManager
 from tqdm.auto import tqdm
 
 from .config import PROFILES, Config, get_config
@@ -662,7 +663,6 @@ KERNEL_NICENESS = 10  # added to the kernels' niceness (0 = jupyter_client's own
 @functools.cache
 def kernel_manager_class(niceness: int = KERNEL_NICENESS) -> type:  # niceness added to each kernel (0 = unchanged)
     "nbclient's kernel manager, with kernels started under `nice -n niceness` (jupyter_client's own when 0 or no `nice`)."
-    from jupyter_client.manager import AsyncKernelManager  # heavy: only when notebooks run
     if not niceness or shutil.which("nice") is None: return AsyncKernelManager
     class NiceKernelManager(AsyncKernelManager):
         async def _async_launch_kernel(self, kernel_cmd: list, **kw):

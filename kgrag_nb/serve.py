@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import numpy as np
 from fastcore.basics import patch
 
 from .config import EMBEDDED_MODEL_ALIAS, Config, get_config
@@ -263,7 +264,7 @@ def run_llama_server(deterministic: bool = True,  # evaluate every prompt as fro
 def lazy_grammar(target):  # the `llama_cpp.Llama` class (server process) or one `Llama` instance (tests)
     "Sample constrained tokens as llama.cpp's server does: draw from the chain without the grammar, keep the token when the"
     " grammar accepts it, and only otherwise mask the whole vocabulary with the grammar and draw again."
-    import llama_cpp, numpy as np  # only where llama.cpp runs
+    import llama_cpp  # only where llama.cpp runs
     cls = target if isinstance(target, type) else type(target)
     init_sampler, sample = cls._init_sampler, cls.sample
     token_dtype = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
