@@ -4,7 +4,7 @@
 
 # %% ../nbs/07_reproduce.ipynb #c002
 from __future__ import annotations
-import ast, fnmatch, functools, hashlib, json, math, os, pickle, re, shutil, signal, stat, subprocess, sys, tempfile, threading, time
+import ast, fnmatch, hashlib, json, math, os, pickle, re, shutil, signal, stat, subprocess, sys, tempfile, threading, time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -28,7 +28,7 @@ __all__ = ['MAX_REGISTRY_BYTES', 'MAX_REGISTRY_NODES', 'RUNNER_PARAMETERS', 'STU
            'load_experiments', 'experiments_for', 'select_artifacts', 'parameters_of', 'check_study_notebooks',
            'save_figure', 'markdown_table', 'save_table', 'write_json_atomic', 'code_version', 'experiment_key',
            'experiment_dir', 'ExperimentResults', 'save_result', 'peak_rss_mb', 'StudyRun', 'ExperimentRun',
-           'effective_parameters', 'llm_identity', 'plan_experiments', 'kernel_manager_class', 'run_notebook',
+           'effective_parameters', 'llm_identity', 'plan_experiments', 'NiceKernelManager', 'run_notebook',
            'ensure_experiment', 'check_parameter_range', 'check_overrides', 'git_sha', 'new_run_id', 'check_run_id',
            'redact_url', 'scrub_secrets', 'config_environment', 'check_run_options', 'reproduce']
 
@@ -660,14 +660,11 @@ CELL_TIMEOUT_S = {"tiny": 1800, "smoke": 4 * 3600, "full": 48 * 3600}  # seconds
 # the server wins a contended core and the kernels use what it leaves; their results do not depend on it.
 KERNEL_NICENESS = 10  # added to the kernels' niceness (0 = jupyter_client's own kernels)
 
-@functools.cache
-def kernel_manager_class(niceness: int = KERNEL_NICENESS) -> type:  # niceness added to each kernel (0 = unchanged)
-    "nbclient's kernel manager, with kernels started under `nice -n niceness` (jupyter_client's own when 0 or no `nice`)."
-    if not niceness or shutil.which("nice") is None: return AsyncKernelManager
-    class NiceKernelManager(AsyncKernelManager):
-        async def _async_launch_kernel(self, kernel_cmd: list, **kw):
-            return await super()._async_launch_kernel(["nice", "-n", str(int(niceness)), *kernel_cmd], **kw)
-    return NiceKernelManager
+class NiceKernelManager(AsyncKernelManager):
+    "nbclient's kernel manager, with kernels started under `nice -n KERNEL_NICENESS` (as before when 0 or no `nice`)."
+    async def _async_launch_kernel(self, kernel_cmd: list, **kw):
+        if KERNEL_NICENESS and shutil.which("nice"): kernel_cmd = ["nice", "-n", str(int(KERNEL_NICENESS)), *kernel_cmd]
+        return await super()._async_launch_kernel(kernel_cmd, **kw)
 
 def run_notebook(study: Artifact,  # the registry entry
                  params: dict,  # every parameter to inject (runner ones included)
@@ -680,7 +677,7 @@ def run_notebook(study: Artifact,  # the registry entry
     try:
         pm.execute_notebook(str(cfg.root / study.notebook), str(out), parameters=params, kernel_name="python3",
                             cwd=str(cfg.root), execution_timeout=cell_timeout, progress_bar=False, log_output=False,
-                            kernel_manager_class=kernel_manager_class())
+                            kernel_manager_class=NiceKernelManager)
     except Exception as exc:  # papermill wraps the cell's exception; record it and go on
         error = _failed_cell(exc)
     return dict(status="failed" if error else "ok", error=error, wall_s=round(time.time() - t0, 2))

@@ -283,9 +283,10 @@ def lazy_grammar(target):  # the `llama_cpp.Llama` class (server process) or one
     def candidates(self, logits) -> llama_cpp.llama_token_data_array:
         "Every vocabulary token with its logit, as the C sampler's own candidate array."
         n = self._n_vocab
-        buf = self.__dict__.get("_kgrag_candidates")
-        if buf is None or len(buf) != n: buf = self._kgrag_candidates = np.zeros(n, dtype=token_dtype)
-        buf["id"], buf["p"] = np.arange(n, dtype=np.int32), 0.0
+        buf, ids = self.__dict__.get("_kgrag_candidates"), self.__dict__.get("_kgrag_ids")
+        if buf is None or len(buf) != n:  # made once per model: the ids are copied back for every token
+            buf, ids = self._kgrag_candidates, self._kgrag_ids = np.zeros(n, dtype=token_dtype), np.arange(n, dtype=np.int32)
+        buf["id"], buf["p"] = ids, 0.0  # the chain sorts the array in place: every draw starts from vocabulary order
         buf["logit"] = np.ctypeslib.as_array(logits, shape=(n,))
         return llama_cpp.llama_token_data_array(data=buf.ctypes.data_as(llama_cpp.llama_token_data_p), size=n, selected=-1, sorted=False)
 
