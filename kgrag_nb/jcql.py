@@ -351,11 +351,11 @@ def _alternation(options: Sequence[str]) -> str: return "(?:" + "|".join(re.esca
 
 def relations_constraint(relations: Sequence[str],  # the relation names Prompt 4 lists
                          n: int = 3) -> Constraint | None:  # how many Prompt 4 asks for
-    "Prompt 4 (App. E, relation selection): 1..n listed relations, ', '-separated (None when every name holds a comma)."
+    "Prompt 4 (App. E): exactly min(n, listed) listed relations, ', '-separated, as 'Please select 3 relations' asks (None when every name holds a comma)."
     ok = [r for r in relations if "," not in str(r) and str(r).strip()]  # the parser splits the answer on ','
     if not ok: return None
-    rel = _alternation(ok)
-    return Constraint.regex(" " + rel + "(?:, " + rel + "){0," + str(max(0, int(n) - 1)) + "}")
+    rel, m = _alternation(ok), max(1, min(int(n), len(dict.fromkeys(ok))))
+    return Constraint.regex(" " + rel + ("(?:, " + rel + "){" + str(m - 1) + "}" if m > 1 else ""))
 
 _PART = r'[^,\n"| ][^,\n"|]{0,59}'  # one element of a triple: no comma, newline or quote (parse_triples splits on ',')
 _TRIPLE = _PART + ", " + _PART + ", " + _PART
@@ -1036,7 +1036,7 @@ def _correct(a: str, gold: Sequence[str]) -> bool: return bool(kbqa_hits_at_1([a
 
 def parse_trajectory(pred: Prediction,  # a training-mode agent prediction (meta holds the steps)
                      q: Question) -> dict:  # the question (gold answers, topic name)
-    "G_q, the BFS paths to each gold answer and their one-hop expansion (before the LLM filter)."
+    "G_q, the BFS paths from the topic entities E_q to each gold answer (the shortest) and their one-hop expansion (before the LLM filter)."
     steps = pred.meta.get("steps", [])
     wrong = [a for a in pred.ranked if not _correct(a, q.answers)]
     bad = {_norm(a) for a in wrong}
@@ -1044,8 +1044,8 @@ def parse_trajectory(pred: Prediction,  # a training-mode agent prediction (meta
     G = list(dict.fromkeys(t for t in obs if _norm(t[0]) not in bad and _norm(t[2]) not in bad))
     paths = {}
     for a in q.answers:
-        p = bfs_path(G, q.topic_name, a)
-        if p: paths[a] = p
+        found = [p for s in (q.topic_names or [q.topic_name]) if (p := bfs_path(G, s, a))]
+        if found: paths[a] = min(found, key=len)
     on_path = sorted({i for p in paths.values() for i in p})
     return dict(G_q=[list(t) for t in G], dropped_wrong=wrong, n_dropped=len(obs) - len(G) if obs else 0,
                 paths={a: [list(G[i][:3]) for i in p] for a, p in paths.items()},
@@ -1260,7 +1260,7 @@ DEVIATIONS = [  # of the agent side of JCQL (jcql_joint_kbc_kbqa.txt §3.2-3.4, 
     "The oldest observations are elided from the agent prompt beyond 6,000 characters (the embedded server's 2,048-token window); elisions are recorded.",
     "A step without a valid action gets ReAct's 'Invalid action' observation and counts as a parse failure; a trajectory without Finish within L steps has no answer (Hits@1 = 0).",
     "IO, CoT, SC and ToG prompts are ours (the paper prints none); SC votes over 5 CoT samples; the ToG row is a ToG-style beam explorer of the KG-QA layer (depth 2, width 3), not ToG's code.",
-    "Parse: 'filter the incorrect predicted answers with the corresponding observations' is read as dropping every observed triple that mentions a wrong predicted answer; BFS is undirected with neighbours in triple order; P_q falls back to the BFS path triples when Prompt 7 selects no known triple (counted).",
+    "Parse: 'filter the incorrect predicted answers with the corresponding observations' is read as dropping every observed triple that mentions a wrong predicted answer; BFS is undirected with neighbours in triple order and starts from every topic entity of E_q (the shortest path per answer is kept); P_q falls back to the BFS path triples when Prompt 7 selects no known triple (counted).",
     "Algorithm 1 runs on a few training questions whose topic entity is in the KB slice (those with Fig. 2 special triples first, from a seeded pool); the KBQA test then uses the fine-tuned SLM (§3.4).",
     "Fig. 2 adds an 'oracle paths' row (the SLM fine-tuned on the special triples themselves) and Fig. 5 uses those oracle paths when the agent's P_q are empty (recorded in `paths_from`).",
     "IncFineTune fine-tunes on path triples whose head and tail are KB entities (others, e.g. generated names outside the KB, are dropped and counted); replay triples are drawn without replacement within one update.",

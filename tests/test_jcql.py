@@ -86,6 +86,20 @@ def test_parse_trajectory_drops_wrong_answers_and_their_triples():
     assert p["paths"] == {"Honolulu": [["Obama", "born in", "Honolulu"]]}
     assert [t[:3] for t in p["expanded"]] == [list(G_Q[0]), list(G_Q[2])]  # the one-hop triples of Obama and Honolulu in G_q
 
+
+def test_parse_trajectory_searches_from_every_topic_entity():
+    "E_q is a set (§2): a path from the second topic entity counts, and the shortest path over all topics is kept."
+    from kgrag_nb.kgqa import Prediction
+    tri = [["Male", "gender of", "Nobody", "search"], ["Apartheid", "opposed by", "Robert F. Kennedy", "search"],
+           ["Male", "gender of", "Ted Kennedy", "search"], ["Ted Kennedy", "sibling", "Robert F. Kennedy", "search"]]
+    pred = Prediction("q", "jcql train", "Robert F. Kennedy", ["Robert F. Kennedy"], 1, meta=dict(steps=[dict(triples=tri)]))
+    one = parse_trajectory(pred, Question("q", "who?", ["/m/m"], ["Robert F. Kennedy"], topic_names=["Male"]))
+    assert one["paths"] == {"Robert F. Kennedy": [tri[2][:3], tri[3][:3]]}  # two hops from the only topic
+    both = parse_trajectory(pred, Question("q", "who?", ["/m/m", "/m/a"], ["Robert F. Kennedy"], topic_names=["Male", "Apartheid"]))
+    assert both["paths"] == {"Robert F. Kennedy": [tri[1][:3]]}  # one hop from the second topic beats two from the first
+    none = parse_trajectory(pred, Question("q", "who?", ["/m/x"], ["Robert F. Kennedy"], topic_names=["France"]))
+    assert none["paths"] == {} and none["expanded"] == []
+
 # ---------------------------------------------------------------- replay
 
 def test_replay_batch_composition():
@@ -351,8 +365,9 @@ def test_stub_filled_aux_outputs_parse():
     ids = ["Bob (/m/b1)", "Bob (/m/b2)"]
     assert parse_choice(fill_constraint(entity_constraint(ids).spec()), ids) is not None
     names = ["place of birth", "spouse", "a, b", "educated at"]
-    got = parse_relation_choice(fill_constraint(relations_constraint(names, 3).spec()), names)
-    assert 1 <= len(got) <= 3 and 2 not in got
+    text = fill_constraint(relations_constraint(names, 3).spec())
+    got = parse_relation_choice(text, names)
+    assert text.count(", ") == 2 and 1 <= len(got) <= 3 and 2 not in got  # three written (Prompt 4 asks for 3); repeats count once
     assert relations_constraint(["a, b"]) is None
     assert len(parse_triples(fill_constraint(triples_constraint(5).spec()))) >= 1
     import re
