@@ -1044,7 +1044,7 @@ def parse_trajectory(pred: Prediction,  # a training-mode agent prediction (meta
     G = list(dict.fromkeys(t for t in obs if _norm(t[0]) not in bad and _norm(t[2]) not in bad))
     paths = {}
     for a in q.answers:
-        found = [p for s in (q.topic_names or [q.topic_name]) if (p := bfs_path(G, s, a))]
+        found = [p for s in q.topic_names if (p := bfs_path(G, s, a))]
         if found: paths[a] = min(found, key=len)
     on_path = sorted({i for p in paths.values() for i in p})
     return dict(G_q=[list(t) for t in G], dropped_wrong=wrong, n_dropped=len(obs) - len(G) if obs else 0,
