@@ -25,20 +25,21 @@ from .kgqa import (BaseMethod, Question, Prediction, TraceWriter, register_metho
 __all__ = ['ACTIONS', 'INSTRUCTION_HEAD', 'ACTION_SENTENCES', 'EXAMPLE_TRAIN', 'EXAMPLE_TEST', 'PROMPT_ENTITY',
            'PROMPT_RELATIONS', 'PROMPT_GENERATE', 'EXAMPLE_HINT', 'PROMPT_MODIFY', 'PROMPT_SCHEMA', 'PROMPT_PATHS',
            'REFORMAT', 'COT_ANSWER', 'SHORT_ANSWER', 'IO_PROMPT', 'COT_PROMPT', 'TOG_PRUNE', 'TOG_ANSWER',
-           'OFFLINE_STAGES', 'PAPER', 'DEVIATIONS', 'DECODING_DEVIATION', 'PAPER_ROW', 'TABLE3_ROW', 'TABLE4_ROW',
-           'NO_KB', 'DATASET_LABEL', 'PAPER_LLMS', 'DEFAULT_PAPER_LLM', 'METHOD_LABEL', 'FORMAT_TAX', 'FT_VARIANT',
-           'FT_MAX_STEPS', 'FT_KEEP', 'FT_HOPS', 'FT_MAX_TRIPLES', 'agent_instruction', 'agent_example', 'ParsedStep',
-           'parse_step', 'step_constraint', 'entity_constraint', 'relations_constraint', 'triples_constraint',
-           'schema_constraint', 'paths_constraint', 'decode', 'entity_names', 'relation_names_of', 'name_kg', 'AgentKB',
-           'triple_line', 'TailFrequencyKBC', 'GoldLeakError', 'gold_leaks', 'AgentConfig', 'parse_triples',
-           'step_prompt', 'parse_choice', 'parse_relation_choice', 'JCQLAgent', 'io_prompt', 'cot_prompt',
-           'parse_short', 'parse_cot', 'majority', 'BaselineConfig', 'IOBaseline', 'CoTBaseline', 'SCBaseline',
-           'ToGStyle', 'bfs_path', 'expand_paths', 'parse_trajectory', 'parse_paths', 'replay_batch', 'slm_triples',
-           'jcql_train', 'kbqa_questions', 'is_offline', 'prediction_frame', 'hits_table', 'failure_table',
-           'efficiency_table', 'format_table', 'deviations', 'decoding_note', 'exclude_held_out', 'select_questions',
-           'run_methods', 'special_test_set', 'special_first', 'replay_study', 'training_curve', 'named_triples',
-           'paper_rows', 'paper_llm', 'ours_for_table', 'label_by_model', 'experiment_frames', 'versus_paper',
-           'llm_predictions', 'trace_file', 'traced_calls', 'disabled_attempts', 'plot_lines', 'format_tax_arm']
+           'OFFLINE_STAGES', 'PAPER', 'DEVIATIONS', 'DECODING_DEVIATION', 'PATH_QUESTION_COLUMNS', 'PAPER_ROW',
+           'TABLE3_ROW', 'TABLE4_ROW', 'NO_KB', 'DATASET_LABEL', 'PAPER_LLMS', 'DEFAULT_PAPER_LLM', 'METHOD_LABEL',
+           'FORMAT_TAX', 'FT_VARIANT', 'FT_MAX_STEPS', 'FT_KEEP', 'FT_HOPS', 'FT_MAX_TRIPLES', 'agent_instruction',
+           'agent_example', 'ParsedStep', 'parse_step', 'step_constraint', 'entity_constraint', 'relations_constraint',
+           'triples_constraint', 'schema_constraint', 'paths_constraint', 'decode', 'entity_names', 'relation_names_of',
+           'name_kg', 'AgentKB', 'triple_line', 'TailFrequencyKBC', 'GoldLeakError', 'gold_leaks', 'AgentConfig',
+           'parse_triples', 'step_prompt', 'parse_choice', 'parse_relation_choice', 'JCQLAgent', 'io_prompt',
+           'cot_prompt', 'parse_short', 'parse_cot', 'majority', 'BaselineConfig', 'IOBaseline', 'CoTBaseline',
+           'SCBaseline', 'ToGStyle', 'bfs_path', 'expand_paths', 'parse_trajectory', 'parse_paths', 'replay_batch',
+           'slm_triples', 'jcql_train', 'kbqa_questions', 'is_offline', 'prediction_frame', 'hits_table',
+           'failure_table', 'efficiency_table', 'format_table', 'deviations', 'decoding_note', 'exclude_held_out',
+           'select_questions', 'run_methods', 'special_test_set', 'special_first', 'topic_answer_path',
+           'path_questions', 'replay_study', 'training_curve', 'named_triples', 'paper_rows', 'paper_llm',
+           'ours_for_table', 'label_by_model', 'experiment_frames', 'versus_paper', 'llm_predictions', 'trace_file',
+           'traced_calls', 'disabled_attempts', 'plot_lines', 'format_tax_arm']
 
 # %% ../nbs/17b_jcql.ipynb #c005
 ACTIONS = ("search", "complete", "generate", "finish")  # §3.2-3.3: the agent's action space
@@ -1345,11 +1346,47 @@ def special_test_set(questions: Sequence[Question],  # training questions (topic
 def special_first(questions: Sequence[Question],  # candidate training questions, in their seeded order
                   n: int,  # how many to keep
                   complete: KG, kb_triples: Sequence, candidates: Sequence[str] | None = None,
-                  max_hops: int = 3) -> tuple[list[Question], int]:
-    "(n questions, how many have special triples): questions with a non-empty `special_test_set` first, order kept."
+                  max_hops: int = 3,
+                  prefer: Sequence[str] = ()) -> tuple[list[Question], int]:  # ids kept ahead of all others (the slice's path questions)
+    "(n questions, how many have special triples): `prefer` ids first, then the rest; within each, a non-empty `special_test_set` first, order kept."
     has = [len(special_test_set([q], complete, kb_triples, candidates, max_hops)) > 0 for q in questions]
-    order = [q for q, h in zip(questions, has) if h] + [q for q, h in zip(questions, has) if not h]
+    pre = set(prefer)
+    order = [q for first in (True, False) for want in (True, False)
+             for q, h in zip(questions, has) if h == want and (q.id in pre) == first]
     return order[:n], sum(has[: len(questions)])
+
+def topic_answer_path(q: Question,  # topic names in `topic_names`, answers as names
+                      complete: KG,  # the complete KB (e.g. FB15k-237 `all`)
+                      max_hops: int = 3,  # longest path searched
+                      max_answers: int = 5,  # answers tried per topic entity (CWQ lists up to dozens)
+                      ck: AgentKB | None = None) -> tuple | None:  # `AgentKB.of(complete)`, passed in when reused
+    "(topic name, answer, triple indices of `complete`) of one shortest topic → answer path over every topic of E_q; None when none."
+    ck, best = ck or AgentKB.of(complete), None
+    for tn in q.topic_names:
+        src = ck.by_name.get(_norm(tn), [])
+        if len(src) != 1: continue
+        for a in q.answers[:max_answers]:
+            end, how = ck.link_entity(a, fuzzy=False)
+            if how != "exact" or len(end) != 1: continue
+            p = complete.shortest_path(src[0], end[0], max_hops=max_hops, as_indices=True)
+            if p is not None and len(p) and (best is None or len(p) < len(best[2])): best = (tn, a, [int(t) for t in p])
+    return best
+
+PATH_QUESTION_COLUMNS = ["dataset", "id", "question", "topic", "answer", "hops", "triples"]
+
+def path_questions(dataset: str,  # 'cwq' or 'webqsp'
+                   complete: KG,  # FB15k-237 `all`
+                   n: int,  # how many questions
+                   seed: int = 0,  # seed of the order in which questions are tried
+                   split: str = "train",
+                   max_hops: int = 3) -> pd.DataFrame:  # longest path searched
+    "The first `n` questions (seeded order) with a topic → answer path in `complete`, and one shortest path each (`PATH_QUESTION_COLUMNS`)."
+    ck, qs, rows = AgentKB.of(complete), kbqa_questions(dataset, split, complete, None, seed), []
+    for i in np.random.default_rng(seed).permutation(len(qs)).tolist():
+        if len(rows) >= n: break
+        hit = topic_answer_path(qs[i], complete, max_hops, ck=ck)
+        if hit: rows.append(dict(dataset=dataset, id=qs[i].id, question=qs[i].text, topic=hit[0], answer=hit[1], hops=len(hit[2]), triples=hit[2]))
+    return pd.DataFrame(rows, columns=PATH_QUESTION_COLUMNS)
 
 def replay_study(load_model,  # () -> a fresh KBCModel from the shared checkpoint
                  path_batches: Sequence[Sequence],  # one list of path triples (names) per update, in order
