@@ -24,12 +24,12 @@ from .hooks import benchmark
 
 # %% auto #0
 __all__ = ['DEVIATIONS', 'NOOP', 'SEP', 'SPECIALS', 'CHECKPOINT_VERSION', 'PYKEEN_MODELS', 'METRICS', 'PATH_SOURCES', 'VARIANTS',
-           'unique_names', 'fb15k237_splits', 'KBCData', 'build_kbc_data', 'questions_in_kg', 'slice_topics',
-           'relation_cooccurrence', 'ContextIndex', 'kbc_input', 'build_tokenizer', 'sampled_filtered_rank',
-           'SLMConfig', 'kbc_training_triples', 'KBCModel', 'train_kbc', 'checkpoint_key', 'train_or_load',
-           'pykeen_factory', 'PyKEENBaseline', 'tune_pykeen', 'frequency_prior', 'random_ranking', 'cap_tail_share',
-           'tail_share', 'triple_values', 'metric_cis', 'path_triples', 'table8', 'result_row', 'mark_paper_only',
-           'bench_kbc', 'ours_for_compare', 'table1_view', 'table9_view']
+           'unique_names', 'fb15k237_splits', 'KBCData', 'slice_triples', 'build_kbc_data', 'questions_in_kg',
+           'slice_topics', 'relation_cooccurrence', 'ContextIndex', 'kbc_input', 'build_tokenizer',
+           'sampled_filtered_rank', 'SLMConfig', 'kbc_training_triples', 'KBCModel', 'train_kbc', 'checkpoint_key',
+           'train_or_load', 'pykeen_factory', 'PyKEENBaseline', 'tune_pykeen', 'frequency_prior', 'random_ranking',
+           'cap_tail_share', 'tail_share', 'triple_values', 'metric_cis', 'path_triples', 'table8', 'result_row',
+           'mark_paper_only', 'bench_kbc', 'ours_for_compare', 'table1_view', 'table9_view']
 
 # %% ../nbs/17_jcql_kbc.ipynb #4f96fb0f
 DEVIATIONS = [
@@ -39,8 +39,7 @@ DEVIATIONS = [
     "One KB for both 'WebQSP' and 'CWQ' columns: FB15k-237 is not built per QA dataset, so our rows carry dataset=fb15k237.",
     "Descriptions 𝒟 do not exist for FB15k-237 (names only): our main row is Table 9's 'w/o 𝒟' variant [𝒰;𝒯], not [𝒰;𝒟;𝒯].",
     "tiny/smoke train on a KB slice (the 2-hop triples around the topic entities of a seeded sample of CWQ/WebQSP questions, "
-    "capped, recorded, plus one shortest topic → answer path of `n_train_paths` training questions per dataset, which "
-    "Algorithm 1 trains on first: 'Setting Details' guarantees such a path) and rank over the slice's entities, not over all FB15k-237 entities; a slice's test triples are "
+    "capped, recorded) and rank over the slice's entities, not over all FB15k-237 entities; a slice's test triples are "
     "dominated by a few hub tails (smoke: 121 of the slice's 199 test tails are one country), so the evaluated sample "
     "caps every tail's share (`cap_tail_share`) and slice scores are not comparable to the paper's: the 'Frequency prior' "
     "(tail prior per relation) and 'Random ranking' rows are shown beside them. Most slice test heads have no KB edge but "
@@ -133,23 +132,28 @@ class KBCData:
 def _named(kg: KG, triples: np.ndarray, ents: list, rels: list) -> list:
     return [(ents[h], rels[r], ents[t]) for h, r, t in np.asarray(triples).tolist()]
 
+def slice_triples(full: KG,  # FB15k-237 `all`
+                  topics=None,  # None = the whole KG; else entity ids whose k-hop slice is the task (tiny/smoke)
+                  hops: int = 2,  # slice radius
+                  max_triples: int | None = None,  # slice cap
+                  seed: int = 0) -> np.ndarray:  # RNG seed of the slice cap
+    "Indices of `full`'s triples in the task: all of them, or the capped k-hop slice around `topics`."
+    return np.arange(full.num_triples) if topics is None else full.khop_triples(list(topics), hops, max_triples, seed)
+
 def build_kbc_data(splits: dict,  # `fb15k237_splits()` (or any dict of KGs over one vocabulary: all/train/valid/test)
                    keep: float = 0.5,  # fraction of train edges kept in the KB (0.5 = "50% KB", 0.3 = "30% KB"; §4.1)
                    seed: int = 0,  # RNG seed of the edge deletion and of the slice cap
                    topics=None,  # None = the whole KG; else entity ids whose k-hop slice is the task (tiny/smoke)
                    hops: int = 2,  # slice radius
                    max_triples: int | None = None,  # slice cap (triples of the complete graph)
-                   noop: bool = True,  # App. A self-loops for isolated candidates
-                   include=None) -> KBCData:  # triple indices of `splits['all']` the slice always holds (e.g. training questions' paths)
+                   noop: bool = True) -> KBCData:  # App. A self-loops for isolated candidates
     "The KBC task: the incomplete KB (seeded deletion of train edges), valid/test and the filter, optionally on a slice."
     full = splits["all"]
     label = np.full(full.num_triples, -1)
     for i, s in enumerate(("train", "valid", "test")): label[full.index_of(splits[s].triples)] = i
     if (label < 0).any(): raise ValueError("splits['all'] has triples in none of train/valid/test; pass fb15k237_splits()")
-    if topics is None: idx = np.arange(full.num_triples)
-    else:
-        topics = list(topics)
-        idx = np.union1d(full.khop_triples(topics, hops, max_triples, seed), np.asarray(include if include is not None else [], np.int64))
+    if topics is not None: topics = list(topics)
+    idx = slice_triples(full, topics, hops, max_triples, seed)
     tri = full.triples[idx]
     cand = np.unique(np.concatenate([tri[:, 0], tri[:, 2]]))
     ents_all = unique_names(full.entities.tolist(), full.entity_labels)
@@ -165,7 +169,6 @@ def build_kbc_data(splits: dict,  # `fb15k237_splits()` (or any dict of KGs over
     used_rels = sorted({r for _, r, _ in train} | {rels[r] for r in np.unique(tri[:, 1]).tolist()})
     info = dict(kg=full.name, keep=keep, seed=seed, hops=hops, max_triples=max_triples, noop=noop,
                 topics=None if topics is None else [str(t) for t in topics], slice_triples=int(len(idx)),
-                included=0 if include is None else len(set(np.asarray(include).tolist())),
                 train_complete=int(len(train_kg)), kb_triples=int(len(kb)), isolated=len(isolated))
     return KBCData(entities=[ents_all[e] for e in cand.tolist()], relations=used_rels, train=train,
                    valid=_named(full, tri[label[idx] == 1], ents_all, rels),
