@@ -100,6 +100,28 @@ def test_parse_trajectory_searches_from_every_topic_entity():
     none = parse_trajectory(pred, Question("q", "who?", ["/m/x"], ["Robert F. Kennedy"], topic_names=["France"]))
     assert none["paths"] == {} and none["expanded"] == []
 
+def test_path_questions_on_the_complete_smoke_slice():
+    "Setting Details: the training questions Algorithm 1 takes first have a topic → answer path inside the complete slice."
+    from kgrag_nb import jcql_kbc as K
+    full = K.fb15k237_splits()["all"]
+    topics, _ = K.slice_topics(full, ["cwq", "webqsp"], 10, 0)  # the smoke slice of jcql_kbc
+    idx = K.slice_triples(full, topics, 2, 3000, 0)
+    sl = full.subgraph(idx)
+    names = J.entity_names(full)
+    for d in ("cwq", "webqsp"):
+        got = J.path_questions(d, sl, 3, seed=0, max_hops=2)
+        assert len(got) == 3 and got["hops"].between(1, 2).all() and got["id"].is_unique, got
+        assert J.path_questions(d, sl, 3, seed=0, max_hops=2)["id"].tolist() == got["id"].tolist()  # seeded
+        qs = {q.id: q for q in J.kbqa_questions(d, "train", full)}
+        for _, r in got.iterrows():
+            tri = sl.triples[r["triples"]]  # indices of the graph passed in
+            assert set(map(tuple, tri.tolist())) <= set(map(tuple, full.triples[idx].tolist()))  # every path triple is a slice triple
+            ends = [str(names[e]) for e in (set(tri[:, 0].tolist()) | set(tri[:, 2].tolist()))]
+            assert r["topic"] in qs[r["id"]].topic_names and r["answer"] in qs[r["id"]].answers
+            assert r["topic"] in ends and any(J._norm(a) == J._norm(r["answer"]) for a in ends)
+    with pytest.raises(ValueError, match="dataset"): J.path_questions("nq", sl, 1)
+
+
 # ---------------------------------------------------------------- replay
 
 def test_replay_batch_composition():
