@@ -995,8 +995,12 @@ def add_recall(preds: pd.DataFrame,  # run_pipeline output
 
 # %% ../nbs/18_missing.ipynb #m037p1
 def llm_judge(client, preds: pd.DataFrame, n_questions: int, max_chars: int = 600,
-              decoding: str = "free") -> pd.DataFrame:  # the verdicts: "free", "constrained" (ATTRIBUTION) or "decoupled"
-    "LLM-judged context recall (cr_llm, cr_llm_origq, per KB tag) on the first `n_questions` questions; counts of failed parses."
+              decoding: str = "free",  # the verdicts: "free", "constrained" (ATTRIBUTION) or "decoupled"
+              gts: Sequence[Sequence[str]] | None = None,  # deterministic GT_C per question (qid), as for `add_recall`
+              lang: str = "en", tau: float | None = None,  # `attributed_det`'s language and threshold (None = TAU[lang])
+             ) -> pd.DataFrame:
+    "LLM-judged context recall (cr_llm, cr_llm_origq, per KB tag) on the first `n_questions` questions; counts of failed"
+    " parses, of 'attributed' verdicts and, with `gts`, the verdicts against deterministic attribution of the same chunks."
     df = preds.copy()
     qids = sorted(df["qid"].unique())[:n_questions]
     first = df[df["qid"].isin(qids)].drop_duplicates("qid")
@@ -1021,7 +1025,13 @@ def llm_judge(client, preds: pd.DataFrame, n_questions: int, max_chars: int = 60
     for tag in ("qa", "wiki"): df[f"cr_llm_{tag}"] = [rec(c, q, tag) for c, q in zip(df["contexts"], df["qid"])]
     df.attrs["llm_judge"] = dict(questions=len(qids), gt_failed=sum(not f for f in facts.values()),
                                  verdicts=len(verdict), verdicts_failed=sum(v["status"] == "failed" for v in verdict.values()),
-                                 verdicts_repaired=sum(v["status"] == "repaired" for v in verdict.values()), decoding=decoding)
+                                 verdicts_repaired=sum(v["status"] == "repaired" for v in verdict.values()), decoding=decoding,
+                                 verdicts_yes=sum(v["attributed"] is True for v in verdict.values()))
+    if gts is not None:  # the judge against deterministic attribution of the same chunk: does it discriminate?
+        det = {k: attributed_det(k[1], gts[k[0]], lang, tau) for k in keys}
+        df.attrs["llm_judge"]["against_reference"] = {
+            f"judge {'yes' if j else 'no'}, reference {'yes' if d else 'no'}":
+                sum(verdict[k]["attributed"] is j and det[k] == d for k in keys) for j in (True, False) for d in (True, False)}
     return df
 
 # %% ../nbs/18_missing.ipynb #m039
@@ -1321,7 +1331,7 @@ def run_nq(client,  # generator LLMClient
     preds = run_pipeline(client, "nq", s["questions"], kbs, topks, n_ctx, chars_per_token_en, max_tokens_nq, max_tokens_missing,
                          decoding)
     preds = llm_judge(judge, add_recall(preds, [[q["passage"]] for q in s["questions"]], "en", tau), llm_judge_questions,
-                      decoding=decoding)
+                      decoding=decoding, gts=[[q["passage"]] for q in s["questions"]], lang="en", tau=tau)
     settings = dict(generator=client.model, questions=n_nq, pool=n_pool_nq, nq_wiki=nq_wiki, wiki_passages=wiki.n_dedup,
                     distractors=0 if mirror else n_distractors, qa_real=len(s["qa"]),
                     qa_real_dropped=s["qa_dropped"], pseudo_written=len(pseudo), pseudo_failed=pseudo_failed,
@@ -1351,7 +1361,7 @@ def run_med(client, judge, cfg: Config | None = None,
     preds = run_pipeline(client, "med", m["questions"], kbs, topks, n_ctx, chars_per_token_zh, max_tokens_med, max_tokens_missing,
                          decoding)
     preds = llm_judge(judge, add_recall(preds, [[q["answers"][0]] for q in m["questions"]], "zh", tau), llm_judge_questions,
-                      decoding=decoding)
+                      decoding=decoding, gts=[[q["answers"][0]] for q in m["questions"]], lang="zh", tau=tau)
     settings = dict(generator=client.model, questions=n_med, qa_pool=n_qa_med, qa_kept=len(m["qa"]), qa_dropped_leak=m["qa_dropped"],
                     cmekg_subjects=len(m["subjects"]), cmekg_subjects_named_in_queries=m["subjects_named"],
                     backend=zh_backend, embedder=embedder_name(kw["embedder"]) if kw["embedder"] else "BM25 (jieba)",

@@ -15,8 +15,9 @@ from matplotlib.figure import Figure
 from .config import get_config
 
 # %% auto #0
-__all__ = ['COLUMNS', 'KEY', 'CLAIM_COLUMNS', 'papers_dir', 'available_papers', 'paper_stem', 'papers_text_dir', 'paper_text',
-           'paper_numbers', 'paper_claims', 'compare', 'plot_compare']
+__all__ = ['COLUMNS', 'KEY', 'CLAIM_COLUMNS', 'CLAIM_REQUIRED', 'CLAIM_OPTIONAL', 'papers_dir', 'available_papers', 'paper_stem',
+           'papers_text_dir', 'paper_text', 'paper_numbers', 'paper_claims', 'compare', 'plot_compare', 'ledger_claims',
+           'paper_effect']
 
 # %% ../nbs/05b_papers.ipynb #c005
 COLUMNS = ("paper", "artefact", "table", "model", "dataset", "setting", "metric", "value", "note")  # the CSV schema
@@ -171,3 +172,70 @@ def plot_compare(df: pd.DataFrame,  # compare(...) output (wide, or long with me
     ax.legend(fontsize=7, frameon=False, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
     return fig
+
+# %% ../nbs/05b_papers.ipynb #cl001
+CLAIM_REQUIRED = ("id", "where", "statement", "artefacts", "outcome", "metric", "unit", "arms", "direction")
+CLAIM_OPTIONAL = ("filter", "note", "paper_effect", "judge")
+
+def _claim_error(path, i, msg): return ValueError(f"{path.name} claim {i + 1}: {msg}")
+
+def _check_claim(c: dict, i: int, path: Path) -> dict:
+    if not isinstance(c, dict): raise _claim_error(path, i, f"must be a mapping, got {type(c).__name__}")
+    missing = [k for k in CLAIM_REQUIRED if k not in c]
+    if missing: raise _claim_error(path, i, f"{c.get('id', '?')!r} lacks {missing}; a claim needs {list(CLAIM_REQUIRED)}")
+    extra = set(c) - set(CLAIM_REQUIRED) - set(CLAIM_OPTIONAL)
+    if extra: raise _claim_error(path, i, f"{c['id']!r} has unknown keys {sorted(extra)}; allowed: {list(CLAIM_REQUIRED + CLAIM_OPTIONAL)}")
+    if c["direction"] not in (">", "<"): raise _claim_error(path, i, f"{c['id']!r} direction {c['direction']!r}: use '>' or '<'")
+    arms = c["arms"]
+    if not (isinstance(arms, dict) and set(arms) == {"by", "a", "b"} and arms["a"] != arms["b"]):
+        raise _claim_error(path, i, f"{c['id']!r} arms {arms!r}: give {{by: column, a: value, b: other value}}")
+    if not isinstance(c["unit"], list) or not c["unit"]: raise _claim_error(path, i, f"{c['id']!r} unit: a list of columns")
+    if not isinstance(c["artefacts"], list) or not c["artefacts"]: raise _claim_error(path, i, f"{c['id']!r} artefacts: a list")
+    pe = c.get("paper_effect")
+    if pe is not None and not (isinstance(pe, dict) and {"a", "b"} <= set(pe)):
+        raise _claim_error(path, i, f"{c['id']!r} paper_effect: give a: and b: row selectors (and optional scale, note)")
+    j = c.get("judge")
+    if j is not None and not (isinstance(j, dict) and "verdict" in j and "reference" in j):
+        raise _claim_error(path, i, f"{c['id']!r} judge: give verdict: column and reference: column (or null)")
+    return c
+
+@lru_cache(maxsize=None)
+def _read_claims(stem: str) -> tuple:
+    import yaml
+    path = papers_dir() / f"{stem}.claims.yaml"
+    if not path.exists(): return ()
+    doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if doc.get("paper") != f"{stem}.txt": raise ValueError(f"{path.name}: `paper:` must be {stem + '.txt'!r}, got {doc.get('paper')!r}")
+    return tuple({**_check_claim(c, i, path), "paper": doc["paper"]} for i, c in enumerate(doc.get("claims") or []))
+
+def ledger_claims(paper: str | None = None,  # stem or file name; None = every paper
+                  artefact: str | None = None,  # only the claims this artefact shows
+                 ) -> list[dict]:
+    "The claims of `<stem>.claims.yaml` (each a dict with `paper` added), in file order; ids are unique over all papers."
+    stems = [paper_stem(paper)] if paper is not None else available_papers()
+    out = [dict(c) for s in stems for c in _read_claims(s)]
+    ids = [c["id"] for c in out]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup: raise ValueError(f"claim ids used twice: {dup}; give each claim its own id")
+    return [c for c in out if artefact is None or artefact in c["artefacts"]]
+
+# %% ../nbs/05b_papers.ipynb #cl004
+def _match(df: pd.DataFrame, sel: dict, what: str) -> pd.DataFrame:
+    import fnmatch
+    for col, want in sel.items():
+        if col not in df.columns: raise ValueError(f"{what}: no column {col!r} in the paper numbers ({list(COLUMNS)})")
+        wanted = [str(w) for w in (want if isinstance(want, list) else [want])]
+        df = df[[any(fnmatch.fnmatchcase(str(v), w) for w in wanted) for v in df[col]]]
+    if df.empty: raise ValueError(f"{what}: no paper row matches {sel}; check the selector against {what.split()[0]}.csv")
+    return df
+
+def paper_effect(claim: dict) -> dict | None:
+    "The paper's effect A − B for `claim` in our units: {value, a, b, rows_a, rows_b, note}; None when the claim has none."
+    pe = claim.get("paper_effect")
+    if not pe: return None
+    stem = paper_stem(claim["paper"])
+    df, scale = _read(stem), float(pe.get("scale", 1))
+    a = _match(df, pe["a"], f"{stem} claim {claim['id']} paper_effect.a")
+    b = _match(df, pe["b"], f"{stem} claim {claim['id']} paper_effect.b")
+    va, vb = a["value"].mean() / scale, b["value"].mean() / scale
+    return dict(value=float(va - vb), a=float(va), b=float(vb), rows_a=len(a), rows_b=len(b), note=pe.get("note", ""))

@@ -63,6 +63,7 @@ LAYERS = [
     ["backends"],
     ["answers"],
     ["metrics"],
+    ["stats"],
     ["papers"],
     ["kgqa"],
     ["reproduce"],
@@ -72,6 +73,7 @@ LAYERS = [
     ["report"],
     ["bench", "doctor"],
     ["plan"],
+    ["claims"],
     ["cli"],
 ]
 

@@ -1,0 +1,73 @@
+"""The claims ledger (`kgrag_nb.claims`): every paper's claims file is complete and consistent with the registry, the
+paper numbers and the outcome frames; a ledger built from saved results gives the hand-computed verdicts; the CLI."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kgrag_nb.claims import OUTCOMES, bill, decisive_plan, evaluate_claim, judge_check, ledger, ledger_table
+from kgrag_nb.cli import main
+from kgrag_nb.papers import available_papers, ledger_claims, paper_effect
+from kgrag_nb.reproduce import ExperimentResults, load_registry, save_result
+
+
+def test_every_paper_has_at_least_three_claims_with_registered_parts():
+    claims, registry = ledger_claims(), load_registry()
+    by_paper = pd.Series([c["paper"] for c in claims]).value_counts()
+    assert set(by_paper.index) == {f"{p}.txt" for p in available_papers()} and (by_paper >= 3).all(), by_paper
+    for c in claims:
+        assert c["outcome"] in OUTCOMES, c["id"]
+        assert set(c["artefacts"]) <= set(registry), (c["id"], set(c["artefacts"]) - set(registry))
+        exp = OUTCOMES[c["outcome"]]["experiment"]
+        assert any(exp in registry[a].uses for a in c["artefacts"]), f"{c['id']}: none of {c['artefacts']} reads {exp}"
+        e = paper_effect(c)  # every selector matches a row of the paper's numbers
+        if e is not None: assert np.isfinite(e["value"]) and e["value"] != 0, c["id"]
+        sign = {">": 1, "<": -1}[c["direction"]]
+        if e is not None: assert sign * e["value"] > 0, f"{c['id']}: the paper's own effect points against the claim's direction"
+
+
+def test_paper_effects_are_read_from_the_numbers():
+    get = {c["id"]: c for c in ledger_claims()}
+    assert paper_effect(get["brink-hits-any-drop"])["value"] == pytest.approx(0.46 - 0.20)  # GoG, FB15k-237, App. C.2 Table 5
+    assert paper_effect(get["awakening-t1-vs-closed-book"])["value"] == pytest.approx(0.394)  # Table 4, T1 39.4 vs No RAG 0.0
+    assert paper_effect(get["misk-beats-rag-qa"])["value"] == pytest.approx((32.81 - 31.25) / 100)  # Table 1, TopK=4
+    coe = paper_effect(get["coe-acc-vs-senp"])
+    assert coe["rows_a"] == coe["rows_b"] == 40  # Table 2: 5 models x 2 datasets x 4 p
+
+
+def _results(tmp_path, exp_id, **saved) -> ExperimentResults:
+    for name, obj in saved.items(): save_result(tmp_path, name, obj)
+    (tmp_path / "_SUCCESS.json").write_text(json.dumps(dict(id=exp_id, key="0" * 64, params={})))
+    return ExperimentResults(tmp_path)
+
+
+def test_a_yes_to_everything_judge_makes_the_claim_not_decidable(tmp_path):
+    "CoE's ACC claim on saved answers: the judge says yes to every answer, right or wrong, so no verdict rests on it."
+    rows = [dict(dataset="hotpotqa", id=f"r{i}", variant=v, condition="irrelevant", p=0.0, run=0, acc=True, fr=None, grounded=None,
+                 contains_gold=(v == "CoE") or i % 3 == 0, contains_wrong=False) for i in range(30) for v in ("CoE", "SenP", "WordP")]
+    xp = _results(tmp_path, "coe_runs", answers=pd.DataFrame(rows))
+    t = ledger({"coe_runs": xp}, [c for c in ledger_claims("chain_of_evidence") if c["id"] in ("coe-acc-vs-senp", "coe-containment-vs-senp")])
+    acc, cont = t.set_index("claim").loc["coe-acc-vs-senp"], t.set_index("claim").loc["coe-containment-vs-senp"]
+    assert acc["verdict"] == "not decidable (judge)" and acc["judge_yes_rate"] == 1.0 and "says yes to 100%" in acc["why"]
+    # containment needs no judge: 20 of 30 records favour CoE, none SenP (exact McNemar p = 2 * 0.5**20)
+    assert (cont["verdict"], cont["n"]) == ("replicated", 30) and cont["p"] == pytest.approx(2 * 0.5 ** 20)
+
+
+def test_ledger_of_a_run_without_the_experiment_says_no_data():
+    t = ledger({})
+    assert set(t["verdict"]) == {"no data"} and t["why"].str.contains("has no finished").all()
+    b = bill(t, {e: 1.0 for e in t["experiment"]})
+    assert (b.loc[b["n_needed"].notna() & b["full_units"].notna(), "gpu_hours"] > 0).all()
+    dp = decisive_plan(b)
+    assert dp.iloc[-1]["experiment"] == "TOTAL" and dp.iloc[-1]["gpu_hours_to_decide"] == pytest.approx(dp.iloc[:-1]["gpu_hours_to_decide"].sum())
+    assert list(ledger_table(b).columns)[:4] == ["claim", "where", "comparison", "metric"]
+
+
+def test_cli_names_a_missing_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("KGRAG_RUNS", str(tmp_path))
+    assert main(["claims", "--run", "nope"]) != 0
+    assert "--run 'nope'" in capsys.readouterr().err  # the CLI's one-line error names the run and the fix
+    assert main(["plan", "--claims"]) == 0  # no run: the paper effects with an assumed spread
+    out = capsys.readouterr().out
+    assert "no run yet" in out and "TOTAL" in out
