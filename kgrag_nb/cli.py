@@ -9,7 +9,6 @@ from . import datasets, serve
 from .bench import print_bench  # importing bench also registers `kgrag bench llm`, `kgrag bench kg` and `kgrag bench embed`
 from .config import PROFILES, get_config
 from .plan import plan  # importing plan registers `kgrag plan`
-from . import claims  # registers `kgrag claims` and adds `--claims` to `kgrag plan` (after plan: it extends plan's parser)
 from .reproduce import load_experiments, load_registry, reproduce
 from .hooks import SUBCOMMANDS, BENCHMARKS, EVALUATORS, subcommand, load_study_modules
 

@@ -4,12 +4,14 @@
 
 # %% ../nbs/05b_papers.ipynb #c002
 from __future__ import annotations
+import fnmatch
 from functools import lru_cache
 from importlib.resources import files
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import yaml
 from matplotlib.figure import Figure
 
 from .config import get_config
@@ -201,7 +203,6 @@ def _check_claim(c: dict, i: int, path: Path) -> dict:
 
 @lru_cache(maxsize=None)
 def _read_claims(stem: str) -> tuple:
-    import yaml
     path = papers_dir() / f"{stem}.claims.yaml"
     if not path.exists(): return ()
     doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
@@ -221,7 +222,6 @@ def ledger_claims(paper: str | None = None,  # stem or file name; None = every p
 
 # %% ../nbs/05b_papers.ipynb #cl004
 def _match(df: pd.DataFrame, sel: dict, what: str) -> pd.DataFrame:
-    import fnmatch
     for col, want in sel.items():
         if col not in df.columns: raise ValueError(f"{what}: no column {col!r} in the paper numbers ({list(COLUMNS)})")
         wanted = [str(w) for w in (want if isinstance(want, list) else [want])]

@@ -15,12 +15,13 @@ from markupsafe import Markup
 
 from .config import Config, get_config
 from .hooks import subcommand
+from .papers import ledger_claims
 from .reproduce import RUN_ID, load_experiments, load_registry
 
 # %% auto #0
 __all__ = ['REF', 'CSP', 'REPORT_MARKER', 'list_runs', 'find_run', 'paper_ref', 'Link', 'href', 'html_table', 'anchor',
            'sizes_text', 'index_rows', 'sanitize_html', 'render_notebook', 'artifact_files', 'rerun_command',
-           'provenance_mismatch', 'artifact_section', 'run_summary', 'build_report']
+           'provenance_mismatch', 'artifact_section', 'run_summary', 'ledger_summary', 'build_report']
 
 # %% ../nbs/16_report.ipynb #c006
 def list_runs(cfg: Config | None = None) -> list[Path]:
@@ -94,7 +95,8 @@ _TEMPLATES: dict[str, str] = {}  # name -> jinja2 source; each page's template i
 _TEMPLATES["macros.html"] = """\
 {% macro link(path, text) %}<a href="{{ path|href }}">{{ text }}</a>{% endmacro %}
 {% macro code(text) %}<code>{{ text }}</code>{% endmacro %}
-{% macro cell(v) %}{% if v is link %}{{ link(v.href, v.text) }}{% else %}{{ v|text }}{% endif %}{% endmacro %}
+{% macro cell(v) %}{% if v is link %}{{ link(v.href, v.text) }}{% elif v is links %}{% for l in v %}{% if not loop.first %}, \
+{% endif %}{{ link(l.href, l.text) if l is link else l }}{% endfor %}{% else %}{{ v|text }}{% endif %}{% endmacro %}
 {% macro dl(items) %}<dl>{% for k, v in items if v %}<dt>{{ k }}</dt><dd>{{ v }}</dd>{% endfor %}</dl>{% endmacro %}
 {% macro table(columns, rows, more) %}
 <table>
@@ -125,6 +127,7 @@ _ENV = Environment(loader=DictLoader(_TEMPLATES), autoescape=True, finalize=_esc
 _ENV.filters.update(href=lambda path: Markup(href(path)),  # Markup: `href` escapes the path itself
                     text=_text)
 _ENV.tests["link"] = lambda v: isinstance(v, Link)
+_ENV.tests["links"] = lambda v: isinstance(v, tuple) and any(isinstance(x, Link) for x in v)  # a cell of several links (and texts)
 
 def _macro(name: str):
     "A macro of `macros.html`, callable from Python; it returns `Markup`."
@@ -312,6 +315,10 @@ _TEMPLATES["section.html"] = """\
 {% if missing %}
 <p class="warn">listed but missing: {{ missing }}</p>
 {% endif %}
+{% if claims is defined and claims %}
+<h3>Claims this artefact tests</h3><ul>{% for c in claims %}<li>{{ c.where }}: {{ c.statement }} <em>{{ c.verdict }}</em> \
+(<a href="#claims">claims ledger</a>)</li>{% endfor %}</ul>
+{% endif %}
 <h3>Deviations from the paper</h3>\
 {% if deviations %}<ol>{% for d in deviations %}<li>{{ d }}</li>{% endfor %}</ol>{% else %}<p class="note">none recorded</p>{% endif +%}
 <h3>Provenance</h3>
@@ -323,7 +330,8 @@ def artifact_section(entry: dict,  # the artefact's manifest entry
                      manifest: dict,  # the run's manifest (run id, git sha)
                      out: Path,  # the report folder (files are copied under it)
                      cfg: Config,
-                     notebook: str | None = None) -> Markup:  # relative link to its rendered notebook
+                     notebook: str | None = None,  # relative link to its rendered notebook
+                     claims: list[dict] | None = None) -> Markup:  # ledger claims it tests: where, statement, verdict
     "The HTML section of one artefact; copies its files into `out/files/<artefact>/`."
     aid = entry["artifact"]
     files, missing = artifact_files(entry, cfg)
@@ -356,7 +364,8 @@ def artifact_section(entry: dict,  # the artefact's manifest entry
                    error=str(entry.get("error") or "no error recorded"),
                    stale=provenance_mismatch(entry, manifest, cfg) if files else "",  # said before any number of another run
                    facts=facts, comparisons=comparisons, has_files=bool(files), figures=figures, tables=tables,
-                   missing=", ".join(missing), deviations=[str(d) for d in entry.get("deviations") or []], provenance=provenance)
+                   missing=", ".join(missing), deviations=[str(d) for d in entry.get("deviations") or []], provenance=provenance,
+                   claims=claims or [])
 
 # %% ../nbs/16_report.ipynb #c024
 _CSS = """body{font-family:system-ui,sans-serif;max-width:80em;margin:1em auto;padding:0 1em;color:#222}
@@ -390,6 +399,17 @@ artefact (at the tiny and smoke profiles a small model on a handful of questions
 in their place.</p>
 {% if status != "finished" %}
 <p class="error">This run did not finish (status: {{ status }}): its results may be incomplete.</p>
+{% endif %}
+<h2 id="claims">Did the papers' claims replicate?</h2>
+{% if ledger is defined and ledger %}
+<p class="note">The claims ledger of this run (<code>kgrag claims</code>): each paper's headline claim, the paper's own \
+effect, ours with its paired 95% interval and n, the verdict, the minimum detectable effect (MDE) at this n, the n \
+needed to detect the paper's effect and the GPU-hours of a full-profile run of that size. At tiny and smoke most \
+claims are not resolved: that is what a small model on a handful of items can say.</p>
+{{ ledger }}
+{% else %}
+<p class="note">This run has no claims ledger: <code>kgrag reproduce --only claims_ledger</code> adds it \
+(or <code>kgrag claims --run {{ run_id }}</code> prints it).</p>
 {% endif %}
 <h2>Run</h2>
 {{ summary }}
@@ -430,6 +450,29 @@ def run_summary(manifest: dict) -> Markup:
         ("rerun with", _macro("code")(rerun_command(manifest)))])
 
 # %% ../nbs/16_report.ipynb #c025
+def _links(items: list) -> tuple | str:
+    "A cell of several links (a tuple the `cell` macro shows), or plain text when none is a link."
+    return tuple(items) if any(isinstance(i, Link) for i in items) else ", ".join(map(str, items))
+
+def ledger_summary(manifest: dict,  # a run's manifest
+                   cfg: Config,
+                   shown: set[str]) -> tuple[list[dict], dict]:  # artefacts with a section on the page (linked)
+    "(front-page rows of the run's claims ledger, {claim id: verdict}) from the `claims_ledger` artefact's `ledger_full.csv`."
+    entry = next((e for e in manifest.get("artifacts", []) if e.get("artifact") == "claims_ledger"), None)
+    files = artifact_files(entry, cfg)[0] if entry else []
+    csv = next((p for p in files if p.name == "ledger_full.csv"), None)
+    if csv is None: return [], {}
+    t = pd.read_csv(csv, keep_default_na=False)
+    num = lambda v, spec="+.3f": format(float(v), spec) if str(v) not in ("", "nan") else ""
+    rows = [{"claim": r["claim"], "where": f"{r['paper']} {r['where']}", "comparison": r["comparison"], "metric": r["metric"],
+             "paper effect": num(r["paper_effect"]),
+             "ours [95% CI]": f"{num(r['effect'])} [{num(r['ci_low'])}, {num(r['ci_high'])}]" if str(r["n"]) not in ("", "0") else "",
+             "n": r["n"], "verdict": r["verdict"], "why": r["why"], "MDE": num(r["mde"], ".3f"),
+             "n needed": str(r["n_needed"]).removesuffix(".0"), "GPU-h": num(r["gpu_hours"], ".2f"),
+             "artefacts": _links([Link(a, "#" + anchor(a)) if a in shown else a for a in str(r["artefacts"]).split(", ")])}
+            for r in t.to_dict("records")]
+    return rows, dict(zip(t["claim"], t["verdict"]))
+
 REPORT_MARKER = ".kgrag-report"  # in every folder `kgrag report` writes: only such a folder is rebuilt in place
 
 def build_report(run_id: str | None = None,  # run to report on (default: the last finished run)
@@ -465,6 +508,7 @@ def build_report(run_id: str | None = None,  # run to report on (default: the la
                  "notebook": Link("notebook", rendered[("experiment", e["experiment"])]) if ("experiment", e["experiment"]) in rendered
                              else ("reused from the cache" if e.get("status") == "reused" else "")}
                 for e in manifest.get("experiments", [])]
+    ledger_rows, verdicts = ledger_summary(manifest, cfg, {e["artifact"] for e in arts})
     index = out / "index.html"
     index.write_text(_page(
         "index.html", f"kgrag_nb report: run {manifest.get('run_id')}", run_id=str(manifest.get("run_id")),
@@ -472,8 +516,11 @@ def build_report(run_id: str | None = None,  # run to report on (default: the la
         summary=run_summary(manifest),
         artefacts=html_table(index_rows(manifest, titles, {s for k, s in rendered if k == "artifact"})),
         experiments=html_table(exp_rows) if exp_rows else "",
+        ledger=html_table(ledger_rows) if ledger_rows else "",
         sections=[artifact_section(e, titles.get(e["artifact"], e["artifact"]), manifest, out, cfg,
-                                   rendered.get(("artifact", e["artifact"]))) for e in arts]), encoding="utf-8")
+                                   rendered.get(("artifact", e["artifact"])),
+                                   [dict(where=c["where"], statement=c["statement"], verdict=verdicts.get(c["id"], "not in this run's ledger"))
+                                    for c in ledger_claims(artefact=e["artifact"])]) for e in arts]), encoding="utf-8")
     return index
 
 # %% ../nbs/16_report.ipynb #c029
