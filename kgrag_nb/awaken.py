@@ -1005,7 +1005,8 @@ FORMAT_TAX = dict(
          "App. E prompt), three probes per T1 knowledge item at the App. C temperatures",
     metric="QA-probing accuracy (ACC_R, App. C Eq. 15, of the item's three QA-probing answers)",
     paper="not reported per answer; awakening Table 7 (Llama3.1-8B-Instruct, CWQ): QA-probing keeps 110 A_q-R_q-B (T1) items, "
-          "NLI-probing 446")
+          "NLI-probing 446",
+    settings="T1 knowledge items of CWQ only, three probes each at the App. C temperatures")
 
 def format_tax_items(n: int,  # how many knowledge items
                      seed: int = 0,  # candidate-subsampling seed (as in Task 1)

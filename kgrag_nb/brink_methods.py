@@ -618,7 +618,8 @@ from .hooks import register_format_tax
 FORMAT_TAX = dict(study="brink", step="the oracle's answer list (BRINK App. H; App. E list form, parse_answer_list / ANSWER_LIST)",
                   metric="hits_hard",
                   paper="BRINK Table 6 (App. H), Family, incomplete KG, rule + alternative path given: Hits@Hard 0.91 (GPT-4o), "
-                        "0.88 (GPT-3.5-turbo)")
+                        "0.88 (GPT-3.5-turbo)",
+                  settings="Family only, the oracle method (rule and alternative path given, App. H), the first test questions")
 
 @register_format_tax(FORMAT_TAX, datasets=["family"])  # the experiment format_tax_runs finds it (kgrag_nb.hooks)
 def format_tax_arm(client,  # kgrag_nb.llm.LLMClient

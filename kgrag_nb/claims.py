@@ -21,11 +21,11 @@ from .report import find_run
 from .plan import DEFAULT_PLAN_MODEL, plan
 
 # %% auto #0
-__all__ = ['OUTCOMES', 'JUDGE_DEGENERATE', 'LEDGER_VERDICTS', 'outcome', 'brink_questions', 'jcql_kbqa', 'jcql_kbc_triples',
-           'jcql_fig2_triples', 'awakening_task1', 'awakening_unseen', 'misk_nq', 'misk_recall', 'misk_med',
-           'coe_answers', 'coe_discrimination', 'paired_items', 'judge_check', 'evaluate_claim', 'run_experiments',
-           'outcome_frames', 'ledger', 'full_hours', 'bill', 'decisive_plan', 'ledger_table', 'judges',
-           'ledger_for_run']
+__all__ = ['OUTCOMES', 'JUDGE_DEGENERATE', 'LEDGER_VERDICTS', 'FORMAT_TAX_PAIRS', 'outcome', 'brink_questions', 'jcql_kbqa',
+           'jcql_kbc_triples', 'jcql_fig2_triples', 'awakening_task1', 'awakening_unseen', 'misk_nq', 'misk_recall',
+           'misk_med', 'coe_answers', 'coe_discrimination', 'paired_items', 'judge_check', 'evaluate_claim',
+           'run_experiments', 'outcome_frames', 'ledger', 'full_hours', 'bill', 'decisive_plan', 'ledger_table',
+           'judges', 'format_tax_tests', 'ledger_for_run']
 
 # %% ../nbs/21_claims.ipynb #cm005
 OUTCOMES: dict = {}  # name -> dict(experiment, build, full_units, source)
@@ -351,6 +351,36 @@ def judges(experiments: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 # %% ../nbs/21_claims.ipynb #cm033
+FORMAT_TAX_PAIRS = (("constrained", "free"), ("decoupled", "free"), ("decoupled", "constrained"))
+
+def format_tax_tests(records: pd.DataFrame,  # `format_tax_run` records (study, decoding, item and the column)
+                     column: str = "metric",  # the per-item outcome to compare
+                     pairs=FORMAT_TAX_PAIRS,  # (arm A, arm B) per comparison: A − B
+                     alpha: float = 0.05) -> pd.DataFrame:
+    "Per study and pair of decodings: n shared items, each arm's total, and the paired effect, interval, p and reading."
+    rows = []
+    for study, g in records.groupby("study", sort=False):
+        wide = g.assign(v=_num(g[column])).pivot_table(index="item", columns="decoding", values="v", aggfunc="first")
+        for a, b in pairs:
+            if a not in wide.columns or b not in wide.columns: continue
+            both = wide[[a, b]].dropna()
+            n = len(both)
+            row = dict(study=study, column=column, comparison=f"{a} - {b}", n=n, A=f"{both[a].sum():g} of {n}", B=f"{both[b].sum():g} of {n}",
+                       effect=np.nan, ci_low=np.nan, ci_high=np.nan, p=np.nan, test="", reading="")
+            if not n: rows.append({**row, "reading": "no item scored in both arms"}); continue
+            binary = bool(np.isin(both.to_numpy(), (0.0, 1.0)).all())
+            res = (paired_binary if binary else paired_continuous)(both[a], both[b], alpha)
+            if res.min_p >= alpha:
+                rows.append({**row, "test": res.test, "reading": f"n too small for inference (n = {n}: no outcome can reach "
+                                                                  f"p < {alpha:g}); counts only"}); continue
+            v = verdict(res, ">")
+            reading = (f"{a} above {b}" if v == "replicated" else f"{a} below {b}" if v == "contradicted" else
+                       f"no detectable difference ({verdict_reason(res, '>')})")
+            rows.append({**row, "effect": res.effect, "ci_low": res.ci_low, "ci_high": res.ci_high, "p": res.p, "test": res.test,
+                         "reading": reading})
+    return pd.DataFrame(rows)
+
+# %% ../nbs/21_claims.ipynb #cm036
 def ledger_for_run(run_id: str | None = None,  # a run id (None: the last finished run)
                    model: str = DEFAULT_PLAN_MODEL,  # model the GPU-hours are priced for
                    cfg: Config | None = None) -> tuple[Path, pd.DataFrame, pd.DataFrame]:

@@ -1126,6 +1126,8 @@ FORMAT_TAX = dict(study="coe",
                   paper="92.0% ACC: chain_of_evidence.txt §5.2 Finding-1 (CoE, average of five LLMs, two datasets, all p); "
                         "Table 2 HotpotQA CoE p=0.5: 86.1-91.8% (Qwen2.5-32B to GPT-4)")
 FT_DATASET, FT_P = "hotpotqa", 0.5  # one dataset and one irrelevant proportion (Table 2's middle column); one seed
+FORMAT_TAX["settings"] = (f"{FT_DATASET}, p = {FT_P}, one seed; the generator is its own judge (paper: GPT-4o judges the "
+                          "answers of five LLMs); metric: gold-answer containment, the judged ACC beside it")
 
 @register_format_tax(FORMAT_TAX, datasets=["scopecoe_hotpotqa"])  # the experiment format_tax_runs finds it (kgrag_nb.hooks)
 def format_tax_arm(client,  # LLMClient (answers, features, verdicts and judges: the generator judges below full)

@@ -1551,6 +1551,8 @@ FORMAT_TAX = dict(study="jcql",
                   paper="0.475 Hits@1: jcql_joint_kbc_kbqa.txt Table 3, JCQL w/o complete, CWQ, 50% KB (GPT-4o-mini)")
 FT_VARIANT, FT_MAX_STEPS = "jcql w/o complete", 2  # Table 3's variant without the SLM; L as the tiny profile (paper: 10)
 FT_KEEP, FT_HOPS, FT_MAX_TRIPLES = 0.5, 2, 500  # 50% KB (§4.1); the slice around the questions' topics (ours)
+FORMAT_TAX["settings"] = (f"L = {FT_MAX_STEPS} steps (paper: 10), variant {FT_VARIANT}; {FT_KEEP:.0%} KB as a slice of at most "
+                          f"{FT_MAX_TRIPLES} triples within {FT_HOPS} hops of the questions' topics (paper: the whole KB)")
 
 @register_format_tax(FORMAT_TAX, datasets=["cwq", "fb15k237"])  # the experiment format_tax_runs finds it (kgrag_nb.hooks)
 def format_tax_arm(client,  # LLMClient

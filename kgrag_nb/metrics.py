@@ -481,32 +481,33 @@ def format_tax_run(client,  # the LLM client every arm uses (its `usage` counter
             if not out: raise ValueError(f"{where} returned no records; it must return one per item (n={n})")
             rows += [{**_check_tax_record(r, where), "study": study, "decoding": decoding} for r in out]  # ours win over extras
             cost.append(dict(study=study, decoding=decoding, items=len(out), wall_s=wall,
+                             llm_s=getattr(after, "wall_s", np.nan) - getattr(before, "wall_s", np.nan),  # seconds inside its LLM calls, not its setup
                              **{k: getattr(after, k) - getattr(before, k) for k in _COST_FIELDS if k != "wall_s"}))
     return pd.DataFrame(rows), pd.DataFrame(cost)
 
 # %% ../nbs/06_metrics.ipynb #ftax4
 def format_tax_summary(records: pd.DataFrame,  # `format_tax_run`'s records
                        cost: pd.DataFrame,  # `format_tax_run`'s cost
-                       seed: int = 0,  # bootstrap seed
-                       n_resamples: int = 1000,  # bootstrap resamples
                       ) -> pd.DataFrame:
-    "One row per study and decoding: metric % [95% CI], parse / fire / finish / keep rates %, tokens and seconds per request."
+    "One row per study and decoding: the metric as a count and in %, parse / fire / finish / keep rates %, tokens and"
+    " seconds per request. No interval per arm: the arms share their items, so they are compared paired"
+    " (`kgrag_nb.claims.format_tax_tests`). Seconds are the time inside the arm's LLM calls (`llm_s`, the client's"
+    " `Usage.wall_s`), not the arm's wall time with its setup; a cost frame without `llm_s` falls back to `wall_s`."
     out = []
     for (study, decoding), g in records.groupby(["study", "decoding"], sort=False):
         m = g["metric"].dropna().astype(float)
-        point, low, high = bootstrap_ci(m.values, seed=seed, n_resamples=n_resamples) if len(m) else (np.nan,) * 3
         row = dict(study=study, decoding=decoding, items=len(g), metric_items=len(m),
-                   **{"metric %": 100 * point, "CI low": 100 * low, "CI high": 100 * high,
+                   **{"metric": f"{m.sum():g} of {len(m)}", "metric %": 100 * m.mean() if len(m) else np.nan,
                       "parsed %": 100 * g["parsed"].astype(float).mean()})
         for k in ("fired", "finished", "kept"):
             v = g[k].dropna()
             row[f"{k} %"] = 100 * v.astype(bool).mean() if len(v) else np.nan
         c = cost[(cost["study"] == study) & (cost["decoding"] == decoding)].iloc[0]
-        sent = int(c["requests"])
+        sent, secs = int(c["requests"]), float(c["llm_s"] if "llm_s" in c and pd.notna(c["llm_s"]) else c["wall_s"])
         row.update(requests=sent, cache_hits=int(c["cache_hits"]),
                    **{"prompt tok/req": c["prompt_tokens"] / sent if sent else np.nan,
                       "completion tok/req": c["completion_tokens"] / sent if sent else np.nan,
-                      "s/req": c["wall_s"] / sent if sent else np.nan, "s": float(c["wall_s"])})
+                      "s/req": secs / sent if sent else np.nan, "s": secs})
         out.append(row)
     df = pd.DataFrame(out)
     free_s = df[df["decoding"] == "free"].set_index("study")["s"]

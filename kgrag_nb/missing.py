@@ -1478,6 +1478,8 @@ FORMAT_TAX = dict(study="misk",
                         "questions, Llama3.3-70B); §3.3 'EM score of 37.11%'")
 FT_TOPK, FT_POOL, FT_DISTRACTORS = 4, 100, 100  # TopK of the paper's headline row; pool sizes ours (smallest real KB)
 FT_N_CTX, FT_MAX_TOKENS, FT_MAX_TOKENS_MISSING = 2048, 24, 192  # as the tiny/smoke profiles of misk_runs
+FORMAT_TAX["settings"] = (f"a KB of {FT_POOL} NQ passages + {FT_DISTRACTORS} distractors (paper: the NQ Wikipedia and QA-pair KBs), "
+                          f"TopK {FT_TOPK}, n_ctx {FT_N_CTX}, answers of at most {FT_MAX_TOKENS} tokens")
 
 @register_format_tax(FORMAT_TAX, datasets=["nq_open_oracle", "nq_wiki_passages"])  # the experiment format_tax_runs finds it (kgrag_nb.hooks)
 def format_tax_arm(client,  # LLMClient (the generator)

@@ -11,7 +11,7 @@ import numpy as np
 
 # %% auto #0
 __all__ = ['VERDICTS', 'DIRECTIONS', 'PairedResult', 'paired_binary', 'paired_continuous', 'verdict', 'verdict_reason',
-           'planning_sd', 'mde', 'n_needed']
+           'planning_sd', 'mde', 'n_needed', 'min_n']
 
 # %% ../nbs/06b_stats.ipynb #s006
 VERDICTS = ("replicated", "contradicted", "not resolved")
@@ -154,4 +154,9 @@ def n_needed(effect: float,  # the effect to detect (e.g. the paper's), in the o
     from statsmodels.stats.power import TTestPower
     if not effect or math.isnan(effect) or not sd > 0: return None
     n = TTestPower().solve_power(effect_size=abs(effect) / sd, alpha=alpha, power=power, alternative="two-sided")
-    return max(2, math.ceil(float(n)))
+    return max(min_n(alpha), math.ceil(float(n)))
+
+
+def min_n(alpha: float = 0.05) -> int:
+    "The fewest paired items at which a two-sided exact sign or signed-rank test can reach p < `alpha` (6 at 0.05)."
+    return next(n for n in range(1, 64) if 2 * 0.5 ** n < alpha)

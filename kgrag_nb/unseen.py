@@ -27,11 +27,11 @@ from .awaken import AWAKENING_MAX_SUBGRAPH_TRIPLES, awakening_prompt, check_deco
 __all__ = ['EXTRACTION_TEMPLATE', 'EXTRACTION_FORMAT', 'EXTRACTION_RESTATE', 'DISAMBIGUATION_TEMPLATE', 'DISAMBIGUATION_RESTATE',
            'TOP_LEVEL_TYPES', 'TYPE_TEMPLATE', 'KNOWLEDGE_SETS', 'METHODS', 'DECOMPOSITION_TEMPLATE', 'PAPER_MODELS',
            'PAPER_DATASETS', 'DEVIATIONS', 'DECODING_DEVIATION', 'SUMMARY_COLUMNS', 'PARSED_STEPS', 'FORMAT_TAX',
-           'FORMAT_TAX_ROW', 'question_topics', 'kg_stats', 'IncompleteKG', 'build_incomplete_kg', 'extraction_prompt',
-           'parse_extraction', 'relation_candidates', 'disambiguation_prompt', 'parse_choice', 'disambiguation_format',
-           'type_prompt', 'parse_type', 'nearest_type', 'build_knowledge', 'knowledge_sets', 'DiFaR', 'merge_hits',
-           'decomposition_prompt', 'parse_decomposition', 'entity_queries', 'UnseenConfig', 'unseen_question',
-           'unseen_stages', 'UnseenMethod', 'NoRAG', 'DiFaRMethod', 'QDDiFaRMethod', 'OursMethod',
+           'FORMAT_TAX_ROW', 'FT_MAX_TRIPLES', 'question_topics', 'kg_stats', 'IncompleteKG', 'build_incomplete_kg',
+           'extraction_prompt', 'parse_extraction', 'relation_candidates', 'disambiguation_prompt', 'parse_choice',
+           'disambiguation_format', 'type_prompt', 'parse_type', 'nearest_type', 'build_knowledge', 'knowledge_sets',
+           'DiFaR', 'merge_hits', 'decomposition_prompt', 'parse_decomposition', 'entity_queries', 'UnseenConfig',
+           'unseen_question', 'unseen_stages', 'UnseenMethod', 'NoRAG', 'DiFaRMethod', 'QDDiFaRMethod', 'OursMethod',
            'run_unseen_entity_qa', 'summarize_unseen', 'paper_table3', 'unseen_deviations', 'sample_questions',
            'masked_left', 'summarize_datasets', 'trace_table', 'fallback_table', 'parse_table', 'answer_table',
            'full_difar_texts', 'bench_difar', 'first_answers', 'format_tax_rows', 'format_tax_arm']
@@ -820,6 +820,8 @@ FORMAT_TAX = dict(study="unseen_entity",
                   metric="Hits@1 of Ours (T7) (Table 3)",
                   paper="40.0 Hits@1 on CWQ, Ours (T7), Llama3.1-8B-Instruct (awakening_unseen_entity_kgqa.txt Table 3)")
 FORMAT_TAX_ROW = "Ours (T7)"  # the Table 3 row whose knowledge rests on the two parsed steps only
+FT_MAX_TRIPLES = 500  # the incomplete KG around the arm's questions (ours; the smoke profile's size)
+FORMAT_TAX["settings"] = f"CWQ over FB15k-237, an incomplete KG of at most {FT_MAX_TRIPLES} triples around the questions (paper: §5.1's KGs)"
 
 def first_answers(client,  # `kgrag_nb.llm.LLMClient`
                   trace: list[dict],  # the `unseen_stages` records of the questions
@@ -856,7 +858,7 @@ def format_tax_arm(client,  # `kgrag_nb.llm.LLMClient` (completions endpoint)
     backend = LocalBackend(load_kg("fb15k237"))
     _, eligible = sample_questions("cwq", backend.kg, 0, seed)
     records = [eligible[i] for i in np.random.default_rng(seed).permutation(len(eligible))[:n]]
-    inc = build_incomplete_kg(records, backend, max_triples=500, name="cwq")
+    inc = build_incomplete_kg(records, backend, max_triples=FT_MAX_TRIPLES, name="cwq")
     cfg = UnseenConfig(seed=seed, progress=False, decoding=decoding)
     trace = unseen_stages([unseen_question(r, inc, "cwq") for r in records], inc.kg, client, cfg, ours=True)
     return format_tax_rows(trace, first_answers(client, trace, cfg))
