@@ -15,17 +15,17 @@ from .hooks import subcommand
 from .metrics import brink_per_question
 from .papers import ledger_claims, paper_effect, paper_stem
 from .reproduce import ExperimentResults, experiment_dir, markdown_table
-from .stats import mde, n_needed, paired_binary, paired_continuous, planning_sd, verdict, verdict_reason
+from .stats import judge_signal, mde, n_needed, paired_binary, paired_continuous, planning_sd, verdict, verdict_reason
 from . import awaken, coe, jcql, jcql_kbc, missing
 from .report import find_run
 from .plan import DEFAULT_PLAN_MODEL, plan
 
 # %% auto #0
-__all__ = ['OUTCOMES', 'JUDGE_DEGENERATE', 'LEDGER_VERDICTS', 'FORMAT_TAX_PAIRS', 'outcome', 'brink_questions', 'jcql_kbqa',
-           'jcql_kbc_triples', 'jcql_fig2_triples', 'awakening_task1', 'awakening_unseen', 'misk_nq', 'misk_recall',
-           'misk_med', 'coe_answers', 'coe_discrimination', 'paired_items', 'judge_check', 'evaluate_claim',
-           'run_experiments', 'outcome_frames', 'ledger', 'full_hours', 'bill', 'decisive_plan', 'ledger_table',
-           'judges', 'format_tax_tests', 'ledger_for_run']
+__all__ = ['OUTCOMES', 'LEDGER_VERDICTS', 'FORMAT_TAX_PAIRS', 'outcome', 'brink_questions', 'jcql_kbqa', 'jcql_kbc_triples',
+           'jcql_fig2_triples', 'awakening_task1', 'awakening_unseen', 'misk_nq', 'misk_recall', 'misk_med',
+           'coe_answers', 'coe_discrimination', 'paired_items', 'judge_check', 'evaluate_claim', 'run_experiments',
+           'outcome_frames', 'ledger', 'full_hours', 'bill', 'decisive_plan', 'ledger_table', 'judges',
+           'format_tax_tests', 'ledger_for_run']
 
 # %% ../nbs/21_claims.ipynb #cm005
 OUTCOMES: dict = {}  # name -> dict(experiment, build, full_units, source)
@@ -162,38 +162,15 @@ def paired_items(df: pd.DataFrame,  # an outcome frame
     return pairs, dict(rows=len(rows), rows_without_metric=int(rows[metric].isna().sum()), unpaired=int(len(g) - len(both)))
 
 # %% ../nbs/21_claims.ipynb #cm014
-JUDGE_DEGENERATE = 0.95  # a yes-rate at least this (or a no-rate at least this) carries no signal
-
 def judge_check(rows: pd.DataFrame,  # the claim's rows (`_keep`)
                 verdict_col: str,  # the judge's verdict (0/1, NaN when not asked or unreadable)
                 reference_col: str | None = None,  # a deterministic reference of the same question (0/1), or None
                 alpha: float = 0.05) -> dict:
-    "yes_rate, n, agreement, kappa, p (Fisher, one-sided), signal (bool) and why."
-    from scipy.stats import fisher_exact
-    v = rows[verdict_col].astype(float)
-    ok = v.notna()
-    out = dict(judge_n=int(ok.sum()), judge_yes_rate=float(v[ok].mean()) if ok.any() else np.nan, judge_agreement=np.nan,
-               judge_kappa=np.nan, judge_p=np.nan)
-    if not ok.any(): return {**out, "judge_signal": False, "judge_why": "the judge gave no readable verdict"}
-    reasons = []
-    if not (1 - JUDGE_DEGENERATE) < out["judge_yes_rate"] < JUDGE_DEGENERATE:
-        reasons.append(f"it says yes to {100 * out['judge_yes_rate']:.0f}% of {out['judge_n']} inputs")
-    if reference_col is not None:
-        r = rows.loc[ok, reference_col].astype(float)
-        both = r.notna()
-        j, r = v[ok][both].astype(int), r[both].astype(int)
-        if len(j):
-            t = [[int(((j == 1) & (r == 1)).sum()), int(((j == 1) & (r == 0)).sum())],
-                 [int(((j == 0) & (r == 1)).sum()), int(((j == 0) & (r == 0)).sum())]]
-            po = float((j == r).mean()); pe = float(j.mean() * r.mean() + (1 - j.mean()) * (1 - r.mean()))
-            out.update(judge_agreement=po, judge_kappa=(po - pe) / (1 - pe) if pe < 1 else 0.0,
-                       judge_p=float(fisher_exact(t, alternative="greater").pvalue))
-            if out["judge_p"] >= alpha:
-                reasons.append(f"its agreement with {reference_col} ({100 * po:.0f}%, κ {out['judge_kappa']:.2f}) is at chance "
-                               f"(Fisher p = {out['judge_p']:.2g})")
-    return {**out, "judge_signal": not reasons, "judge_why": "; ".join(reasons) or "discriminates at this profile"}
+    "`stats.judge_signal` of the verdict column against the reference column."
+    return judge_signal(rows[verdict_col].astype(float), None if reference_col is None else rows[reference_col].astype(float),
+                        alpha, reference_col or "the reference")
 
-# %% ../nbs/21_claims.ipynb #cm018
+# %% ../nbs/21_claims.ipynb #cm017
 LEDGER_VERDICTS = ("replicated", "contradicted", "not resolved", "not decidable (judge)", "no data")
 
 def evaluate_claim(claim: dict,  # a ledger claim (`papers.ledger_claims`)
@@ -229,7 +206,7 @@ def evaluate_claim(claim: dict,  # a ledger claim (`papers.ledger_claims`)
         row.update(verdict="not decidable (judge)", why=f"the judge carries no signal at this profile: {row['judge_why']}")
     return row
 
-# %% ../nbs/21_claims.ipynb #cm021
+# %% ../nbs/21_claims.ipynb #cm020
 def run_experiments(run_dir: str | Path,  # a run folder (with manifest.json)
                     cfg: Config | None = None) -> dict[str, ExperimentResults]:
     "`{experiment id: ExperimentResults}` of the run's finished experiments (computed or reused)."
@@ -265,7 +242,7 @@ def ledger(experiments: dict,  # `{experiment id: ExperimentResults}` (`run_expe
              "experiment": OUTCOMES[c["outcome"]]["experiment"]} for c in claims]
     return pd.DataFrame(rows)
 
-# %% ../nbs/21_claims.ipynb #cm023
+# %% ../nbs/21_claims.ipynb #cm022
 def full_hours(model: str = DEFAULT_PLAN_MODEL,  # the model the full run uses (the plan's default)
                cfg: Config | None = None) -> dict:
     "`{experiment id: GPU-hours of its full-profile run}` from `kgrag_nb.plan.plan`."
@@ -300,7 +277,7 @@ def decisive_plan(table: pd.DataFrame) -> pd.DataFrame:
                                              gpu_hours_to_decide=df["gpu_hours_to_decide"].sum(),
                                              gpu_hours_full_profile=df["gpu_hours_full_profile"].sum())])], ignore_index=True)
 
-# %% ../nbs/21_claims.ipynb #cm025
+# %% ../nbs/21_claims.ipynb #cm024
 def _fmt(x, spec="+.3f"):
     return "" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
@@ -318,7 +295,7 @@ def ledger_table(table: pd.DataFrame) -> pd.DataFrame:
         out["GPU-h"] = [_fmt(h, ".2f") + (" (beyond the full data)" if b else "") for h, b in zip(table["gpu_hours"], table["beyond_full_data"])]
     return out
 
-# %% ../nbs/21_claims.ipynb #cm027
+# %% ../nbs/21_claims.ipynb #cm026
 def _from_counts(counts: dict) -> pd.DataFrame:
     "A verdict/reference frame from MisK's `against_reference` counts ('judge yes, reference no': k, ...)."
     rows = []
@@ -350,7 +327,7 @@ def judges(experiments: dict) -> pd.DataFrame:
                                  judge_why="this run of misk_runs kept no verdicts (rerun it)"))
     return pd.DataFrame(rows)
 
-# %% ../nbs/21_claims.ipynb #cm033
+# %% ../nbs/21_claims.ipynb #cm032
 FORMAT_TAX_PAIRS = (("constrained", "free"), ("decoupled", "free"), ("decoupled", "constrained"))
 
 def format_tax_tests(records: pd.DataFrame,  # `format_tax_run` records (study, decoding, item and the column)
@@ -380,7 +357,7 @@ def format_tax_tests(records: pd.DataFrame,  # `format_tax_run` records (study, 
                          "reading": reading})
     return pd.DataFrame(rows)
 
-# %% ../nbs/21_claims.ipynb #cm036
+# %% ../nbs/21_claims.ipynb #cm035
 def ledger_for_run(run_id: str | None = None,  # a run id (None: the last finished run)
                    model: str = DEFAULT_PLAN_MODEL,  # model the GPU-hours are priced for
                    cfg: Config | None = None) -> tuple[Path, pd.DataFrame, pd.DataFrame]:

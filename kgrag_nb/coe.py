@@ -14,6 +14,7 @@ from .datasets import load_qa
 from .retrieval import BM25Index, embed
 from .answers import first_line, squad_normalize
 from .metrics import mann_whitney, bootstrap_ci
+from .stats import judge_signal
 from .llm import Constraint
 from .kgqa import TraceWriter, complete_traced
 
@@ -36,8 +37,8 @@ __all__ = ['EXTRACT_INTENT_KEYWORDS_PROMPT', 'EXTRACT_RELATIONS_PROMPT', 'INTENT
            'pool_hotpot', 'rag_select', 'scope_coe', 'scope_coe_many', 'pair_jobs', 'usability_jobs',
            'answer_usability', 'run_usability', 'usability_table', 'setting_label', 'ours_vs_paper_cells',
            'stars_vs_paper', 'deviations', 'roles_spec', 'role_models', 'released_overview', 'misinformation_counts',
-           'usability_questions', 'hotpot_questions', 'bm25_distractors', 'report_condition', 'report_usability',
-           'report_roles', 'decoding_of', 'report_table1', 'format_tax_arm']
+           'usability_questions', 'hotpot_questions', 'bm25_distractors', 'report_condition', 'judge_report',
+           'report_usability', 'report_roles', 'decoding_of', 'report_table1', 'format_tax_arm']
 
 # %% ../nbs/19_coe.ipynb #c005
 # chain_of_evidence.txt App. A, "Intent and Keyword Extraction Prompt" (verbatim; 5 few-shot examples)
@@ -1052,12 +1053,33 @@ def report_condition(run,  # kgrag_nb.reproduce.StudyRun of the artefact
     ex = ex[ex["condition"] == condition] if len(ex) else ex
     exc = ex.groupby(["dataset", "variant", "reason"]).size().rename("records").reset_index() if len(ex) else pd.DataFrame(columns=["dataset", "variant", "reason", "records"])
     run.save_table(exc, f"{table.lower().replace(' ', '')}_exclusions", f"{table}: records excluded per variant and why" + _dec(dec))
-    out = dict(rows=rows, cells=cells, sig=sig, both=both, stars=stars, exclusions=exc, paper=paper, decoding=dec)
+    out = dict(rows=rows, cells=cells, sig=sig, both=both, stars=stars, exclusions=exc, paper=paper, decoding=dec,
+               judge=judge_report(run, rows, metric, table, dec))
     if condition == "misinformation":
         mis = xp.load("misinformation")
         run.save_table(mis, "table4_misinformation_available", "§7.1 misinformation sentences per record: available (entity replacement + LLM sentences) vs needed at the largest p (cycled when fewer)" + _dec(dec))
         out["misinformation"] = mis
     return out
+
+def judge_report(run,  # the artefact's StudyRun
+                 rows: pd.DataFrame,  # `answers` rows of one condition
+                 metric: str, table: str, dec: str) -> pd.DataFrame:  # "ACC" or "FR"; the paper's table; the decoding
+    "Whether the judge behind `metric` discriminates (`stats.judge_signal`): per model and dataset its yes-rate and, for the"
+    " correctness judge (ACC), its agreement with gold-answer containment; a note says when it carries no signal."
+    col, ref = ("acc", "contains_gold") if metric == "ACC" else ("grounded", None)
+    num = lambda s: pd.to_numeric(s.map(lambda v: float(v) if isinstance(v, (bool, np.bool_)) else v), errors="coerce")
+    out = []
+    for (m, d), g in rows.groupby(["model", "dataset"], sort=False):
+        js = judge_signal(num(g[col]), None if ref is None else num(g[ref]), reference_name="gold-answer containment")
+        out.append(dict(model=m, dataset=d, judge="correctness (ACC)" if metric == "ACC" else "groundedness (FR)", **js))
+        if not js["judge_signal"]:
+            run.record_note(f"{table} {d}: the {out[-1]['judge']} judge carries no signal at this profile ({js['judge_why']}); "
+                            f"{metric} and the Mann-Whitney stars rest on it")
+    t = pd.DataFrame(out)
+    run.save_table(t.round(3), f"{table.lower().replace(' ', '')}_judge", f"{table}: does the judge discriminate? yes-rate, agreement and "
+                   "Cohen's kappa with gold-answer containment (ACC only), one-sided Fisher p; no signal = yes-rate >= 95% or <= 5%, "
+                   "or p >= 0.05" + _dec(dec))
+    return t
 
 def report_usability(run, xp, papers_mod) -> dict:
     "Table 5: RAG vs RAG+ScopeCoE ACC on substitutes (a) and (b), snippets selected and gold recall, beside the paper's."

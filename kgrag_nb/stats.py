@@ -10,8 +10,8 @@ from dataclasses import dataclass, asdict
 import numpy as np
 
 # %% auto #0
-__all__ = ['VERDICTS', 'DIRECTIONS', 'PairedResult', 'paired_binary', 'paired_continuous', 'verdict', 'verdict_reason',
-           'planning_sd', 'mde', 'n_needed', 'min_n']
+__all__ = ['VERDICTS', 'DIRECTIONS', 'JUDGE_DEGENERATE', 'PairedResult', 'paired_binary', 'paired_continuous', 'verdict',
+           'verdict_reason', 'planning_sd', 'mde', 'n_needed', 'min_n', 'judge_signal']
 
 # %% ../nbs/06b_stats.ipynb #s006
 VERDICTS = ("replicated", "contradicted", "not resolved")
@@ -160,3 +160,37 @@ def n_needed(effect: float,  # the effect to detect (e.g. the paper's), in the o
 def min_n(alpha: float = 0.05) -> int:
     "The fewest paired items at which a two-sided exact sign or signed-rank test can reach p < `alpha` (6 at 0.05)."
     return next(n for n in range(1, 64) if 2 * 0.5 ** n < alpha)
+
+# %% ../nbs/06b_stats.ipynb #s025
+JUDGE_DEGENERATE = 0.95  # a yes-rate at least this (or a no-rate at least this) carries no signal
+
+def judge_signal(verdicts,  # the judge's 0/1 verdicts (NaN: not asked or unreadable; dropped)
+                 reference=None,  # a deterministic 0/1 reference of the same inputs, or None
+                 alpha: float = 0.05,
+                 reference_name: str = "the reference") -> dict:
+    "judge_n, judge_yes_rate, judge_agreement, judge_kappa, judge_p (Fisher, one-sided), judge_signal (bool), judge_why."
+    from scipy.stats import fisher_exact
+    v = np.asarray(verdicts, dtype=float).ravel()
+    r = None if reference is None else np.asarray(reference, dtype=float).ravel()
+    if r is not None and r.shape != v.shape:
+        raise ValueError(f"judge_signal: {v.size} verdicts but {r.size} reference values; give one reference per verdict")
+    ok = ~np.isnan(v)
+    out = dict(judge_n=int(ok.sum()), judge_yes_rate=float(v[ok].mean()) if ok.any() else float("nan"),
+               judge_agreement=float("nan"), judge_kappa=float("nan"), judge_p=float("nan"))
+    if not ok.any(): return {**out, "judge_signal": False, "judge_why": "the judge gave no readable verdict"}
+    reasons = []
+    if not (1 - JUDGE_DEGENERATE) < out["judge_yes_rate"] < JUDGE_DEGENERATE:
+        reasons.append(f"it says yes to {100 * out['judge_yes_rate']:.0f}% of {out['judge_n']} inputs")
+    if r is not None:
+        both = ok & ~np.isnan(r)
+        j, g = v[both].astype(int), r[both].astype(int)
+        if j.size:
+            t = [[int(((j == 1) & (g == 1)).sum()), int(((j == 1) & (g == 0)).sum())],
+                 [int(((j == 0) & (g == 1)).sum()), int(((j == 0) & (g == 0)).sum())]]
+            po, pe = float((j == g).mean()), float(j.mean() * g.mean() + (1 - j.mean()) * (1 - g.mean()))
+            out.update(judge_agreement=po, judge_kappa=(po - pe) / (1 - pe) if pe < 1 else 0.0,
+                       judge_p=float(fisher_exact(t, alternative="greater").pvalue))
+            if out["judge_p"] >= alpha:
+                reasons.append(f"its agreement with {reference_name} ({100 * po:.0f}%, kappa {out['judge_kappa']:.2f}) is at chance "
+                               f"(Fisher p = {out['judge_p']:.2g})")
+    return {**out, "judge_signal": not reasons, "judge_why": "; ".join(reasons) or "discriminates at this profile"}
