@@ -62,9 +62,11 @@ pytest: setup
 	if [ $$rc -eq 5 ]; then echo "ERROR: pytest collected no tests (exit 5): check tests/ and PYTEST_ARGS"; exit 1; fi; exit $$rc
 
 # every study notebook (experiments and artefacts) through papermill on the real embedded server, `tiny` profile;
-# a failing notebook fails the target and is named with its cell (runs/ci-tiny-*/manifest.json has the details)
+# a failing notebook fails the target and is named with its cell (runs/ci-tiny-*/manifest.json has the details);
+# then `kgrag claims` builds the claims ledger of that real run (the claims_ledger artefact has built it in the run too)
 studies-tiny: setup
-	$(BIN)/kgrag reproduce --profile tiny --jobs 2 --run-id ci-tiny-$$(date -u +%Y%m%dT%H%M%SZ)-$$$$
+	run=ci-tiny-$$(date -u +%Y%m%dT%H%M%SZ)-$$$$; $(BIN)/kgrag reproduce --profile tiny --jobs 2 --run-id $$run && \
+	  $(BIN)/kgrag claims --run $$run > runs/$$run/claims.txt && echo "claims ledger of $$run: runs/$$run/claims.txt"
 
 ## line coverage of the package under the pytest suite (issue 24: dead code is what no test and no notebook runs);
 ## writes .coverage and prints the per-module summary; not part of `make test` (it slows pytest about 1.5x)
