@@ -296,14 +296,6 @@ def ledger_table(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 # %% ../nbs/21_claims.ipynb #cm026
-def _from_counts(counts: dict) -> pd.DataFrame:
-    "A verdict/reference frame from MisK's `against_reference` counts ('judge yes, reference no': k, ...)."
-    rows = []
-    for k, n in counts.items():
-        j, r = (part.split()[-1] == "yes" for part in k.split(", "))
-        rows += [dict(v=float(j), ref=float(r))] * int(n)
-    return pd.DataFrame(rows, columns=["v", "ref"])
-
 def judges(experiments: dict) -> pd.DataFrame:
     "One row per LLM judge of the run: study, judge, reference, n, yes-rate, agreement, κ, Fisher p, signal, why."
     rows = []
@@ -318,10 +310,9 @@ def judges(experiments: dict) -> pd.DataFrame:
         for ds, s in experiments["misk_runs"].load("settings").items():
             lj = s.get("llm_judge") if isinstance(s, dict) else None
             if not lj: continue
-            name = f"context-recall attribution ({ds})"
-            if "against_reference" in lj:
-                rows.append(dict(study="misk", judge=name, reference="deterministic attribution of the same chunk",
-                                 **judge_check(_from_counts(lj["against_reference"]), "v", "ref")))
+            name, js = f"context-recall attribution ({ds})", missing.recall_judge_signal(lj)
+            if js is not None:
+                rows.append(dict(study="misk", judge=name, reference="deterministic attribution of the same chunk", **js))
             else:
                 rows.append(dict(study="misk", judge=name, reference="", judge_n=lj.get("verdicts", 0), judge_signal=False,
                                  judge_why="this run of misk_runs kept no verdicts (rerun it)"))

@@ -21,6 +21,7 @@ from .llm import LLMClient, Constraint
 from .serve import LOOPBACK, free_port, served_models
 from . import papers
 from .reproduce import StudyRun
+from .stats import judge_signal
 from .retrieval import embed, load_embedder, embedder_name, DenseIndex, BM25Index, md5_key, md5_dedup
 from .answers import first_line
 from .metrics import (exact_match, token_f1, squad_normalize, rouge_scores, CharTokenizer, bleu_n, percent_cis,
@@ -44,9 +45,9 @@ __all__ = ['DEVIATIONS', 'DECODING_DEVIATIONS', 'NQ_MISSING_PROMPT', 'MED_MISSIN
            'JiebaTokenizer', 'nq_scores', 'med_scores', 'corpus_bleu', 'bleu_resamples', 'table1', 'table3', 'table4',
            'fig3_data', 'generator', 'judge_client', 'generator_models', 'generator_clients', 'judge_clients',
            'format_rates', 'gold_recall', 'run_settings', 'run_nq', 'run_med', 'setting_label', 'vs_paper',
-           'table2_vs_paper', 'table4_vs_paper', 'fig3_figure', 'settings_lines', 'open_artefact', 'caption',
-           'deviations', 'generator_of', 'generator_deviation', 'load_predictions', 'save_predictions',
-           'format_tax_arm']
+           'table2_vs_paper', 'table4_vs_paper', 'fig3_figure', 'settings_lines', 'open_artefact',
+           'recall_judge_signal', 'judge_notes', 'caption', 'deviations', 'generator_of', 'generator_deviation',
+           'load_predictions', 'save_predictions', 'format_tax_arm']
 
 # %% ../nbs/18_missing.ipynb #m005
 DEVIATIONS = [
@@ -1429,7 +1430,33 @@ def open_artefact(g: dict,  # the artefact notebook's globals()
     run = StudyRun.from_papermill(g)
     xp = run.experiment(experiment)
     for what, n in xp.record["sample_sizes"].items(): run.record_sample_size(what, n)
-    return run, xp, xp.load("settings")
+    settings = xp.load("settings")
+    for note in judge_notes(settings): run.record_note(note)  # every MisK artefact says whether its recall judge discriminates
+    return run, xp, settings
+
+def recall_judge_signal(llm_judge: dict) -> dict | None:
+    "`stats.judge_signal` of the context-recall judge from `llm_judge`'s counts against deterministic attribution of the"
+    " same chunks (`settings[dataset]['llm_judge']`); None when the run saved no such counts."
+    counts = (llm_judge or {}).get("against_reference")
+    if counts is None: return None
+    v = [float(k.split(",")[0].endswith("yes")) for k, n in counts.items() for _ in range(int(n))]
+    r = [float(k.endswith("reference yes")) for k, n in counts.items() for _ in range(int(n))]
+    return judge_signal(v, r, reference_name="deterministic attribution")
+
+def judge_notes(settings: dict) -> list[str]:
+    "One line per dataset: the context-recall judge's yes-rate and agreement with deterministic attribution of the same"
+    " chunks (`recall_judge_signal`), and whether it carries signal at this profile."
+    out = []
+    for ds, s in settings.items():
+        lj = s.get("llm_judge") if isinstance(s, dict) else None
+        if not lj: continue
+        js = recall_judge_signal(lj)
+        if js is None:
+            out.append(f"{ds} context-recall judge: {lj.get('verdicts_yes', '?')} 'attributed' of {lj.get('verdicts', '?')} verdicts "
+                       "(no deterministic comparison saved)"); continue
+        out.append(f"{ds} context-recall judge: yes to {100 * js['judge_yes_rate']:.0f}% of {js['judge_n']} chunk verdicts"
+                   + ("" if js["judge_signal"] else "; this judge carries no signal at this profile") + f" ({js['judge_why']})")
+    return out
 
 # %% ../nbs/18_missing.ipynb #m048p1
 def caption(text: str, settings: dict) -> str:
