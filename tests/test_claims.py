@@ -71,3 +71,30 @@ def test_cli_names_a_missing_run(tmp_path, monkeypatch, capsys):
     assert main(["plan", "--claims"]) == 0  # no run: the paper effects with an assumed spread
     out = capsys.readouterr().out
     assert "no run yet" in out and "TOTAL" in out
+
+
+def test_report_front_page_opens_with_the_ledger_and_sections_list_their_claims(tmp_path, capsys):
+    "A run whose claims_ledger artefact wrote ledger_full.csv: the front page shows the ledger (escaped, linked to the"
+    " artefacts of the run), and brink_fig1's section lists the claims it tests with their verdicts."
+    import kgrag_nb.report
+    from kgrag_nb.config import get_config
+    cfg = get_config(runs_dir=tmp_path / "runs", figures_dir=tmp_path / "figures")
+    t = ledger({})  # every claim, no data: a real ledger's columns
+    t.loc[t["claim"] == "brink-hits-any-drop", ["verdict", "why", "n", "effect"]] = ["not resolved", "n = 3: <too few>", 3, 0.1]
+    t = bill(t, {e: 1.0 for e in t["experiment"]})
+    folder = cfg.figures_dir / "claims_ledger"; folder.mkdir(parents=True)
+    t.to_csv(folder / "ledger_full.csv", index=False)
+    arts = [{"artifact": "claims_ledger", "status": "ok", "outputs": [str(folder / "ledger_full.csv")]},
+            {"artifact": "brink_fig1", "status": "ok", "outputs": []}]
+    (cfg.runs_dir / "r").mkdir(parents=True)
+    (cfg.runs_dir / "r" / "manifest.json").write_text(json.dumps(dict(run_id="r", status="finished", experiments=[], artifacts=arts)))
+    page = kgrag_nb.report.build_report("r", cfg=cfg).read_text()
+    head = page[:page.index("<h2>Run</h2>")]
+    assert "Did the papers' claims replicate?" in head and "brink-hits-any-drop" in head and "coe-acc-vs-senp" in head
+    assert "n = 3: &lt;too few&gt;" in head and "<too few>" not in page  # escaped
+    assert '<a href="#art-brink_fig1">brink_fig1</a>' in head  # the artefact of this run is linked, others are text
+    section = page[page.index('<section id="art-brink_fig1">'):]
+    section = section[:section.index("</section>")]
+    assert "Claims this artefact tests" in section and "not resolved" in section and "§5.1, Fig. 1" in section
+    (cfg.runs_dir / "s").mkdir(); (cfg.runs_dir / "s" / "manifest.json").write_text(json.dumps(dict(run_id="s", status="finished", experiments=[], artifacts=[])))
+    assert "This run has no claims ledger" in kgrag_nb.report.build_report("s", cfg=cfg).read_text()
