@@ -24,8 +24,8 @@ from .plan import DEFAULT_PLAN_MODEL, plan
 __all__ = ['OUTCOMES', 'LEDGER_VERDICTS', 'FORMAT_TAX_PAIRS', 'outcome', 'brink_questions', 'jcql_kbqa', 'jcql_kbc_triples',
            'jcql_fig2_triples', 'awakening_task1', 'awakening_unseen', 'misk_nq', 'misk_recall', 'misk_med',
            'coe_answers', 'coe_discrimination', 'paired_items', 'judge_check', 'evaluate_claim', 'run_experiments',
-           'outcome_frames', 'ledger', 'full_hours', 'bill', 'decisive_plan', 'ledger_table', 'judges',
-           'format_tax_tests', 'ledger_for_run']
+           'outcome_frames', 'ledger', 'full_hours', 'bill', 'decisive_plan', 'ledger_table', 'judges', 'yes_no_score',
+           'auroc', 'coe_judge_probe', 'format_tax_tests', 'ledger_for_run']
 
 # %% ../nbs/21_claims.ipynb #cm005
 OUTCOMES: dict = {}  # name -> dict(experiment, build, full_units, source)
@@ -318,7 +318,51 @@ def judges(experiments: dict) -> pd.DataFrame:
                                  judge_why="this run of misk_runs kept no verdicts (rerun it)"))
     return pd.DataFrame(rows)
 
+# %% ../nbs/21_claims.ipynb #cm029
+def yes_no_score(top: dict) -> float:  # {token: log-probability} of the first position
+    "log P(yes) − log P(no) from the first position's top log-probabilities (NaN when there are none)."
+    if not top: return float("nan")
+    floor = min(top.values())
+    def side(word):
+        v = [x for t, x in top.items() if t.strip().lower() == word]
+        return float(np.logaddexp.reduce(v)) if v else floor
+    return side("yes") - side("no")
+
+def auroc(scores, reference) -> dict:
+    "AUROC of `scores` against a 0/1 `reference` (Mann–Whitney U / (positives × negatives)), its one-sided p and counts."
+    from scipy.stats import mannwhitneyu
+    s, r = np.asarray(scores, dtype=float), np.asarray(reference, dtype=float)
+    ok = ~np.isnan(s) & ~np.isnan(r)
+    pos, neg = s[ok & (r == 1)], s[ok & (r == 0)]
+    if not len(pos) or not len(neg): return dict(auroc=float("nan"), p=float("nan"), positives=len(pos), negatives=len(neg))
+    u = mannwhitneyu(pos, neg, alternative="greater")
+    return dict(auroc=float(u.statistic / (len(pos) * len(neg))), p=float(u.pvalue), positives=len(pos), negatives=len(neg))
+
 # %% ../nbs/21_claims.ipynb #cm032
+def coe_judge_probe(client,  # the run's `LLMClient` (the judge's model)
+                    xp,  # `coe_runs` results
+                    max_prompts: int = 120,  # distinct judged answers probed at most (a seeded sample)
+                    seed: int = 0, top: int = 20) -> tuple[pd.DataFrame, dict]:
+    "(one row per probed answer: score, verdict, reference; summary: AUROC of the score and of the verdict, p, adds_signal)."
+    a = coe_answers(xp).join(xp.load("answers")[["answer_text"]])
+    a = a[a["acc"].notna() & a["contains_gold"].notna()]
+    rel = pd.concat([coe.load_released(d) for d in sorted(set(a["dataset"]))], ignore_index=True).drop_duplicates(["dataset", "id"])
+    a = a.merge(rel[["dataset", "id", "question", "answer"]], on=["dataset", "id"], how="inner")
+    a["prompt"] = [coe.fill(coe.CORRECTNESS_JUDGE_PROMPT, Question=q, Reference_answer=g, Model_response=r)
+                   for q, g, r in zip(a["question"], a["answer"], a["answer_text"])]
+    a = a.drop_duplicates("prompt")
+    a = a.sample(n=min(max_prompts, len(a)), random_state=seed).sort_index() if len(a) else a
+    if a.empty: return a.assign(score=[]), dict(auroc=np.nan, p=np.nan, verdict_auroc=np.nan, n=0, adds_signal=False)
+    _, recs = client.complete(list(a["prompt"]), max_tokens=1, temperature=0.0, logprobs=top, return_records=True,
+                              desc="CoE judge P(yes)")
+    a["score"] = [yes_no_score(r[0].get("top_logprobs") or {}) for r in recs]
+    s, v = auroc(a["score"], a["contains_gold"]), auroc(a["acc"], a["contains_gold"])
+    summary = dict(n=len(a), with_logprobs=int(a["score"].notna().sum()), auroc=s["auroc"], p=s["p"], positives=s["positives"],
+                   negatives=s["negatives"], verdict_auroc=v["auroc"],
+                   adds_signal=bool(s["p"] < 0.05 and s["auroc"] > (v["auroc"] if not math.isnan(v["auroc"]) else 0.5)))
+    return a[["dataset", "id", "variant", "p", "run", "acc", "contains_gold", "score"]], summary
+
+# %% ../nbs/21_claims.ipynb #cm037
 FORMAT_TAX_PAIRS = (("constrained", "free"), ("decoupled", "free"), ("decoupled", "constrained"))
 
 def format_tax_tests(records: pd.DataFrame,  # `format_tax_run` records (study, decoding, item and the column)
@@ -348,7 +392,7 @@ def format_tax_tests(records: pd.DataFrame,  # `format_tax_run` records (study, 
                          "reading": reading})
     return pd.DataFrame(rows)
 
-# %% ../nbs/21_claims.ipynb #cm035
+# %% ../nbs/21_claims.ipynb #cm040
 def ledger_for_run(run_id: str | None = None,  # a run id (None: the last finished run)
                    model: str = DEFAULT_PLAN_MODEL,  # model the GPU-hours are priced for
                    cfg: Config | None = None) -> tuple[Path, pd.DataFrame, pd.DataFrame]:

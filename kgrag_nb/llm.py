@@ -25,8 +25,9 @@ __all__ = ['CONSTRAINT_KINDS', 'DECODINGS', 'BACKENDS', 'VLLM_STRUCTURED_OUTPUTS
            'request_key', 'Constraint', 'check_decoding', 'parse_regex', 'regex_to_gbnf', 'constraint_gbnf',
            'fill_constraint', 'vllm_version_tuple', 'constraint_body', 'process_alive', 'seal_response',
            'open_response', 'ResponseCache', 'Usage', 'run_sync', 'is_retryable', 'backoff_delay', 'retrying',
-           'replace_surrogates', 'split_tokens', 'parse_choices', 'parse_response', 'progress_stream', 'check_sampling',
-           'tls_context', 'LLMClient', 'sample_runs', 'sample_groups', 'local_server_death', 'GroupCommit']
+           'replace_surrogates', 'split_tokens', 'first_top_logprobs', 'parse_choices', 'parse_response',
+           'progress_stream', 'check_sampling', 'tls_context', 'LLMClient', 'sample_runs', 'sample_groups',
+           'local_server_death', 'GroupCommit']
 
 # %% ../nbs/03_llm.ipynb #c005
 class CacheMissError(KeyError):
@@ -715,6 +716,19 @@ def split_tokens(total: int,  # completion tokens the server reported for the wh
     for j in sorted(range(len(texts)), key=lambda j: (parts[j] - exact[j], j))[:total - sum(parts)]: parts[j] += 1
     return parts
 
+def first_top_logprobs(lp) -> dict | None:  # a choice's `logprobs` object (completion or chat format), or None
+    "`{token: log-probability}` of the first generated position, from a completion's `top_logprobs[0]` or a chat"
+    " message's `content[0].top_logprobs`; None when the response has none (or in another shape)."
+    if not isinstance(lp, dict): return None
+    top = lp.get("top_logprobs")
+    if isinstance(top, list) and top and isinstance(top[0], dict):
+        return {str(k): float(v) for k, v in top[0].items() if isinstance(v, (int, float))}
+    content = lp.get("content")
+    if isinstance(content, list) and content and isinstance(content[0], dict) and isinstance(content[0].get("top_logprobs"), list):
+        return {str(t.get("token")): float(t.get("logprob")) for t in content[0]["top_logprobs"]
+                if isinstance(t, dict) and isinstance(t.get("logprob"), (int, float))}
+    return None
+
 def parse_choices(kind: str,  # "completion" or "chat"
                   body: bytes | str,  # the HTTP 2xx body
                   content_type: str = "",  # the response's Content-Type (named in errors)
@@ -754,6 +768,7 @@ def parse_choices(kind: str,  # "completion" or "chat"
             if text is None and finish == "length": text = ""  # no content before max_tokens (reasoning models)
         if not isinstance(text, str): raise MalformedResponseError(f"{field} is {_kind_of(text)}, not a string")
         rec = dict(text=text, finish_reason=finish, model=data.get("model"))
+        if (top := first_top_logprobs(c.get("logprobs"))) is not None: rec["top_logprobs"] = top
         for name in ("finish_reason", "model"):
             if rec[name] is not None and not isinstance(rec[name], str):
                 raise MalformedResponseError(f"'{name}' is {_kind_of(rec[name])}, not a string")
@@ -1238,9 +1253,12 @@ async def acomplete(self: LLMClient,
                     top_p: float | None = None,  # nucleus sampling; None = server default
                     desc: str | None = None,  # progress bar label
                     return_records: bool = False,  # also return records (text, finish_reason, tokens, cached, key)
-                    constraint: Constraint | None = None):  # decoding constraint for every request (part of the cache key)
+                    constraint: Constraint | None = None,  # decoding constraint for every request (part of the cache key)
+                    logprobs: int | None = None):  # top log-probabilities of the first position in each record (`top_logprobs`)
     "Completions: one list of `n` strings per prompt (and the records when `return_records`)."
-    params = dict(max_tokens=max_tokens, stop=stop, seed=seed, top_p=top_p)
+    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 1 <= logprobs <= 20):
+        raise ValueError(f"logprobs={logprobs!r}: ask for 1 to 20 top log-probabilities (OpenAI's limit), or None")
+    params = dict(max_tokens=max_tokens, stop=stop, seed=seed, top_p=top_p, logprobs=logprobs)  # None: not sent, not keyed
     return await self._generate("completion", prompts, n, temperature, params, desc, return_records, constraint)
 
 @patch

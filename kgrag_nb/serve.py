@@ -19,8 +19,9 @@ from .llm import ServerDiedError, fill_constraint, process_alive
 # %% auto #0
 __all__ = ['LOOPBACK', 'PROMPT_SNAPSHOTS', 'SNAPSHOT_BUDGET_MB', 'SIGNAL_CAUSES', 'REBUILD_COMMAND', 'STUB_MODEL', 'STUB_NOTE',
            'embedded_model_path', 'free_port', 'port_in_use', 'served_models', 'EmbeddedServer', 'server_state',
-           'make_deterministic', 'run_llama_server', 'lazy_grammar', 'server_threads', 'describe_exit', 'llm_endpoint',
-           'vllm_command', 'serve_vllm', 'stub_tokens', 'stub_reply', 'stub_models', 'run_stub_server', 'StubServer']
+           'make_deterministic', 'run_llama_server', 'lazy_grammar', 'first_token_logprobs', 'server_threads',
+           'describe_exit', 'llm_endpoint', 'vllm_command', 'serve_vllm', 'stub_tokens', 'stub_reply', 'stub_models',
+           'run_stub_server', 'StubServer']
 
 # %% ../nbs/04_serve.ipynb #c005
 _ASSEMBLED: dict[Path, Path] = {}
@@ -258,6 +259,7 @@ def run_llama_server(deterministic: bool = True,  # evaluate every prompt as fro
     _exit_with_owner()
     if deterministic: make_deterministic(llama_cpp.Llama, snapshots)
     if lazy: lazy_grammar(llama_cpp.Llama)
+    first_token_logprobs(llama_cpp.Llama)  # `logprobs` answered for the first position (an LLM judge's score)
     server_main.main()
 
 # %% ../nbs/04_serve.ipynb #b4c17f68
@@ -310,6 +312,40 @@ def lazy_grammar(target):  # the `llama_cpp.Llama` class (server process) or one
         return token
 
     for name, fn in (("_init_sampler", init_without_grammar), ("sample", sample_lazily)):
+        setattr(target, name, fn if isinstance(target, type) else types.MethodType(fn, target))
+    return target
+
+# %% ../nbs/04_serve.ipynb #flp001
+def first_token_logprobs(target):  # the `llama_cpp.Llama` class (server process) or one `Llama` instance (tests)
+    "Answer `logprobs=k` without `logits_all`: the top-k log-probabilities of the first generated position."
+    import llama_cpp  # only where llama.cpp runs
+    cls = target if isinstance(target, type) else type(target)
+    create, sample = cls.create_completion, cls.sample
+
+    def sample_and_read(self, *args, idx=None, **kwargs):
+        k = self.__dict__.pop("_kgrag_logprobs", None)
+        if k:  # the first position of a completion that asked: read its distribution before drawing
+            logits = llama_cpp.llama_get_logits_ith(self._ctx.ctx, idx - self.n_tokens if idx is not None else -1)
+            row = np.ctypeslib.as_array(logits, shape=(self._n_vocab,)).astype(np.float64)
+            lp = row - (row.max() + np.log(np.exp(row - row.max()).sum()))
+            top = np.argsort(-lp, kind="stable")[:k]
+            self._kgrag_first = {self.detokenize([int(t)]).decode("utf-8", errors="replace"): float(lp[t]) for t in top}
+        return sample(self, *args, idx=idx, **kwargs)
+
+    def create_with_first_logprobs(self, prompt, *args, logprobs=None, stream=False, **kwargs):
+        if not logprobs or self._logits_all or stream or args:
+            return create(self, prompt, *args, logprobs=logprobs, stream=stream, **kwargs)
+        self._kgrag_logprobs, self._kgrag_first = int(logprobs), None
+        try: out = create(self, prompt, logprobs=None, stream=False, **kwargs)
+        finally: self.__dict__.pop("_kgrag_logprobs", None)
+        first = self.__dict__.pop("_kgrag_first", None)
+        if first is not None:
+            text = out["choices"][0]["text"]
+            out["choices"][0]["logprobs"] = {"tokens": [], "text_offset": [0], "token_logprobs": [],
+                                             "top_logprobs": [first], "first_position_only": True, "generated": text[:16]}
+        return out
+
+    for name, fn in (("create_completion", create_with_first_logprobs), ("sample", sample_and_read)):
         setattr(target, name, fn if isinstance(target, type) else types.MethodType(fn, target))
     return target
 
