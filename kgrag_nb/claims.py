@@ -286,8 +286,8 @@ def ledger_table(table: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame({
         "claim": table["claim"], "where": table["paper"] + " " + table["where"], "comparison": table["comparison"],
         "metric": table["metric"], "paper effect": [_fmt(x) for x in table["paper_effect"]],
-        "ours": [f"{_fmt(e)} [{_fmt(l)}, {_fmt(h)}]" if n else "" for e, l, h, n in
-                 zip(table["effect"], table["ci_low"], table["ci_high"], table["n"])],
+        "ours": [("" if not n else f"{_fmt(e)} (no interval)" if isinstance(l, float) and math.isnan(l) else f"{_fmt(e)} [{_fmt(l)}, {_fmt(h)}]")
+                 for e, l, h, n in zip(table["effect"], table["ci_low"], table["ci_high"], table["n"])],
         "n": table["n"], "p": [_fmt(p, ".3g") for p in table["p"]], "verdict": table["verdict"], "why": table["why"],
         "MDE": [_fmt(x, ".3f") for x in table["mde"]],
         "n needed": ["" if n is None or (isinstance(n, float) and math.isnan(n)) else str(int(n)) for n in table["n_needed"]]})
