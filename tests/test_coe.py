@@ -486,7 +486,8 @@ def test_constrained_steps_embedded(embedded_server, tmp_path):
 # ---------------------------------------------------------------- format tax (issue 21 item 4)
 def test_format_tax_declaration_and_bad_decoding():
     from kgrag_nb.coe import FORMAT_TAX, format_tax_arm
-    assert set(FORMAT_TAX) == {"study", "step", "metric", "paper"} and FORMAT_TAX["study"] == "coe"
+    assert set(FORMAT_TAX) == {"study", "step", "metric", "paper", "settings"} and FORMAT_TAX["study"] == "coe"
+    assert "its own judge" in FORMAT_TAX["settings"] and "p = 0.5" in FORMAT_TAX["settings"]  # where the arm differs from the paper
     assert "92.0%" in FORMAT_TAX["paper"] and "Table 2" in FORMAT_TAX["paper"]
     with pytest.raises(ValueError, match="decoding"):
         format_tax_arm(None, "json", 1)

@@ -441,7 +441,8 @@ def test_constrained_step_embedded(embedded_server, tmp_path):
 # ---------------------------------------------------------------- format tax (issue 21 item 4)
 def test_format_tax_declaration_and_bad_decoding():
     from kgrag_nb.jcql import FORMAT_TAX, FT_VARIANT, format_tax_arm
-    assert set(FORMAT_TAX) == {"study", "step", "metric", "paper"} and FORMAT_TAX["study"] == "jcql"
+    assert set(FORMAT_TAX) == {"study", "step", "metric", "paper", "settings"} and FORMAT_TAX["study"] == "jcql"
+    assert "L = 2 steps (paper: 10)" in FORMAT_TAX["settings"]  # where the arm differs from the paper
     assert "0.475" in FORMAT_TAX["paper"] and "Table 3" in FORMAT_TAX["paper"]
     assert "complete" not in get_method(FT_VARIANT).actions  # the arm's variant needs no SLM checkpoint
     with pytest.raises(ValueError, match="decoding"):

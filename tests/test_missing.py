@@ -404,7 +404,8 @@ def test_constrained_fig4_step_embedded(embedded_server):
 
 # ---------------------------------------------------------------- format tax (issue 21 item 4)
 def test_format_tax_declaration_and_bad_decoding():
-    assert set(M.FORMAT_TAX) == {"study", "step", "metric", "paper"} and M.FORMAT_TAX["study"] == "misk"
+    assert set(M.FORMAT_TAX) == {"study", "step", "metric", "paper", "settings"} and M.FORMAT_TAX["study"] == "misk"
+    assert "100 NQ passages + 100 distractors" in M.FORMAT_TAX["settings"]  # where the arm differs from the paper
     assert "37.11" in M.FORMAT_TAX["paper"] and "Table 1" in M.FORMAT_TAX["paper"]
     with pytest.raises(ValueError, match="decoding"):
         M.format_tax_arm(None, "json", 1)

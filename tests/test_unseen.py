@@ -404,7 +404,8 @@ def test_format_tax_rows_hand_computed():
     rows = U.format_tax_rows(trace, ["paris", "Amazon"])
     assert [(r["item"], r["metric"], r["parsed"]) for r in rows] == [("q1", 1.0, 1.0), ("q2", 0.0, 0.5)]
     assert all(r["fired"] is None and r["finished"] is None and r["kept"] is None for r in rows)
-    assert set(U.FORMAT_TAX) == {"study", "step", "metric", "paper"} and "40.0" in U.FORMAT_TAX["paper"]
+    assert set(U.FORMAT_TAX) == {"study", "step", "metric", "paper", "settings"} and "40.0" in U.FORMAT_TAX["paper"]
+    assert "at most 500 triples" in U.FORMAT_TAX["settings"]  # where the arm differs from the paper
     assert U.paper_table3("cwq").set_index("method").loc[U.FORMAT_TAX_ROW, "Llama3.1-8B-Instruct H@1"] == 40.0
     with pytest.raises(ValueError, match="decoding"): U.format_tax_arm(None, "json", 1)
     with pytest.raises(ValueError, match="n=0"): U.format_tax_arm(None, "free", 0)
