@@ -93,7 +93,8 @@ def paired_continuous(a,  # arm A's score per item (F1, reciprocal rank, recall)
     p = float(wilcoxon(d).pvalue) if nonzero else 1.0  # zeros dropped (Wilcoxon's own rule); exact at small n
     sd = _sd(d)
     if n < 2: lo = hi = float("nan")
-    elif sd == 0: lo = hi = effect  # every item moved by the same amount; the test alone decides
+    elif sd == 0:  # every item moved by the same amount: a point, which only an n the test can carry makes an interval
+        lo = hi = effect if 2 * 0.5 ** n < alpha else float("nan")
     else:
         ci = ttest_1samp(d, 0.0).confidence_interval(1 - alpha)
         lo, hi = float(ci.low), float(ci.high)

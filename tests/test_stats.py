@@ -65,7 +65,9 @@ def test_swapping_continuous_arms_flips_the_sign(pairs):
     a, b = zip(*pairs)
     r, s = paired_continuous(a, b), paired_continuous(b, a)
     assert s.effect == pytest.approx(-r.effect, abs=1e-12) and s.p == pytest.approx(r.p)
-    assert (s.ci_low, s.ci_high) == (pytest.approx(-r.ci_high, abs=1e-12), pytest.approx(-r.ci_low, abs=1e-12))
+    assert math.isnan(s.ci_low) == math.isnan(r.ci_high)  # no interval either way (equal differences at a small n)
+    if not math.isnan(r.ci_low):
+        assert (s.ci_low, s.ci_high) == (pytest.approx(-r.ci_high, abs=1e-12), pytest.approx(-r.ci_low, abs=1e-12))
 
 
 @settings(max_examples=150, deadline=None)
@@ -84,7 +86,7 @@ def test_duplicating_continuous_items_narrows_the_interval(pairs):
     a, b = zip(*pairs)
     r, d = paired_continuous(a, b), paired_continuous(a * 2, b * 2)
     assert d.effect == pytest.approx(r.effect, abs=1e-12)
-    if r.sd_diff > 1e-9:
+    if r.sd_diff > 1e-9 and not math.isnan(r.ci_low):
         assert d.ci_high - d.ci_low < r.ci_high - r.ci_low
 
 
