@@ -316,7 +316,7 @@ _TEMPLATES["section.html"] = """\
 <p class="warn">listed but missing: {{ missing }}</p>
 {% endif %}
 {% if claims is defined and claims %}
-<h3>Claims this artefact tests</h3><ul>{% for c in claims %}<li>{{ c.where }}: {{ c.statement }} <em>{{ c.verdict }}</em> \
+<h3>Claims this artefact tests</h3><ul>{% for c in claims %}<li>{{ c.where }} ({{ c.metric }}: {{ c.comparison }}): {{ c.statement }} <em>{{ c.verdict }}</em> \
 (<a href="#claims">claims ledger</a>)</li>{% endfor %}</ul>
 {% endif %}
 <h3>Deviations from the paper</h3>\
@@ -466,7 +466,8 @@ def ledger_summary(manifest: dict,  # a run's manifest
     num = lambda v, spec="+.3f": format(float(v), spec) if str(v) not in ("", "nan") else ""
     rows = [{"claim": r["claim"], "where": f"{r['paper']} {r['where']}", "comparison": r["comparison"], "metric": r["metric"],
              "paper effect": num(r["paper_effect"]),
-             "ours [95% CI]": f"{num(r['effect'])} [{num(r['ci_low'])}, {num(r['ci_high'])}]" if str(r["n"]) not in ("", "0") else "",
+             "ours [95% CI]": ("" if str(r["n"]) in ("", "0") else f"{num(r['effect'])} (no interval)" if not num(r["ci_low"])
+                               else f"{num(r['effect'])} [{num(r['ci_low'])}, {num(r['ci_high'])}]"),
              "n": r["n"], "verdict": r["verdict"], "why": r["why"], "MDE": num(r["mde"], ".3f"),
              "n needed": str(r["n_needed"]).removesuffix(".0"), "GPU-h": num(r["gpu_hours"], ".2f"),
              "artefacts": _links([Link(a, "#" + anchor(a)) if a in shown else a for a in str(r["artefacts"]).split(", ")])}
@@ -519,7 +520,9 @@ def build_report(run_id: str | None = None,  # run to report on (default: the la
         ledger=html_table(ledger_rows) if ledger_rows else "",
         sections=[artifact_section(e, titles.get(e["artifact"], e["artifact"]), manifest, out, cfg,
                                    rendered.get(("artifact", e["artifact"])),
-                                   [dict(where=c["where"], statement=c["statement"], verdict=verdicts.get(c["id"], "not in this run's ledger"))
+                                   [dict(where=c["where"], statement=c["statement"], metric=c["metric"],
+                                         comparison=f"{c['arms']['a']} {c['direction']} {c['arms']['b']}",
+                                         verdict=verdicts.get(c["id"], "not in this run's ledger"))
                                     for c in ledger_claims(artefact=e["artifact"])]) for e in arts]), encoding="utf-8")
     return index
 
