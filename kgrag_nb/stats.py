@@ -11,7 +11,7 @@ import numpy as np
 
 # %% auto #0
 __all__ = ['VERDICTS', 'DIRECTIONS', 'JUDGE_DEGENERATE', 'PairedResult', 'paired_binary', 'paired_continuous', 'verdict',
-           'verdict_reason', 'planning_sd', 'mde', 'n_needed', 'min_n', 'judge_signal']
+           'verdict_reason', 'planning_sd', 'min_n', 'mde', 'n_needed', 'judge_signal']
 
 # %% ../nbs/06b_stats.ipynb #s006
 VERDICTS = ("replicated", "contradicted", "not resolved")
@@ -139,28 +139,44 @@ def planning_sd(result: PairedResult,  # our comparison
     return sd_floor, f"assumed {sd_floor:g} (no spread in our {result.n} paired items)"
 
 
+def min_n(alpha: float = 0.05) -> int:
+    "The fewest paired items at which a two-sided exact sign or signed-rank test can reach p < `alpha` (6 at 0.05)."
+    return next(n for n in range(1, 64) if 2 * 0.5 ** n < alpha)
+
+
+def _power(d: float, n: float, alpha: float) -> float:
+    from statsmodels.stats.power import TTestPower
+    p = float(TTestPower().power(effect_size=d, nobs=n, alpha=alpha, alternative="two-sided"))
+    # the noncentral t gives NaN far in its tail (noncentrality d·√n beyond ~8 at 1 degree of freedom): power 1 there;
+    # the roots the ledger needs (n >= min_n) lie at d·√n of about 3, well inside
+    return 1.0 if math.isnan(p) and d * math.sqrt(n) > 5 else p
+
+
 def mde(sd: float,  # σ of the paired differences
         n: int,  # paired items
         alpha: float = 0.05, power: float = 0.8) -> float:
     "The smallest |mean difference| a two-sided paired t-test detects with `power` at `alpha` on `n` items (nan below 2)."
-    from statsmodels.stats.power import TTestPower
-    if n < 2 or not sd > 0: return float("nan")
-    return float(TTestPower().solve_power(nobs=n, alpha=alpha, power=power, alternative="two-sided")) * sd
+    from scipy.optimize import brentq
+    if n < min_n(alpha) or not sd > 0: return float("nan")  # below min_n no exact test can reject: nothing is detectable
+    # the root of the power curve in d, found here: `TTestPower.solve_power(nobs=...)` returned the negative root as an
+    # array at n = 73 (statsmodels 0.15), which broke the smoke ledger
+    hi = 0.25
+    while not _power(hi, n, alpha) >= power: hi *= 2  # bracket the root (a far bound makes the noncentral t NaN)
+    return float(brentq(lambda d: _power(d, n, alpha) - power, 1e-9, hi)) * sd
 
 
 def n_needed(effect: float,  # the effect to detect (e.g. the paper's), in the outcome's units
              sd: float,  # σ of the paired differences
              alpha: float = 0.05, power: float = 0.8) -> int | None:
     "Paired items a two-sided paired t-test needs to detect `effect` with `power` at `alpha` (None for a zero effect)."
-    from statsmodels.stats.power import TTestPower
+    from scipy.optimize import brentq
     if not effect or math.isnan(effect) or not sd > 0: return None
-    n = TTestPower().solve_power(effect_size=abs(effect) / sd, alpha=alpha, power=power, alternative="two-sided")
-    return max(min_n(alpha), math.ceil(float(n)))
-
-
-def min_n(alpha: float = 0.05) -> int:
-    "The fewest paired items at which a two-sided exact sign or signed-rank test can reach p < `alpha` (6 at 0.05)."
-    return next(n for n in range(1, 64) if 2 * 0.5 ** n < alpha)
+    d = abs(effect) / sd
+    if _power(d, min_n(alpha), alpha) >= power: return min_n(alpha)
+    hi = 2.0 * min_n(alpha)
+    while not _power(d, hi, alpha) >= power: hi *= 2
+    n = brentq(lambda x: _power(d, x, alpha) - power, min_n(alpha), hi)
+    return max(min_n(alpha), math.ceil(n))
 
 # %% ../nbs/06b_stats.ipynb #s025
 JUDGE_DEGENERATE = 0.95  # a yes-rate at least this (or a no-rate at least this) carries no signal

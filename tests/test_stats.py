@@ -40,7 +40,9 @@ def test_t_interval_matches_statsmodels_and_wilcoxon_matches_scipy():
 
 def test_power_against_cohen_tables():
     assert n_needed(0.5, 1.0) == 34 and n_needed(0.2, 1.0) == 199  # Cohen (1988), paired t, two-sided 0.05, power 0.8
-    assert mde(1.0, 34) == pytest.approx(0.49, abs=0.01) and math.isnan(mde(1.0, 1))
+    assert mde(1.0, 34) == pytest.approx(0.49, abs=0.01) and math.isnan(mde(1.0, 5))  # below min_n nothing is detectable
+    mdes = [mde(1.0, n) for n in range(6, 400)]  # statsmodels' solve_power gave a negative root as an array at n = 73
+    assert all(a > b > 0 for a, b in zip(mdes, mdes[1:]))
     assert n_needed(0.1, 0.5) == n_needed(-0.1, 0.5)  # the direction does not change the n
 
 
