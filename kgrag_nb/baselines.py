@@ -52,7 +52,7 @@ def parse_short_answer(completion: str) -> str:
 SHORT_ANSWER = Constraint.regex(r" ?[^ \t\n\r][^\n]*\n?")
 
 # %% ../nbs/09_baselines.ipynb #b104
-from .llm import DECODINGS, check_decoding  # issue 21: one list of decodings and one check for every study (issue 24)
+from .llm import DECODINGS, check_decoding  # one list of decodings and one check for every study
 # decoupled's second pass for a short answer: one line after the free answer asking to restate it in the format
 REFORMAT_SHORT = "\n- Restate the short answer above on one line:"
 

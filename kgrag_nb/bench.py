@@ -471,10 +471,10 @@ def profile_llm_studies(n: int = 24,  # requests per study (the first of its key
                         studies: list[str] | None = None,  # only these studies (`study_groups` names); None = all
                         warmup: int = 2,  # short requests per server before the timing
                         cfg: Config | None = None) -> tuple[list[dict], dict]:
-    "Each study's first `n` requests replayed in order on a server as before issue 23 (llama-cpp-python's defaults, no"
+    "Each study's first `n` requests replayed in order on a baseline server (llama-cpp-python's defaults, no"
     " snapshots) and on today's `EmbeddedServer`, the two arms of a request back to back in alternating order."
     " Returns (one row per request, for `summarize_llm_studies`; run facts)."
-    from llama_cpp.server.settings import ModelSettings  # llama-cpp-python's own defaults: the server before issue 23
+    from llama_cpp.server.settings import ModelSettings  # llama-cpp-python's own defaults: the baseline server
     cfg = cfg or get_config()
     run_dir = find_bench_run(cfg, run)
     manifest = json.loads((run_dir / "manifest.json").read_text())
@@ -553,9 +553,9 @@ def _bench_llm_stages(n=None, llm_url=None, server=None, concurrency=None, **kw)
     return bench_llm_stages(**({"n": n} if n else {}), **kw)
 
 # %% ../nbs/08_bench.ipynb #breg3
-@benchmark("llm-studies", "each study's smoke requests in order: server before issue 23 vs today (ABBA), seconds, speed-up, identical answers")
+@benchmark("llm-studies", "each study's smoke requests in order: baseline server vs ours (ABBA), seconds, speed-up, identical answers")
 def _bench_llm_studies(n=None, llm_url=None, server=None, concurrency=None, run=None, **kw):
     if llm_url or server or concurrency:
-        raise ValueError("llm-studies starts its own two embedded servers (before and after issue 23) and replays one request "
+        raise ValueError("llm-studies starts its own two embedded servers (the baseline and ours) and replays one request "
                          "at a time: drop --llm-url, --server and --concurrency")
     return bench_llm_studies(**({"n": n} if n else {}), run=run, **kw)

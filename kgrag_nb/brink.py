@@ -243,13 +243,13 @@ def mentions(question: str,  # question text
 # The declared format `parse_question` reads (App. D: "Output only the question as plain text.", after the prompt's
 # example "Output:\nWho is Carol's wife?"): at most 4 short lines of free text without '?', then "Output:" and one line
 # that is a question, a capital letter or digit first and '?' last. Ours: App. D decodes freely; the constraint binds the
-# output only when decoding='constrained' (or the restating pass of 'decoupled'), issue 21. The free lines are kept
+# output only when decoding='constrained' (or the restating pass of 'decoupled'). The free lines are kept
 # because the 270M base model first restates the prompt's fields: forcing the question at once made it write the
 # fields into the question (measured on 10 Family questions: 9 of 10 named the answer entity; with the lead-in, 0).
 QUESTION_LINE = Constraint.regex(r"(?:[^\n?]{0,80}\n){0,4}Output:\n[A-Z0-9][^\n?]{2,160}\?")
 
 # %% ../nbs/12_brink.ipynb #c032b
-from .llm import DECODINGS, check_decoding  # issue 21: one list of decodings and one check for every study (issue 24)
+from .llm import DECODINGS, check_decoding  # one list of decodings and one check for every study
 # decoupled's second pass (ours): one line after the free output asking to restate it in the format `QUESTION_LINE` enforces
 QG_REFORMAT = "\nRestate the question above.\n"
 
@@ -453,7 +453,7 @@ def build_benchmark(kg: KG,  # the complete KG
               removals_by_rule_type=_counts(_rule_type(rules[r.rule_index]) for r in removals),
               questions_by_rule_type=_counts(r["rule_type"] for r in recs),
               deviations=DEVIATIONS, files={f: _sha256(out / f) for f in files})
-    if client is not None and decoding != "free":  # issue 21; a free datasheet keeps its bytes
+    if client is not None and decoding != "free":  # a free datasheet keeps its bytes
         ds["decoding"] = decoding
         ds["deviations"] = DEVIATIONS + [f"decoding={decoding!r}: App. D questions bound to one question line "
                                          "(QUESTION_LINE; 'decoupled': free output restated under it); the paper decodes freely."]

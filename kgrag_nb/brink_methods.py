@@ -99,7 +99,7 @@ class MethodConfig:
     plan_tokens: int = 32  # tokens generated per relation plan / pruning
     temperature: float = 0.0  # BRINK App. F: temperature 0
     seed: int = 0  # seed of samples (ToG entity pruning, k-hop caps)
-    decoding: str = "free"  # every parsed step (answer lists ANSWER_LIST, RoG plans, ToG pruning): 'free' (the paper), 'constrained' or 'decoupled' (issue 21)
+    decoding: str = "free"  # every parsed step (answer lists ANSWER_LIST, RoG plans, ToG pruning): 'free' (the paper), 'constrained' or 'decoupled'
 
     def __post_init__(self):
         for k in ("max_hops", "n_paths", "max_paths", "width", "depth", "max_beam", "k", "max_triples", "max_relations"):
@@ -538,7 +538,7 @@ def answer_parse_rates(df: pd.DataFrame,  # rows of run_methods (column `answer_
                        by: Sequence[str] = tuple(GROUP)) -> pd.DataFrame:  # grouping columns
     "Per group: n answers, how many parsed as a list in `ANSWER_LIST`'s format, and the parse rate."
     if "answer_parsed" not in df.columns:
-        raise ValueError("predictions have no `answer_parsed` column: they predate issue 21; rerun run_methods / the brink_methods experiment")
+        raise ValueError("predictions have no `answer_parsed` column: they predate the decoding modes; rerun run_methods / the brink_methods experiment")
     g = df.groupby(list(by), sort=False)["answer_parsed"]
     return pd.DataFrame(dict(n=g.size(), parsed=g.sum().astype(int))).assign(parse_rate=lambda d: d.parsed / d.n).reset_index()
 
@@ -597,7 +597,7 @@ def brink_experiment(kg_name: str,  # dataset name
                      questions: str = "template",  # 'template' or 'llm' (App. D questions by `client`)
                      config: MethodConfig | None = None,  # method knobs
                      cfg=None,  # kgrag_nb.config.Config (benchmarks_dir)
-                     decoding: str = "free") -> tuple[Benchmark, pd.DataFrame]:  # answer lists and App. D questions (issue 21)
+                     decoding: str = "free") -> tuple[Benchmark, pd.DataFrame]:  # answer lists and App. D questions
     "Build/load the benchmark and run `methods` on its first `n_test` test questions for every setting and mode."
     if questions not in ("template", "llm"): raise ValueError(f"questions={questions!r}: use 'template' or 'llm'")
     bench = experiment_benchmark(kg_name, max_rules, per_rule, tau, max_len, seed, client if questions == "llm" else None, cfg,
@@ -656,7 +656,7 @@ def method_predictions(benches: dict,  # kg name -> Benchmark (load_benchmark)
                        config: MethodConfig | None = None,  # method knobs
                        out_dir=None,  # predictions JSONL (and LLM traces) go to out_dir/<kg>/<setting>_<mode>.jsonl
                        record=None,  # record(what, n): sample sizes (e.g. ExperimentRun.record_sample_size)
-                       decoding: str = "free") -> pd.DataFrame:  # answer lists: 'free' (the paper), 'constrained', 'decoupled' (issue 21)
+                       decoding: str = "free") -> pd.DataFrame:  # answer lists: 'free' (the paper), 'constrained', 'decoupled'
     "Predictions of `methods` on every benchmark and setting, plus `label_methods` on `label_kg` in `label_modes` (one row per question, method, setting, mode)."
     extra = [m for m in label_modes if m != "private_id"]
     if extra and label_kg not in benches: raise ValueError(f"label_kg={label_kg!r} is not one of the benchmarks {list(benches)}")
@@ -716,13 +716,13 @@ def study_data(run,  # kgrag_nb.reproduce.StudyRun of the artefact notebook
                      f"{', '.join(run.models)}, {run.profile}, n={setup['n_test']}/KG" + ("" if dec == "free" else f", decoding={dec}"),
                      n_resamples, seed)
 
-def decoding_note(setup: dict) -> str:  # the experiment's setup (`decoding` absent = free: runs before issue 21)
+def decoding_note(setup: dict) -> str:  # the experiment's setup (`decoding` absent = free: runs that predate the decoding modes)
     "The deviation sentence of a run that did not decode freely ('' when free, so free outputs keep their bytes)."
     dec = check_decoding(setup.get("decoding", "free"))
     if dec == "free": return ""
     how = ("every answer list bound to ANSWER_LIST (1-10 short comma-separated items)" if dec == "constrained" else
            "every answer given freely, then restated under ANSWER_LIST by a second, greedy request")
-    return f" Decoding: {dec} ({how}; issue 21); BRINK decodes freely."
+    return f" Decoding: {dec} ({how}); BRINK decodes freely."
 
 SETTING_COLORS = {"complete": "#d62728", "incomplete": "#1f77b4"}  # BRINK Fig. 1-2: complete red, incomplete blue
 

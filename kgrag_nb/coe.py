@@ -261,7 +261,7 @@ def parse_verdict(text: str) -> bool | None:  # raw completion of an App. B prom
     w = m.group(1).lower() if m else ""
     return True if w == "yes" else False if w == "no" else None
 
-# Issue 21: the output format of each parsed step, declared next to its parser (bounded: a grammar costs ~3x per token).
+# The output format of each parsed step, declared next to its parser (bounded: a grammar costs ~3x per token).
 # chain_of_evidence.txt App. A, "Intent and Keyword Extraction Prompt": Output: { "Intent": "...", "Keywords": ["...", ...] }
 FEATURES_SCHEMA = {"type": "object", "required": ["Intent", "Keywords"], "properties": {
     "Intent": {"type": "string", "minLength": 1, "maxLength": 80},
@@ -317,9 +317,9 @@ def _traced(client, prompts: list, ids: list, stages: list, method: str, trace: 
             trace.write(q, method, st, p, o, v, **((extras[i] if extras else None) or {}))
     return outs, parsed
 
-from .llm import DECODINGS, check_decoding  # issue 21: one list of decodings and one check for every study (issue 24)
+from .llm import DECODINGS, check_decoding  # one list of decodings and one check for every study
 
-# ours (issue 21, decoupled decoding): appended to original prompt + free output, then the constrained continuation
+# ours (decoupled decoding): appended to original prompt + free output, then the constrained continuation
 REFORMAT = {"features": 'Restate the output above as one JSON object with "Intent" and "Keywords", consistent with the examples.\nOutput:',
             "relations": "Restate the output above as a JSON list of relations, consistent with the examples.\nOutput:",
             "verdict": 'Restate the answer above as only "yes" or "no".\nOutput:',
@@ -953,7 +953,7 @@ DEVIATIONS = [
     "The rebuild (§4.1–4.2) is run on HotpotQA only: the mirror has no 2WikiMultihopQA records with supporting facts beyond a two-record fixture.",
 ]
 
-# issue 21: listed by the artefacts only when the run's decoding is not free (the paper decodes freely)
+# listed by the artefacts only when the run's decoding is not free (the paper decodes freely)
 DECODING_DEVIATION = ("Decoding ({decoding}): the paper decodes freely; here the App. A feature JSON, the App. B yes/no verdicts, the judges' yes/no, "
     "the App. C wrong answers, our broader terms and the misinformation sentences are decoded under their declared formats (FEATURES, RELATIONS, "
     "VERDICT, JUDGE_VERDICT, PHRASE, SENTENCE; tiny/smoke default to constrained), the answers stay free. constrained = a grammar bounds the "

@@ -137,7 +137,7 @@ def check_cpu(info: dict | None = None) -> list[Check]:  # `cpu_info()` result; 
         return rows + [Check("cpu isa", "WARN", detail + "; no AVX2: llama-cpp-python needs the slower `avx` build "
                                                   "(`python tools/llama_wheel.py --install` picks it on this CPU)")]
     if "amx_tile" in info["flags"]:
-        detail += " (AMX: a -march=native llama.cpp build uses it and died with SIGILL, issue 20; the portable build does not)"
+        detail += " (AMX: a -march=native llama.cpp build uses it and died with SIGILL; the portable build does not)"
     return rows + [Check("cpu isa", "ok", detail)]
 
 # %% ../nbs/08c_doctor.ipynb #d014
@@ -318,7 +318,7 @@ def _library_row(path: Path, scan: DisassemblyScan, variant: str | None) -> Chec
         return f"e.g. `{insn}`" + (f" in {func}" if func else "")
     if c["amx"]:
         return Check(name, "FAIL", f"{c['amx']} AMX instructions ({example('amx')}) in {path}: compiled with -march=native on an "
-                                   "AMX CPU, it dies with SIGILL (issue 20); rebuild with `python tools/llama_wheel.py --install`")
+                                   "AMX CPU, it dies with SIGILL; rebuild with `python tools/llama_wheel.py --install`")
     beyond = {"portable": ["avx512"], "avx": ["avx512", "fma", "avx2"]}.get(variant, [])
     found = [f"{c[cat]} {cat.upper().replace('AVX512', 'AVX-512')} ({example(cat)})" for cat in beyond if c[cat]]
     if found:

@@ -47,7 +47,7 @@ FORMAT_TAX_ARMS: dict = {}  # study key -> (format_tax_arm function, its FORMAT_
 def register_format_tax(info: dict,  # the study's FORMAT_TAX (its "study" key names the study in the artefact)
                    datasets: tuple | list = (),  # mirror datasets the arm reads (an experiment declares them)
                   ):
-    "Register `fn(client, decoding, n, seed) -> DataFrame` as the study's format-tax arm (issue 21 item 4)."
+    "Register `fn(client, decoding, n, seed) -> DataFrame` as the study's format-tax arm."
     study = info.get("study") if isinstance(info, dict) else None
     if not study: raise ValueError(f"register_format_tax: {info!r} must be the study's FORMAT_TAX dict with a 'study' key")
     def register(fn):

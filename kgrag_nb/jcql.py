@@ -327,10 +327,10 @@ def parse_step(text: str,  # the completion after 'Thought i:'
     return ParsedStep(thought, name, args, raw, None, repairs)
 
 # %% ../nbs/17b_jcql.ipynb #cc20902d
-# issue 21: how the LLM's outputs are decoded. The paper decodes freely ("free", the default of every function here);
+# how the LLM's outputs are decoded. The paper decodes freely ("free", the default of every function here);
 # "constrained" restricts each parsed output to its format (a `Constraint` next to its parser); "decoupled" decodes
 # freely first, then a second, constrained call only restates the free text in the required format.
-from .llm import DECODINGS, check_decoding  # issue 21: one list of decodings and one check for every study (issue 24)
+from .llm import DECODINGS, check_decoding  # one list of decodings and one check for every study
 REFORMAT = "\n\nRestate the text above in the format of the example, without changing its content.\n"  # ours (decoupled)
 
 _ARG = r"[^\]\[\n| ][^\]\[\n|]{0,79}"  # one argument: no brackets, bars or newlines, not blank (parse_step strips it)
@@ -384,7 +384,7 @@ SHORT_ANSWER = Constraint.regex(r" [^\n ][^\n]{0,79}")  # IO and ToG-style answe
 
 async def decode(client,  # kgrag_nb.llm.LLMClient
                  prompt: str,  # a completion prompt
-                 decoding: str = "free",  # free | constrained | decoupled (issue 21)
+                 decoding: str = "free",  # free | constrained | decoupled
                  constraint: Constraint | None = None,  # the output's format (None: free whatever `decoding` says)
                  **kw) -> tuple[str, list[dict]]:  # acomplete's keywords (temperature, max_tokens, stop, seed)
     "(the output to parse, one record per call: stage suffix, prompt, text, cached). Decoupled = free, then a constrained restatement."
@@ -560,7 +560,7 @@ class AgentConfig:
     max_prompt_chars: int = 6000  # ours: the oldest observations are elided beyond this (the embedded server has 2,048 tokens)
     max_concurrency: int = 4  # questions in flight
     seed: int = 0
-    decoding: str = "free"  # issue 21: free (the paper) | constrained | decoupled; see `decode`
+    decoding: str = "free"  # free (the paper) | constrained | decoupled; see `decode`
 
 _INVALID = "Invalid action. Valid actions are {valid}."
 _TRIPLE_LINE = re.compile(r"^\s*(?:\d+[.)]\s*)?(.+?)\s*$")
@@ -899,7 +899,7 @@ class BaselineConfig:
     max_beam: int = 4
     max_paths: int = 8
     seed: int = 0
-    decoding: str = "free"  # issue 21: free (the paper) | constrained | decoupled (every parsed step, ToG's relation pruning included)
+    decoding: str = "free"  # free (the paper) | constrained | decoupled (every parsed step, ToG's relation pruning included)
 
 class _Baseline(BaseMethod):
     "A Table 2 baseline; every LLM call traced with its cache flag and latency (Table 4)."
@@ -1232,7 +1232,7 @@ def efficiency_table(df: pd.DataFrame, by=("dataset", "setting", "method")) -> p
                                        "hit time (s)": ("hit_time_s", "mean"), "Complete calls": ("complete_calls", "mean")}).reset_index()
 
 def format_table(df: pd.DataFrame, by=("dataset", "setting", "method")) -> pd.DataFrame:
-    "Issue 21 rates of the agent rows: steps parsed as an enabled action with well-formed arguments (ok, of which repaired),"
+    "Parse rates of the agent rows: steps parsed as an enabled action with well-formed arguments (ok, of which repaired),"
     " trajectories that reached Finish within L (never forced), and the fallbacks of Prompts 3 / 4."
     a = df[df["finished"].notna()] if "finished" in df else df.iloc[:0]
     rows = []
@@ -1268,7 +1268,7 @@ DEVIATIONS = [  # of the agent side of JCQL (jcql_joint_kbc_kbqa.txt §3.2-3.4, 
     "The agent's L is the paper's 10 only in the full profile; tiny and smoke cap it (the experiment's `max_steps` parameter, shown with every table).",
     "Table 4 times: seconds of LLM calls that missed the response cache, summed per question (questions run concurrently, so a call's latency includes waiting for the server); cache hits are reported apart.",
 ]
-# issue 21: listed only when the run's decoding is not the paper's free decoding
+# listed only when the run's decoding is not the paper's free decoding
 DECODING_DEVIATION = {
     "constrained": "Decoding is constrained (tiny/smoke): every parsed output (each ReAct step, with only the enabled actions, Prompts 3-7, the CoT/IO answers) is restricted to its format by a llama.cpp grammar, while the paper decodes freely.",
     "decoupled": "Decoding is decoupled: each parsed output is decoded freely, then a second, constrained call restates the free text in the required format (the paper decodes freely, once).",
@@ -1396,7 +1396,7 @@ def replay_study(load_model,  # () -> a fresh KBCModel from the shared checkpoin
                  sizes: Sequence[int] = (0, 5, 10, 15, 20),  # App. D.3
                  lr: float = 1e-3, steps: int = 1, R=None, seed: int = 0) -> pd.DataFrame:
     "Fig. 5: per replay size, MRR / Hits on the path triples and on held-out triples after fine-tuning (and before: size 'none')."
-    path_batches, excluded = exclude_held_out(path_batches, held_out)  # issue 22 item 7: never fine-tune on a held-out triple
+    path_batches, excluded = exclude_held_out(path_batches, held_out)  # never fine-tune on a held-out triple
     paths = list(dict.fromkeys(tuple(t) for b in path_batches for t in b))
     held = {tuple(t[:3]) for t in held_out}
     assert not held & {t[:3] for t in paths}, "Fig. 5's path triples still hold held-out triples"
@@ -1406,7 +1406,7 @@ def replay_study(load_model,  # () -> a fresh KBCModel from the shared checkpoin
     def ev(m, tri, what, size, log):
         r = m.evaluate(list(tri), list(filter_triples), R=R, seed=seed)
         return dict(replay=size, on=what, n=r["n"], MRR=r["mrr"], **{"Hits@1": r["hits@1"], "Hits@10": r["hits@10"]},
-                    **metric_cis(r["per_triple"], seed=seed), **log)  # issue 22 item 5: bootstrap CIs over the triples
+                    **metric_cis(r["per_triple"], seed=seed), **log)  # bootstrap CIs over the triples
     base, kept = load_model(), dict(held_out_excluded=excluded)  # every row says how many path triples were held out
     rows = [ev(base, paths, "path triples", "none", kept), ev(base, held_out, "held-out triples", "none", kept)]
     for k in sizes:

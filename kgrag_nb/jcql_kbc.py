@@ -60,14 +60,14 @@ DEVIATIONS = [
     "Sequence score of a sampled entity: the summed token log-probability of the sampled token sequence (temperature 1, "
     "no top-k/top-p truncation), the best over the samples that decode to the entity name.",
     "Baselines TransE/DistMult/ComplEx/RotatE: PyKEEN 1.11 models trained with LCWA (1-vs-all) and a cross-entropy loss "
-    "(issue 22 item 6: with PyKEEN's sLCWA defaults ComplEx and RotatE never left their initialisation in a few hundred "
+    "(with PyKEEN's sLCWA defaults ComplEx and RotatE never left their initialisation in a few hundred "
     "steps and ranked even their own training triples at random), embedding dimension, learning rate and epochs tuned with "
     "PyKEEN's `hpo_pipeline` on the validation split within the budget the experiment records (`pykeen_tuning`), scored "
     "with our filtered ranking (tie = mean rank, PyKEEN's 'realistic'); the paper does not say how its baselines were "
     "trained. SimKGC, CSProm-KG, DIFT, IVR, GoldE, RAA-KGC, SATKGC, BiNet are not run: their rows show the paper's "
     "numbers only.",
     "Evaluated triples: a seeded sample of the test split in which no tail entity holds more than `max_tail_share` of the "
-    "sample (issue 22 item 6; uncapped, half of the smoke sample's tails were one country); every method, the frequency "
+    "sample (uncapped, half of the smoke sample's tails were one country); every method, the frequency "
     "prior and the random-ranking row are scored on the same sample, each number with a 95% percentile-bootstrap CI over "
     "the evaluated triples (the paper reports point values on 20,000 triples).",
     "Table 8 analogue: reasoning-path triples are GoG's crucial triples (gold SPARQL paths) that lie in FB15k-237, not "

@@ -485,7 +485,7 @@ def seal_response(response: dict) -> str:  # a response record (text, finish_rea
 
 def open_response(stored: str) -> tuple[dict | None, str | None]:  # a stored row's `response` column
     "`(record, None)` for a valid stored response, else `(None, what is wrong)`: cache hits are validated like fresh"
-    " answers (issue 25 item 10). Rows written before checksums existed have no `_sha256` and are checked for shape only."
+    " answers. Rows written before checksums existed have no `_sha256` and are checked for shape only."
     try: rec = json.loads(stored)
     except (TypeError, ValueError): return None, "the stored answer is not JSON"
     if not isinstance(rec, dict): return None, f"the stored answer is a JSON {type(rec).__name__}, not an object"
@@ -811,7 +811,7 @@ def progress_stream():
 
 def check_sampling(params: dict,  # the call's sampling parameters (max_tokens, seed, top_p, ...)
                    temperatures: list):  # one temperature per prompt (None = the server's default)
-    "Refuse values a server would reject or loop on, before any request (issue 25 item 8): `max_tokens=0` made the"
+    "Refuse values a server would reject or loop on, before any request: `max_tokens=0` made the"
     " embedded server generate until its context was full, `-1` got an HTTP 500 retried five times."
     mt = params.get("max_tokens")
     if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from sacrebleu.metrics import BLEU
 
-# the answer normalisers live in `kgrag_nb.answers` (issue 24); the modules and tests that import them from here still can
+# the answer normalisers live in `kgrag_nb.answers`; the modules and tests that import them from here still can
 from .answers import _need_str, acc_r_tokens, brink_normalize, split_answers, squad_normalize
 from .llm import DECODINGS
 

@@ -84,7 +84,7 @@ DEVIATIONS = [
     "Context window: the embedded server runs with n_ctx from the profile; chunks are clipped to fit and every clip is "
     "counted per row.",
 ]
-DECODING_DEVIATIONS = {  # listed by `deviations(settings)` only when the run's decoding is not "free" (issue 21)
+DECODING_DEVIATIONS = {  # listed by `deviations(settings)` only when the run's decoding is not "free"
     "constrained": "Decoding: the paper decodes freely; this run (tiny/smoke default) decodes constrained: the Fig. 4/5 "
     "call writes its reasoning freely (bounded, stopped at the JSON block) and then the ```json block under a JSON schema "
     "(judge=true -> 1-3 queries, judge=false -> empty lists; bounded strings; keys in alphabetical order, so judge comes "
@@ -359,7 +359,7 @@ def parse_json_verdict(completion: str,  # the model's completion only (never pr
     return out
 
 # %% ../nbs/18_missing.ipynb #d17e6ec6
-from .llm import DECODINGS, check_decoding  # issue 21: one list of decodings and one check for every study (issue 24)
+from .llm import DECODINGS, check_decoding  # one list of decodings and one check for every study
 
 def _strings(min_items: int, max_items: int, max_len: int = 60) -> dict:
     return {"type": "array", "items": {"type": "string", "minLength": 2, "maxLength": max_len},
@@ -1259,7 +1259,7 @@ def judge_clients(run, gens: dict, judge_url: str | None, judge_model: str | Non
 
 # %% ../nbs/18_missing.ipynb #m044
 def format_rates(preds: pd.DataFrame) -> dict:
-    "Issue 21 rates of the Fig. 4/5 calls (one per question, first KB and TopK): calls, parsed (ok + repaired), judge=true,"
+    "Parse rates of the Fig. 4/5 calls (one per question, first KB and TopK): calls, parsed (ok + repaired), judge=true,"
     " second retrieval fired, and fired among the parsed judge=true (target: all of them)."
     m = preds[preds["row"].isin(MISK_ROWS)]
     m = m.assign(kb_a=m["row"].map(lambda r: MISK_ROWS[r][0])).drop_duplicates(["qid", "topk", "kb_a"])  # one call each
@@ -1338,7 +1338,7 @@ def run_nq(client,  # generator LLMClient
                     qa_real_dropped=s["qa_dropped"], pseudo_written=len(pseudo), pseudo_failed=pseudo_failed,
                     pseudo_dropped_leak=len(leaked), embedder=embedder_name(emb), decoding=decoding,
                     **format_rates(preds), llm_judge=preds.attrs["llm_judge"])
-    preds = preds.assign(generator=client.model,  # which model wrote this dataset's answers (issue 22 item 4)
+    preds = preds.assign(generator=client.model,  # which model wrote this dataset's answers
                          gold_passage=preds["qid"].map(lambda i: s["questions"][i]["passage"]))  # for gold_recall
     return preds, kb_statistics(kbs.values(), "NQ"), settings
 
@@ -1367,7 +1367,7 @@ def run_med(client, judge, cfg: Config | None = None,
                     cmekg_subjects=len(m["subjects"]), cmekg_subjects_named_in_queries=m["subjects_named"],
                     backend=zh_backend, embedder=embedder_name(kw["embedder"]) if kw["embedder"] else "BM25 (jieba)",
                     decoding=decoding, **format_rates(preds), llm_judge=preds.attrs["llm_judge"])
-    preds = preds.assign(generator=client.model)  # which model wrote this dataset's answers (issue 22 item 4)
+    preds = preds.assign(generator=client.model)  # which model wrote this dataset's answers
     return preds, kb_statistics(kbs.values(), "Huatuo-26M"), settings
 
 # %% ../nbs/18_missing.ipynb #m046

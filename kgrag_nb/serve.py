@@ -151,7 +151,7 @@ def _listens_on(pid: int, port: int) -> bool:
 
 def _is_server_process(state: dict) -> bool:
     "The process a state file names is still that llama.cpp server: same pid and /proc start time, and a llama.cpp"
-    " server command line (issue 25: a stale state file once made kgrag SIGTERM an unrelated process that had the pid)."
+    " server command line (a stale state file once made kgrag SIGTERM an unrelated process that had the pid)."
     pid = state.get("server_pid")
     if not isinstance(pid, int) or not process_alive(pid, state.get("server_started")): return False
     try: cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -354,7 +354,7 @@ def server_threads(n_threads: int | None = None) -> int:  # a fixed count, or No
     "Threads of the embedded server's prompt batches (and of decoding when fixed): `n_threads` when given, else every core."
     " The server lives for the whole run, so the load at its start says nothing about the hours after: a first version"
     " took the embedder's rule (the cores the load leaves free) and, started while setup was still busy, ran a whole cold"
-    " smoke run on 1 batch thread of 2 (load average 1.0 throughout, the server at 94% of one core; issue 23)."
+    " smoke run on 1 batch thread of 2 (load average 1.0 throughout, the server at 94% of one core)."
     " llama-cpp-python's own default decodes on half the cores."
     if n_threads is not None:
         if int(n_threads) < 1: raise ValueError(f"n_threads={n_threads}: use 1 or more (or None for every core)")
@@ -391,7 +391,7 @@ def _wait_port_free(host: str, port: int, timeout: float = 10.0):
     deadline = time.monotonic() + timeout
     while port_in_use(host, port) and time.monotonic() < deadline: time.sleep(0.1)
 
-# What a signal that ends the server usually means here (issue 20: SIGILL of a native llama.cpp build on an AMX Xeon).
+# What a signal that ends the server usually means here (SIGILL of a native llama.cpp build on an AMX Xeon).
 SIGNAL_CAUSES = {"SIGILL": "the llama.cpp build uses an instruction this CPU or VM does not allow",
                  "SIGKILL": "killed from outside (out of memory, or another process)",
                  "SIGSEGV": "the llama.cpp library crashed (segmentation fault)",
@@ -444,7 +444,7 @@ def _ready_completion(self: EmbeddedServer, timeout: float) -> bool:
 @contextmanager
 def _port_lock(cfg: Config, port: int):
     "Hold an exclusive lock on `port` (a lock file beside the state files) while a process checks the port and spawns"
-    " its server: two runs started within a second on one port no longer both spawn (issue 25 item 5)."
+    " its server: two runs started within a second on one port no longer both spawn."
     import fcntl  # POSIX (the embedded server is Linux/macOS only)
     path = cfg.server_state_dir / f"{int(port)}.lock"; path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:

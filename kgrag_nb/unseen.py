@@ -166,7 +166,7 @@ def parse_extraction(completion: str,  # the model's completion of `extraction_p
     rel = _strip_marks(rel.lstrip(" ,:;-–\"'“”‘’")).rstrip(".").strip()
     return ent.strip(" \"'"), rel
 
-# issue 21: the output `parse_extraction` reads, declared as a JSON schema next to it: one JSON string "entity, relation"
+# the output `parse_extraction` reads, declared as a JSON schema next to it: one JSON string "entity, relation"
 # (the App. E example output is `"Albert Einstein, sibling"`); entity <= 60 and relation <= 40 characters, so it closes in 32 tokens
 EXTRACTION_FORMAT = Constraint.json_schema({"type": "string", "pattern": r'^[^,"\\\n]{1,60}, [^"\\\n]{1,40}$'})
 # decoupled decoding: our line after the free answer, asking the model to restate it in that format
@@ -224,7 +224,7 @@ def parse_choice(completion: str,  # the model's answer
         if 1 <= int(m.group()) <= n: return int(m.group()) - 1
     return None
 
-# issue 21: the output `parse_choice` reads, declared as a JSON schema next to it: one number of a listed fact
+# the output `parse_choice` reads, declared as a JSON schema next to it: one number of a listed fact
 def disambiguation_format(n: int  # number of candidate facts in the prompt
                          ) -> Constraint:
     "JSON schema constraint: the answer is one of the integers 1..n (what `parse_choice` reads as a valid choice)."
@@ -394,7 +394,7 @@ class UnseenConfig:
     embedder: Any = None  # sentence embedder (None or a name = loaded on first use)
     retriever: RelationRetriever | None = None  # relation retriever over the KG (built on first use)
     difar: DiFaR | None = None  # DiFaR over the KG (built on first use)
-    decoding: str = "free"  # extraction + disambiguation: "free" (the paper's) | "constrained" | "decoupled" (issue 21)
+    decoding: str = "free"  # extraction + disambiguation: "free" (the paper's) | "constrained" | "decoupled"
     state: dict = field(default_factory=dict)  # question id -> its shared-stage record (the pipeline's trace)
 
     def __post_init__(self):
@@ -675,7 +675,7 @@ DEVIATIONS = [  # of Task 2 (awakening_unseen_entity_kgqa.txt §5, §6.4, App. C
     "rows); the paper's Table 3 has no WebQSP column, so WebQSP rows have no paper counterpart.",
 ]
 
-DECODING_DEVIATION = {  # issue 21: listed only when the run did not decode freely (the paper decodes freely)
+DECODING_DEVIATION = {  # listed only when the run did not decode freely (the paper decodes freely)
     "constrained": "Decoding: the entity-relation extraction and the disambiguation answers are decoded under their declared "
                    "formats (`EXTRACTION_FORMAT`: one JSON string \"entity, relation\"; `disambiguation_format(n)`: a number 1..n), a "
                    "llama.cpp grammar on the embedded model; the paper decodes freely (`decoding = \"free\"`, the full profile). "
@@ -744,7 +744,7 @@ PARSED_STEPS = ("extraction", "disambiguation", "type")  # the parsed LLM steps 
 
 def parse_table(traces: dict,  # dataset -> the `trace` list of `run_unseen_entity_qa`
                ) -> pd.DataFrame:
-    "Per dataset and parsed step: the decoding, LLM outputs, how many parsed and failed, and the parse rate in % (issue 21)."
+    "Per dataset and parsed step: the decoding, LLM outputs, how many parsed and failed, and the parse rate in %."
     rows = []
     for name, tr in traces.items():
         for step in PARSED_STEPS:
