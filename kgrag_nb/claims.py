@@ -15,7 +15,7 @@ from .hooks import subcommand
 from .metrics import brink_per_question
 from .papers import ledger_claims, paper_effect, paper_stem
 from .reproduce import ExperimentResults, experiment_dir, markdown_table
-from .stats import judge_signal, mde, n_needed, paired_binary, paired_continuous, planning_sd, verdict, verdict_reason
+from .stats import as_outcomes, judge_signal, mde, n_needed, paired, planning_sd, verdict, verdict_reason
 from . import awaken, coe, jcql, jcql_kbc, missing
 from .report import find_run
 from .plan import DEFAULT_PLAN_MODEL, plan
@@ -40,8 +40,8 @@ def outcome(name: str,  # the name a claim's `outcome:` uses, e.g. "brink.questi
     return register
 
 def _num(s: pd.Series) -> pd.Series:
-    "Booleans and numbers as floats; None stays NaN."
-    return pd.to_numeric(s.map(lambda v: float(v) if isinstance(v, (bool, np.bool_)) else v), errors="coerce")
+    "A column of verdicts or scores as floats (`stats.as_outcomes`), index kept."
+    return pd.Series(as_outcomes(s), index=s.index)
 
 # %% ../nbs/21_claims.ipynb #cm006
 @outcome("brink.questions", "brink_methods", 7533, "brink_methods: 7,533 test questions (Family and FB15k-237) at full")
@@ -195,8 +195,7 @@ def evaluate_claim(claim: dict,  # a ledger claim (`papers.ledger_claims`)
         row.update(judge_check(_keep(frame, claim), j["verdict"], j.get("reference"), alpha), judge=j.get("what", j["verdict"]))
     if pairs.empty:
         return {**row, "why": f"no unit has both arms ({counts['rows']} rows, {counts['rows_without_metric']} without {claim['metric']})"}
-    binary = bool(np.isin(pairs[["a", "b"]].to_numpy(), (0.0, 1.0)).all())
-    res = (paired_binary if binary else paired_continuous)(pairs["a"], pairs["b"], alpha)
+    res = paired(pairs["a"], pairs["b"], alpha)
     sd, basis = planning_sd(res)
     row.update(n=res.n, effect=res.effect, ci_low=res.ci_low, ci_high=res.ci_high, p=res.p, test=res.test,
                verdict=verdict(res, claim["direction"]), why=verdict_reason(res, claim["direction"]),
@@ -249,6 +248,8 @@ def full_hours(model: str = DEFAULT_PLAN_MODEL,  # the model the full run uses (
     p = plan("full", model=model, cfg=cfg)
     return {r["id"]: float(r["gpu_hours"]) for _, r in p.iterrows() if r["kind"] == "experiment" and pd.notna(r["gpu_hours"])}
 
+def _none(n) -> bool: return n is None or (isinstance(n, float) and math.isnan(n))  # an n needed that is not there
+
 def bill(table: pd.DataFrame,  # `ledger` rows
          hours: dict) -> pd.DataFrame:  # `full_hours`
     "The ledger with `full_units`, `gpu_hours_full` (today's full run of the experiment) and `gpu_hours` (to decide the claim)."
@@ -256,9 +257,9 @@ def bill(table: pd.DataFrame,  # `ledger` rows
     units = [OUTCOMES[o]["full_units"] for o in out["outcome"]]
     out["full_units"] = units
     out["gpu_hours_full"] = [hours.get(e, 0.0) if u else 0.0 for e, u in zip(out["experiment"], units)]
-    out["gpu_hours"] = [np.nan if n is None or (isinstance(n, float) and math.isnan(n)) else (h * n / u if u else 0.0)
+    out["gpu_hours"] = [np.nan if _none(n) else (h * n / u if u else 0.0)
                         for n, h, u in zip(out["n_needed"], out["gpu_hours_full"], units)]
-    out["beyond_full_data"] = [bool(u and n is not None and not (isinstance(n, float) and math.isnan(n)) and n > u)
+    out["beyond_full_data"] = [bool(u and not _none(n) and n > u)
                                for n, u in zip(out["n_needed"], units)]
     return out
 
@@ -290,7 +291,7 @@ def ledger_table(table: pd.DataFrame) -> pd.DataFrame:
                  for e, l, h, n in zip(table["effect"], table["ci_low"], table["ci_high"], table["n"])],
         "n": table["n"], "p": [_fmt(p, ".3g") for p in table["p"]], "verdict": table["verdict"], "why": table["why"],
         "MDE": [_fmt(x, ".3f") for x in table["mde"]],
-        "n needed": ["" if n is None or (isinstance(n, float) and math.isnan(n)) else str(int(n)) for n in table["n_needed"]]})
+        "n needed": ["" if _none(n) else str(int(n)) for n in table["n_needed"]]})
     if "gpu_hours" in table:
         out["GPU-h"] = [_fmt(h, ".2f") + (" (beyond the full data)" if b else "") for h, b in zip(table["gpu_hours"], table["beyond_full_data"])]
     return out
@@ -380,8 +381,7 @@ def format_tax_tests(records: pd.DataFrame,  # `format_tax_run` records (study, 
             row = dict(study=study, column=column, comparison=f"{a} - {b}", n=n, A=f"{both[a].sum():g} of {n}", B=f"{both[b].sum():g} of {n}",
                        effect=np.nan, ci_low=np.nan, ci_high=np.nan, p=np.nan, test="", reading="")
             if not n: rows.append({**row, "reading": "no item scored in both arms"}); continue
-            binary = bool(np.isin(both.to_numpy(), (0.0, 1.0)).all())
-            res = (paired_binary if binary else paired_continuous)(both[a], both[b], alpha)
+            res = paired(both[a], both[b], alpha)
             if res.min_p >= alpha:
                 rows.append({**row, "test": res.test, "reading": f"n too small for inference (n = {n}: no outcome can reach "
                                                                   f"p < {alpha:g}); counts only"}); continue

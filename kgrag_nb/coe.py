@@ -14,7 +14,7 @@ from .datasets import load_qa
 from .retrieval import BM25Index, embed
 from .answers import first_line, squad_normalize
 from .metrics import mann_whitney, bootstrap_ci
-from .stats import judge_signal
+from .stats import as_outcomes, judge_signal
 from .llm import Constraint
 from .kgqa import TraceWriter, complete_traced
 
@@ -1067,10 +1067,9 @@ def judge_report(run,  # the artefact's StudyRun
     "Whether the judge behind `metric` discriminates (`stats.judge_signal`): per model and dataset its yes-rate and, for the"
     " correctness judge (ACC), its agreement with gold-answer containment; a note says when it carries no signal."
     col, ref = ("acc", "contains_gold") if metric == "ACC" else ("grounded", None)
-    num = lambda s: pd.to_numeric(s.map(lambda v: float(v) if isinstance(v, (bool, np.bool_)) else v), errors="coerce")
     out = []
     for (m, d), g in rows.groupby(["model", "dataset"], sort=False):
-        js = judge_signal(num(g[col]), None if ref is None else num(g[ref]), reference_name="gold-answer containment")
+        js = judge_signal(as_outcomes(g[col]), None if ref is None else as_outcomes(g[ref]), reference_name="gold-answer containment")
         out.append(dict(model=m, dataset=d, judge="correctness (ACC)" if metric == "ACC" else "groundedness (FR)", **js))
         if not js["judge_signal"]:
             run.record_note(f"{table} {d}: the {out[-1]['judge']} judge carries no signal at this profile ({js['judge_why']}); "

@@ -10,8 +10,8 @@ from dataclasses import dataclass, asdict
 import numpy as np
 
 # %% auto #0
-__all__ = ['VERDICTS', 'DIRECTIONS', 'JUDGE_DEGENERATE', 'PairedResult', 'paired_binary', 'paired_continuous', 'verdict',
-           'verdict_reason', 'planning_sd', 'min_n', 'mde', 'n_needed', 'judge_signal']
+__all__ = ['VERDICTS', 'DIRECTIONS', 'JUDGE_DEGENERATE', 'PairedResult', 'paired_binary', 'paired_continuous', 'as_outcomes',
+           'paired', 'verdict', 'verdict_reason', 'planning_sd', 'min_n', 'mde', 'n_needed', 'judge_signal']
 
 # %% ../nbs/06b_stats.ipynb #s006
 VERDICTS = ("replicated", "contradicted", "not resolved")
@@ -101,6 +101,22 @@ def paired_continuous(a,  # arm A's score per item (F1, reciprocal rank, recall)
     return PairedResult("Wilcoxon signed-rank", n, effect, lo, hi, p, min(1.0, 2 * 0.5 ** n) if n else 1.0, sd, None, alpha)
 
 # %% ../nbs/06b_stats.ipynb #s018
+def as_outcomes(values) -> np.ndarray:
+    "Per-item outcomes as floats: booleans as 1/0, numbers as they are, None and anything else as NaN."
+    def one(v):
+        if isinstance(v, (bool, np.bool_)): return float(v)
+        try: return float(v)
+        except (TypeError, ValueError): return float("nan")
+    return np.array([one(v) for v in (values.tolist() if hasattr(values, "tolist") else list(values))], dtype=float)
+
+
+def paired(a, b, alpha: float = 0.05) -> PairedResult:
+    "`paired_binary` when every outcome of both arms is 0 or 1, else `paired_continuous`."
+    a, b = _as_pair(a, b, "paired")
+    binary = bool(np.isin(a, (0, 1)).all() and np.isin(b, (0, 1)).all())
+    return (paired_binary if binary else paired_continuous)(a, b, alpha)
+
+# %% ../nbs/06b_stats.ipynb #s021
 def _check_direction(direction: str) -> str:
     if direction not in DIRECTIONS:
         raise ValueError(f"direction {direction!r}: use '>' (arm A above arm B) or '<' (arm A below arm B)")
@@ -129,7 +145,7 @@ def verdict_reason(result: PairedResult, direction: str = ">") -> str:
     if result.effect == 0 or (math.isnan(result.ci_low)): return f"no difference at n = {result.n}"
     return f"the interval {result.ci_low:+.3f} to {result.ci_high:+.3f} contains 0 (p = {result.p:.3g})"
 
-# %% ../nbs/06b_stats.ipynb #s021
+# %% ../nbs/06b_stats.ipynb #s024
 def planning_sd(result: PairedResult,  # our comparison
                 sd_floor: float = 0.5,  # assumed σ when ours shows no spread
                ) -> tuple[float, str]:
@@ -178,7 +194,7 @@ def n_needed(effect: float,  # the effect to detect (e.g. the paper's), in the o
     n = brentq(lambda x: _power(d, x, alpha) - power, min_n(alpha), hi)
     return max(min_n(alpha), math.ceil(n))
 
-# %% ../nbs/06b_stats.ipynb #s025
+# %% ../nbs/06b_stats.ipynb #s028
 JUDGE_DEGENERATE = 0.95  # a yes-rate at least this (or a no-rate at least this) carries no signal
 
 def judge_signal(verdicts,  # the judge's 0/1 verdicts (NaN: not asked or unreadable; dropped)

