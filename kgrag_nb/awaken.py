@@ -11,7 +11,8 @@ from .answers import first_line
 from .metrics import acc_r, percent_cis
 import zlib
 from .baselines import (closed_book, no_rag_prompt, parse_short_answer, SHORT_ANSWER, DECODINGS, REFORMAT_SHORT,
-                                check_decoding, decode)
+                                check_decoding)
+from .decoding import Restatement, decode
 from .datasets import load_qa, load_kg, topic_in_kg, mid_to_fb15k
 from .retrieval import embed
 from .backends import LocalBackend, bench_relation_retrieval
@@ -30,10 +31,11 @@ __all__ = ['AWAKENING_MAX_SUBGRAPH_TRIPLES', 'AWAKENING_IVF', 'AWAKENING_TEMPLAT
            'rule_of', 'probe_rule', 'item_temperatures', 'probe', 'awaken', 'task1_data', 'save_run', 'run_awakening',
            'intersect_ids', 'passing_ids', 'base_ids', 'hits_row', 'awakening_table', 'filter_counts', 'distance_table',
            'probe_counts', 'step1_counts', 'paper_rows', 'plot_comparison', 'decoding_of', 'decoding_note',
-           'study_deviations', 'save_task1', 'task1_models', 'load_task1', 'knowledge_label', 'setting_of',
-           'task1_table', 'report_counts', 'paper_select', 'plot_panels', 'report_vs_paper', 'task1_artefact',
-           'probing_table', 'temperature_sweep', 'sweep_summary', 'size_table', 'mean_over_types', 'selected_knowledge',
-           'changed_by_query', 'distance_rows', 'plot_sweep', 'format_tax_items', 'format_tax_arm']
+           'probing_rule_counts', 'study_deviations', 'save_task1', 'task1_models', 'load_task1', 'knowledge_label',
+           'setting_of', 'task1_table', 'report_counts', 'paper_select', 'plot_panels', 'report_vs_paper',
+           'task1_artefact', 'probing_table', 'temperature_sweep', 'sweep_summary', 'size_table', 'mean_over_types',
+           'selected_knowledge', 'changed_by_query', 'distance_rows', 'plot_sweep', 'format_tax_items',
+           'format_tax_arm']
 
 # %% ../nbs/14_awaken.ipynb #p001
 # awakening_unseen_entity_kgqa.txt App. C: "capping the number of triples retrieved for constructing two-hop subgraphs to 40,000"
@@ -381,9 +383,9 @@ def extract_knowledge(record,  # a `kgrag_nb.datasets.QARecord` with answers, to
     return dict(question=q, candidates=cand_rows, knowledge=know_rows)
 
 # %% ../nbs/14_awaken.ipynb #d001
-# DECODINGS, check_decoding and decode come from kgrag_nb.baselines (imported above: Step 1 decodes with them too).
+# `decode` and `Restatement` are `kgrag_nb.decoding`'s (imported above): every study decodes its parsed steps with them.
 # decoupled's second pass: one line after the free answer asking to restate it in the format the constraint then enforces
-REFORMAT = {"nli": "\n- Restate the conclusion above as one word, True or False:", "qa": REFORMAT_SHORT}
+REFORMAT = {"nli": Restatement("\n- Restate the conclusion above as one word, True or False:"), "qa": REFORMAT_SHORT}
 
 # %% ../nbs/14_awaken.ipynb #c028
 def rule_of(min_true,  # None (Eq. 7), k (at least k True), or {probing method: None | k} (absent = Eq. 7)
@@ -428,9 +430,10 @@ def probe(client,  # `kgrag_nb.llm.LLMClient`
     prompts = [probe_prompt(t) for t in texts] if method == "nli" else [no_rag_prompt(t) for t in texts]
     temps = item_temperatures(texts, n_probe, seed=seed)
     fmt = PROBE_VERDICT if method == "nli" else SHORT_ANSWER  # the declared format of this probing answer
-    outs, free = zip(*[decode(client, prompts, fmt, decoding, REFORMAT[method], temperature=[float(x) for x in temps[:, j]],
-                              max_tokens=max_tokens if method == "nli" else 24, stop=["\n"], seed=seed + j,
-                              desc=f"{method}-probing {j + 1}/{n_probe}") for j in range(n_probe)])
+    steps = [decode(client, prompts, fmt, decoding, REFORMAT[method], temperature=[float(x) for x in temps[:, j]],
+                    max_tokens=max_tokens if method == "nli" else 24, stop=["\n"], seed=seed + j,
+                    desc=f"{method}-probing {j + 1}/{n_probe}") for j in range(n_probe)]
+    outs, free = [s.outputs for s in steps], [s.free for s in steps]
     rows = []
     for i in range(len(texts)):
         raw = [outs[j][i][0] for j in range(n_probe)]
@@ -453,9 +456,8 @@ def awaken(client,  # `kgrag_nb.llm.LLMClient`
     if len(questions) != len(knowledge): raise ValueError(f"awaken: {len(questions)} questions but {len(knowledge)} knowledge items")
     if not questions: return []
     prompts = [awakening_prompt(q, [k]) for q, k in zip(questions, knowledge)]
-    outs, _ = decode(client, prompts, SHORT_ANSWER, decoding, REFORMAT["qa"], n=n_samples, temperature=float(temperature),
-                     max_tokens=max_tokens, stop=["\n"], seed=seed, desc=f"awakening T={temperature}")
-    return [[parse_awakening_answer(a) for a in row] for row in outs]
+    return decode(client, prompts, SHORT_ANSWER, decoding, REFORMAT["qa"], parse_awakening_answer, n=n_samples,
+                  temperature=float(temperature), max_tokens=max_tokens, stop=["\n"], seed=seed, desc=f"awakening T={temperature}").parsed
 
 # %% ../nbs/14_awaken.ipynb #c035
 def task1_data(dataset: str = "cwq") -> tuple:
@@ -723,11 +725,10 @@ DEVIATIONS = [  # of Task 1 (awakening_unseen_entity_kgqa.txt §4.2, App. B, C, 
     "Verbalization: `head, relation, tail` with the relation's last Freebase name (Table 1 style, e.g. `owne_s`).",
     "Prompts: the App. E templates verbatim as completion prompts (a base model at the CPU profiles) with the answer cue of "
     "the template's own example appended (`- Short Answer:` / `- **Conclusion**:`).",
-    "Probing rule: Eq. 7 (all three True) at `min_true = 3` (full). Smoke keeps Eq. 7 for QA-probing, where it keeps "
-    "items (cold smoke run, constrained verdicts: 8 of 112 QA-probed items), and relaxes NLI-probing to `>= 1 True` of "
-    "three, where Eq. 7 keeps none (0 of 112: the 270M base model almost never says True three times, also when its "
-    "verdicts are constrained to True / False); tiny relaxes both (`min_true = 1`, two questions). The F-count and "
-    "probing tables show both rules.",
+    "Probing rule: Eq. 7 (all three True) at `min_true = 3` (full). Smoke keeps Eq. 7 for QA-probing and relaxes "
+    "NLI-probing to `>= 1 True` of three, because the 270M base model rarely says True three times, also when its verdicts "
+    "are constrained to True / False (the next line counts what each rule keeps in this run); tiny relaxes both "
+    "(`min_true = 1`, two questions). The F-count and probing tables show both rules.",
     "Order of steps: Step 2's KG filter runs before Step 1 so that only questions with a gold path cost LLM calls (the same "
     "resulting set); probing temperatures are seeded per item (uniform in [0, 1], App. C).",
     "Model: the embedded Gemma-3-270M base model (llama.cpp, CPU) at tiny and smoke, on a handful of questions; the paper's "
@@ -758,10 +759,19 @@ def decoding_note(result: dict) -> str:
     "A caption suffix naming the decoding mode, e.g. ` [decoding: constrained]` (every table caption carries it)."
     return f" [decoding: {decoding_of(result)}]"
 
+def probing_rule_counts(result: dict) -> str:
+    "What Eq. 7 and the relaxed rule keep in this run, per probing method (the numbers the probing-rule deviation cites)."
+    c = probe_counts(result) if "knowledge" in result else pd.DataFrame()
+    if not len(c): return "Probing rule in this run: no item was probed."
+    rows = c[c["type"] == "all"]
+    return "Probing rule in this run: " + "; ".join(
+        f"{r['probing']}-probing keeps {int(r['kept (Eq. 7, all True)'])} of {int(r['items'])} items by Eq. 7 and "
+        f"{int(r['kept (>= 1 True)'])} by >= 1 True" for _, r in rows.iterrows()) + "."
+
 def study_deviations(result: dict) -> list[str]:
-    "`DEVIATIONS`, plus the decoding line when `result` was not decoded freely (what every artefact renders)."
+    "`DEVIATIONS`, this run's probing-rule counts, and the decoding line when `result` was not decoded freely (what every artefact renders)."
     d = decoding_of(result)
-    return list(DEVIATIONS) + ([DECODING_DEVIATION[d]] if d != "free" else [])
+    return list(DEVIATIONS) + [probing_rule_counts(result)] + ([DECODING_DEVIATION[d]] if d != "free" else [])
 
 # %% ../nbs/14_awaken.ipynb #c104
 def _json_columns(df: pd.DataFrame) -> list[str]:

@@ -11,7 +11,7 @@ from .llm import Constraint
 
 # %% auto #0
 __all__ = ['AWAKENING_NO_RAG_TEMPLATE', 'SHORT_ANSWER_LABELS', 'SHORT_ANSWER', 'REFORMAT_SHORT', 'DEVIATIONS',
-           'DECODING_DEVIATION', 'no_rag_prompt', 'parse_short_answer', 'decode', 'draw_temperatures', 'closed_book',
+           'DECODING_DEVIATION', 'no_rag_prompt', 'parse_short_answer', 'draw_temperatures', 'closed_book',
            'summarize_closed_book', 'paper_no_rag_rows', 'closed_book_deviations']
 
 # %% ../nbs/09_baselines.ipynb #c004
@@ -53,27 +53,9 @@ SHORT_ANSWER = Constraint.regex(r" ?[^ \t\n\r][^\n]*\n?")
 
 # %% ../nbs/09_baselines.ipynb #b104
 from .llm import DECODINGS, check_decoding  # one list of decodings and one check for every study
-# decoupled's second pass for a short answer: one line after the free answer asking to restate it in the format
-REFORMAT_SHORT = "\n- Restate the short answer above on one line:"
-
-def decode(client,  # `kgrag_nb.llm.LLMClient`
-           prompts: list[str],  # completion prompts
-           constraint: Constraint,  # the output's declared format (`SHORT_ANSWER`, `awaken.PROBE_VERDICT`)
-           decoding: str = "free",  # "free" (the paper's) | "constrained" | "decoupled"
-           reformat: str = "",  # decoupled: the line appended after the free answer (`REFORMAT_SHORT`, `awaken.REFORMAT`)
-           n: int = 1, temperature=0.0, max_tokens: int = 24, stop=("\n",), seed: int | None = None,
-           desc: str | None = None) -> tuple[list[list[str]], list[list[str]] | None]:
-    "`client.complete` under `decoding`: (outputs to parse, `n` per prompt; the free answers they restate, or None unless decoupled)."
-    check_decoding(decoding)
-    kw = dict(max_tokens=max_tokens, stop=list(stop) if stop else None, seed=seed)
-    if decoding != "decoupled":
-        outs = client.complete(prompts, n=n, temperature=temperature, desc=desc,
-                               constraint=constraint if decoding == "constrained" else None, **kw)
-        return outs, None
-    free = client.complete(prompts, n=n, temperature=temperature, desc=desc, **kw)
-    again = [p + a + reformat for p, row in zip(prompts, free) for a in row]  # greedy: it restates, it does not sample
-    flat = client.complete(again, temperature=0.0, constraint=constraint, desc=f"{desc or 'answers'}: restated", **kw)
-    return [[flat[i * n + s][0] for s in range(n)] for i in range(len(prompts))], free
+from .decoding import Restatement, decode  # one decode for every study: free, constrained, decoupled
+# decoupled's second pass for a short answer (ours): one line after the free answer asking to restate it in the format
+REFORMAT_SHORT = Restatement("\n- Restate the short answer above on one line:")
 
 # %% ../nbs/09_baselines.ipynb #c008
 def draw_temperatures(n_questions: int,  # how many questions
@@ -94,16 +76,15 @@ def closed_book(client,  # a `kgrag_nb.llm.LLMClient`
                 seed: int = 0,
                 decoding: str = "free") -> pd.DataFrame:  # Step 1's answers: "free" (the paper's) | "constrained" | "decoupled"
     "Answer each question closed-book; one row per question with the answers, ACC_R per answer, answerability and Hits@k."
-    check_decoding(decoding)
     records = [r for r in records if r.answers]
     if not records: raise ValueError("closed_book: no record has a gold answer; pick a QA set with answers")
     prompts = [no_rag_prompt(r.question) for r in records]
     temps = draw_temperatures(len(records), n_probe, seed=seed)
     # Step 1: answer j of every question at its own temperature (one batch per j keeps the server full)
     # under `decoding` (`SHORT_ANSWER`); `free` sends exactly the requests (and cache keys) of a plain `client.complete`
-    probes, free = zip(*[decode(client, prompts, SHORT_ANSWER, decoding, REFORMAT_SHORT, temperature=[float(x) for x in temps[:, j]],
-                                max_tokens=max_tokens, stop=["\n"], seed=seed + j, desc=f"step-1 answer {j + 1}/{n_probe}")
-                         for j in range(n_probe)]) if n_probe else ((), ())
+    steps = [decode(client, prompts, SHORT_ANSWER, decoding, REFORMAT_SHORT, temperature=[float(x) for x in temps[:, j]],
+                    max_tokens=max_tokens, stop=["\n"], seed=seed + j, desc=f"step-1 answer {j + 1}/{n_probe}") for j in range(n_probe)]
+    probes, free = [s.outputs for s in steps], [s.free for s in steps]
     # the Hits@k samples stay free in every mode: they are the No-RAG row the (free) awakening answers are compared with
     samples = client.complete(prompts, n=n_samples, temperature=sample_temperature, max_tokens=max_tokens, stop=["\n"],
                               seed=seed, desc=f"{n_samples} samples") if n_samples else [[] for _ in records]

@@ -250,8 +250,9 @@ QUESTION_LINE = Constraint.regex(r"(?:[^\n?]{0,80}\n){0,4}Output:\n[A-Z0-9][^\n?
 
 # %% ../nbs/12_brink.ipynb #c032b
 from .llm import DECODINGS, check_decoding  # one list of decodings and one check for every study
+from .decoding import Restatement, decode  # one decode for every study
 # decoupled's second pass (ours): one line after the free output asking to restate it in the format `QUESTION_LINE` enforces
-QG_REFORMAT = "\nRestate the question above.\n"
+QG_REFORMAT = Restatement("\nRestate the question above.\n")
 
 # %% ../nbs/12_brink.ipynb #c034
 def _rule_type(rule) -> str: return str(getattr(rule, "type", "other"))
@@ -299,23 +300,13 @@ def generate_questions(kg: KG,  # the complete KG
                        chat: bool = False,  # send the App. D prompt as one chat user message
                        decoding: str = "free") -> list[dict]:  # 'free' (App. D), 'constrained' or 'decoupled' (`QUESTION_LINE`)
     "Fill `question` (None when the output has no question line) and `generation` (raw output) with the App. D prompt."
-    check_decoding(decoding)
     tris = kg.encode([rec["removed_triple"] for rec in records])  # one lookup for all (an empty list gives (0, 3))
     prompts = [qg_prompt(kg, tri, rec["direction"] == "tail", mode, display_seed) for rec, tri in zip(records, tris)]
     kw = dict(temperature=BRINK_TEMPERATURE, max_tokens=max_tokens)
-    msgs = lambda ps: [[{"role": "user", "content": p}] for p in ps]
-    if decoding == "free":  # the paper's request, no constraint: its cache key is unchanged
-        outs = (client.chat(msgs(prompts), **kw, desc="BRINK questions") if chat else client.complete(prompts, **kw, desc="BRINK questions"))
-    elif decoding == "constrained":
-        outs = (client.chat(msgs(prompts), **kw, desc="BRINK questions", constraint=QUESTION_LINE) if chat
-                else client.complete(prompts, **kw, desc="BRINK questions", constraint=QUESTION_LINE))
-    else:
-        free = (client.chat(msgs(prompts), **kw, desc="BRINK questions") if chat else client.complete(prompts, **kw, desc="BRINK questions"))
-        again = dict(temperature=0.0, max_tokens=max_tokens, desc="BRINK questions: restated", constraint=QUESTION_LINE)
-        outs = (client.chat([m + [{"role": "assistant", "content": f[0]}, {"role": "user", "content": QG_REFORMAT.strip()}]
-                             for m, f in zip(msgs(prompts), free)], **again) if chat
-                else client.complete([p + f[0] + QG_REFORMAT for p, f in zip(prompts, free)], **again))
-        for rec, f in zip(records, free): rec["generation_free"] = f[0]
+    if chat: prompts = [[{"role": "user", "content": p}] for p in prompts]
+    step = decode(client, prompts, QUESTION_LINE, decoding, QG_REFORMAT, chat=chat, desc="BRINK questions", **kw)
+    outs = step.outputs
+    for rec, f in zip(records, step.free or []): rec["generation_free"] = f[0]
     for rec, out in zip(records, outs):
         if decoding != "free": rec["decoding"] = decoding  # free records keep their bytes
         rec["generation"] = out[0]

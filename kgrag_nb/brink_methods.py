@@ -31,6 +31,7 @@ from .papers import compare, paper_claims, paper_numbers
 from .rules import APP_A2, mine_rules_cached
 from .brink import Benchmark, evaluate, failure_analysis, load_benchmark, build_benchmark, BRINK_TAU, DECODINGS, check_decoding
 from .llm import Constraint
+from .decoding import Restatement
 
 # %% auto #0
 __all__ = ['BRINK_METHODS', 'BRINK_SETTINGS', 'METHOD_FAMILIES', 'BENCHMARK_DEVIATIONS', 'DEVIATIONS', 'LLM_ONLY_PROMPT',
@@ -247,7 +248,7 @@ _ANSWER_ITEM = r"[^,;|\n> ][^,;|\n>]{0,39}"
 ANSWER_LIST = Constraint.regex(rf" ?{_ANSWER_ITEM}(, {_ANSWER_ITEM}){{0,9}}\n?")
 _ANSWER_LIST_LINE = re.compile(rf"{_ANSWER_ITEM}(, ?{_ANSWER_ITEM}){{0,9}}")
 # decoupled's second pass (ours): one line after the free answer asking to restate it in the format ANSWER_LIST enforces
-ANSWER_REFORMAT = "\nThe answers above as a comma-separated list:"
+ANSWER_REFORMAT = Restatement("\nThe answers above as a comma-separated list:", strip="\n")
 
 def parse_answer_list(text: str) -> list[str] | None:  # raw completion
     "The answers of the completion's first line when it is a list in `ANSWER_LIST`'s format, else None (a parse failure)."
@@ -380,7 +381,7 @@ class BrinkMethod(BaseMethod):
 
     def _complete(self, client, qs, prompts, cfg, max_tokens, desc, trace, stop=("\n",), parse=None,
                   constraint=None,  # the stage's declared format: one `Constraint`, one per prompt, or None (free)
-                  reformat: str = ANSWER_REFORMAT,  # decoupled: the restating line (`PLAN_REFORMAT`, `PRUNE_REFORMAT`)
+                  reformat: Restatement = ANSWER_REFORMAT,  # decoupled: the restatement (`PLAN_REFORMAT`, `PRUNE_REFORMAT`)
                  ) -> list[str]:
         "One batched stage under `cfg.decoding` (`kgqa.complete_decoded`; free sends the paper's requests, every call traced)."
         return complete_decoded(client, prompts, [q.id for q in qs], self.name, desc, trace, parse, constraint, cfg.decoding,

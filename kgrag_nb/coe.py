@@ -309,45 +309,42 @@ def sentence_spans(text: str) -> list[str]:  # knowledge text
 # %% ../nbs/19_coe.ipynb #c014
 VERDICT_TOKENS, FEATURE_TOKENS, RELATION_TOKENS = 3, 48, 64  # ours: generation budgets (completion model)
 
-def _traced(client, prompts: list, ids: list, stages: list, method: str, trace: TraceWriter | None, parse, extras: list | None = None, **gen) -> tuple[list, list]:
-    "One batched completion call; every call written to `trace` with its own stage and extra fields."
-    outs, parsed = complete_traced(client, prompts, ids, method, "batch", None, parse=parse, **gen)
-    if trace is not None:
-        for i, (q, p, o, v, st) in enumerate(zip(ids, prompts, outs, parsed, stages)):
-            trace.write(q, method, st, p, o, v, **((extras[i] if extras else None) or {}))
-    return outs, parsed
-
 from .llm import DECODINGS, check_decoding  # one list of decodings and one check for every study
+from .decoding import Restatement, decode  # one decode for every study
 
-# ours (decoupled decoding): appended to original prompt + free output, then the constrained continuation
-REFORMAT = {"features": 'Restate the output above as one JSON object with "Intent" and "Keywords", consistent with the examples.\nOutput:',
-            "relations": "Restate the output above as a JSON list of relations, consistent with the examples.\nOutput:",
-            "verdict": 'Restate the answer above as only "yes" or "no".\nOutput:',
-            "judge": "Restate the response above as only yes or no.\nCompareGPT response:",
-            "phrase": "Restate the output above as one phrase.\nOutput:",
-            "sentence": "Restate the output above as one sentence.\nSentence:"}
+# ours (decoupled decoding): appended to original prompt + free output (after a newline), then the constrained continuation
+REFORMAT = {k: Restatement("\n" + line) for k, line in {
+    "features": 'Restate the output above as one JSON object with "Intent" and "Keywords", consistent with the examples.\nOutput:',
+    "relations": "Restate the output above as a JSON list of relations, consistent with the examples.\nOutput:",
+    "verdict": 'Restate the answer above as only "yes" or "no".\nOutput:',
+    "judge": "Restate the response above as only yes or no.\nCompareGPT response:",
+    "phrase": "Restate the output above as one phrase.\nOutput:",
+    "sentence": "Restate the output above as one sentence.\nSentence:"}.items()}
 
 def decode_traced(client, prompts: list, ids: list, stages: list, method: str, trace: TraceWriter | None,
                   parse,  # the step's parser (None: raw outputs)
                   constraint: Constraint,  # the step's declared format
                   decoding: str = "free",  # free | constrained | decoupled
-                  reformat: str = "",  # decoupled: the REFORMAT line of the step
+                  reformat: Restatement | None = None,  # decoupled: the step's `REFORMAT`
                   extras: list | None = None, **gen) -> tuple[list, list]:
-    "(outputs, parsed) of one step: free (`gen` as given), constrained (`constraint`, no stop string: the grammar ends the"
-    " output), or decoupled (free, then prompt + free output + `reformat` continued under `constraint` at temperature 0;"
-    " the trace holds both passes, the free one with stage '<stage>/free')."
-    check_decoding(decoding)
-    if decoding == "free": return _traced(client, prompts, ids, stages, method, trace, parse, extras, **gen)
-    cgen = {**gen, "stop": None, "constraint": constraint}
-    if decoding == "constrained": return _traced(client, prompts, ids, stages, method, trace, parse, extras, **cgen)
-    if not reformat: raise ValueError("decode_traced: decoupled decoding needs the step's `reformat` line (REFORMAT[...])")
+    "(outputs, parsed) of one step under `decoding` (`kgrag_nb.decoding.decode`; constrained requests send no stop"
+    " string: the grammar ends the output); the trace holds every pass, a decoupled step's free one with stage '<stage>/free'."
     n = gen.get("n", 1)
-    free, _ = _traced(client, prompts, ids, [f"{s}/free" for s in stages], method, trace, None, extras, **gen)
-    flat = [(i, o) for i, out in enumerate(free) for o in (out if n > 1 else [out])]
-    outs, parsed = _traced(client, [prompts[i] + o + "\n" + reformat for i, o in flat], [ids[i] for i, _ in flat], [stages[i] for i, _ in flat],
-                           method, trace, parse, [extras[i] for i, _ in flat] if extras else None, **{**cgen, "n": 1, "temperature": 0.0, "seed": None})
-    if n == 1: return outs, parsed
-    return [outs[k * n:(k + 1) * n] for k in range(len(prompts))], [parsed[k * n:(k + 1) * n] for k in range(len(prompts))]
+    one = (lambda o: o) if n > 1 else (lambda o: o[0])  # a completion is a list when n > 1
+    step = decode(client, prompts, constraint, decoding, reformat, grammar_ends=True, **gen)
+    outs = [one(o) for o in step.outputs]
+    parsed = outs if parse is None else [[parse(x) for x in o] if n > 1 else parse(o) for o in outs]
+    if trace is not None:
+        extra = lambda i: (extras[i] if extras else None) or {}
+        if step.free is None:
+            for i, (q, p, o, v) in enumerate(zip(ids, prompts, outs, parsed)): trace.write(q, method, stages[i], p, o, v, **extra(i))
+        else:
+            for i, (q, p, f) in enumerate(zip(ids, prompts, step.free)): trace.write(q, method, f"{stages[i]}/free", p, one(f), one(f), **extra(i))
+            again = step.passes[1]
+            for k, (p, o) in enumerate(zip(again.prompts, again.outputs)):
+                i = k // n
+                trace.write(ids[i], method, stages[i], p, o[0], o[0] if parse is None else parse(o[0]), **extra(i))
+    return outs, parsed
 
 def extract_features(client,  # LLMClient (or any object with `.complete(prompts, **kw)`)
                      questions: Sequence[str],  # the questions

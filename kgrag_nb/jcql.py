@@ -29,17 +29,17 @@ __all__ = ['ACTIONS', 'INSTRUCTION_HEAD', 'ACTION_SENTENCES', 'EXAMPLE_TRAIN', '
            'TABLE3_ROW', 'TABLE4_ROW', 'NO_KB', 'DATASET_LABEL', 'PAPER_LLMS', 'DEFAULT_PAPER_LLM', 'METHOD_LABEL',
            'FORMAT_TAX', 'FT_VARIANT', 'FT_MAX_STEPS', 'FT_KEEP', 'FT_HOPS', 'FT_MAX_TRIPLES', 'agent_instruction',
            'agent_example', 'ParsedStep', 'parse_step', 'step_constraint', 'entity_constraint', 'relations_constraint',
-           'triples_constraint', 'schema_constraint', 'paths_constraint', 'decode', 'entity_names', 'relation_names_of',
-           'name_kg', 'AgentKB', 'triple_line', 'TailFrequencyKBC', 'GoldLeakError', 'gold_leaks', 'AgentConfig',
-           'parse_triples', 'step_prompt', 'parse_choice', 'parse_relation_choice', 'JCQLAgent', 'io_prompt',
-           'cot_prompt', 'parse_short', 'parse_cot', 'majority', 'BaselineConfig', 'IOBaseline', 'CoTBaseline',
-           'SCBaseline', 'ToGStyle', 'bfs_path', 'expand_paths', 'parse_trajectory', 'parse_paths', 'replay_batch',
-           'slm_triples', 'jcql_train', 'kbqa_questions', 'is_offline', 'prediction_frame', 'hits_table',
-           'failure_table', 'efficiency_table', 'format_table', 'deviations', 'decoding_note', 'exclude_held_out',
-           'select_questions', 'run_methods', 'special_test_set', 'special_first', 'topic_answer_path',
-           'path_questions', 'replay_study', 'training_curve', 'named_triples', 'paper_rows', 'paper_llm',
-           'ours_for_table', 'label_by_model', 'experiment_frames', 'versus_paper', 'llm_predictions', 'trace_file',
-           'traced_calls', 'disabled_attempts', 'plot_lines', 'format_tax_arm']
+           'triples_constraint', 'schema_constraint', 'paths_constraint', 'agent_decode', 'entity_names',
+           'relation_names_of', 'name_kg', 'AgentKB', 'triple_line', 'TailFrequencyKBC', 'GoldLeakError', 'gold_leaks',
+           'AgentConfig', 'parse_triples', 'step_prompt', 'parse_choice', 'parse_relation_choice', 'JCQLAgent',
+           'io_prompt', 'cot_prompt', 'parse_short', 'parse_cot', 'majority', 'BaselineConfig', 'IOBaseline',
+           'CoTBaseline', 'SCBaseline', 'ToGStyle', 'bfs_path', 'expand_paths', 'parse_trajectory', 'parse_paths',
+           'replay_batch', 'slm_triples', 'jcql_train', 'kbqa_questions', 'is_offline', 'prediction_frame',
+           'hits_table', 'failure_table', 'efficiency_table', 'format_table', 'deviations', 'decoding_note',
+           'exclude_held_out', 'select_questions', 'run_methods', 'special_test_set', 'special_first',
+           'topic_answer_path', 'path_questions', 'replay_study', 'training_curve', 'named_triples', 'paper_rows',
+           'paper_llm', 'ours_for_table', 'label_by_model', 'experiment_frames', 'versus_paper', 'llm_predictions',
+           'trace_file', 'traced_calls', 'disabled_attempts', 'plot_lines', 'format_tax_arm']
 
 # %% ../nbs/17b_jcql.ipynb #c005
 ACTIONS = ("search", "complete", "generate", "finish")  # §3.2-3.3: the agent's action space
@@ -331,7 +331,9 @@ def parse_step(text: str,  # the completion after 'Thought i:'
 # "constrained" restricts each parsed output to its format (a `Constraint` next to its parser); "decoupled" decodes
 # freely first, then a second, constrained call only restates the free text in the required format.
 from .llm import DECODINGS, check_decoding  # one list of decodings and one check for every study
-REFORMAT = "\n\nRestate the text above in the format of the example, without changing its content.\n"  # ours (decoupled)
+from .decoding import Restatement, adecode, decode  # one decode for every study
+# ours (decoupled): the restatement line, then the label the output follows ('Thought 3:', 'Answers:', 'Related relations:', '1.')
+REFORMAT = Restatement("\n\nRestate the text above in the format of the example, without changing its content.\n", repeat_label=True)
 
 _ARG = r"[^\]\[\n| ][^\]\[\n|]{0,79}"  # one argument: no brackets, bars or newlines, not blank (parse_step strips it)
 _ARGS = _ARG + r"(?: \| " + _ARG + r"){0,3}"  # arg1 | arg2 | ... (at most 4, as the agent looks up at most 3 entities)
@@ -382,24 +384,15 @@ def paths_constraint(known: Sequence[Sequence[str]],  # the expanded triples Pro
 COT_ANSWER = Constraint.regex(r" [^\n]{0,200}So the answer is [^\n.]{1,60}\.")
 SHORT_ANSWER = Constraint.regex(r" [^\n ][^\n]{0,79}")  # IO and ToG-style answers: one short line (`parse_short`)
 
-async def decode(client,  # kgrag_nb.llm.LLMClient
+async def agent_decode(client,  # kgrag_nb.llm.LLMClient
                  prompt: str,  # a completion prompt
                  decoding: str = "free",  # free | constrained | decoupled
                  constraint: Constraint | None = None,  # the output's format (None: free whatever `decoding` says)
                  **kw) -> tuple[str, list[dict]]:  # acomplete's keywords (temperature, max_tokens, stop, seed)
-    "(the output to parse, one record per call: stage suffix, prompt, text, cached). Decoupled = free, then a constrained restatement."
-    check_decoding(decoding)
-    async def call(p, c, suffix=""):
-        t0 = time.perf_counter()
-        texts, recs = await client.acomplete([p], return_records=True, **kw, **({"constraint": c} if c is not None else {}))
-        return dict(suffix=suffix, prompt=p, text=texts[0][0], cached=bool(recs[0][0].get("cached")), constrained=c is not None,
-                    latency_s=time.perf_counter() - t0)
-    if constraint is None or decoding == "free": recs = [await call(prompt, None)]
-    elif decoding == "constrained": recs = [await call(prompt, constraint)]
-    else:
-        free = await call(prompt, None)
-        tail = prompt.rsplit("\n", 1)[-1]  # the label the output follows ('Thought 3:', 'Answers:', 'Related relations:', '1.')
-        recs = [free, await call(prompt + free["text"] + REFORMAT + tail, constraint, " reformat")]
+    "(the output to parse, one record per pass: stage suffix, prompt, text, cached) of `kgrag_nb.decoding.adecode`."
+    step = await adecode(client, [prompt], constraint, decoding, REFORMAT, **kw)
+    recs = [dict(suffix=" reformat" if ps.stage else "", prompt=ps.prompts[0], text=ps.outputs[0][0], cached=bool(ps.records[0][0].get("cached")),
+                 constrained=ps.constrained, latency_s=ps.seconds) for ps in step.passes]
     return recs[-1]["text"], recs
 
 # %% ../nbs/17b_jcql.ipynb #c012
@@ -668,7 +661,7 @@ class JCQLAgent(BaseMethod):
         if not r.train:
             leaks = gold_leaks(prompt, r.gold, r.allowed)
             if leaks: raise GoldLeakError(f"question {r.q.id}: gold answer(s) {leaks} in a test-time {stage} prompt")
-        out, recs = await decode(client, prompt, cfg.decoding, constraint, temperature=cfg.temperature, max_tokens=max_tokens,
+        out, recs = await agent_decode(client, prompt, cfg.decoding, constraint, temperature=cfg.temperature, max_tokens=max_tokens,
                                  stop=list(stop), seed=cfg.seed)
         for c in recs:
             r.calls.append(dict(stage=stage + c["suffix"], cached=c["cached"], latency_s=c["latency_s"], prompt_chars=len(c["prompt"]),
@@ -908,25 +901,21 @@ class _Baseline(BaseMethod):
 
     def _call(self, client, qs, prompts, stage, cfg, trace, max_tokens, stop, n=1, constraint=None) -> tuple[list, list]:
         if not prompts: return [], []
-        check_decoding(cfg.decoding)
-        c = None if cfg.decoding == "free" else constraint
-        def batch(ps, k, con, st):
-            t0 = time.perf_counter()
-            texts, recs = client.complete(list(ps), n=k, temperature=cfg.temperature, max_tokens=max_tokens, stop=list(stop),
-                                          seed=cfg.seed, return_records=True, desc=f"{self.name} {st}", **({"constraint": con} if con else {}))
-            per = (time.perf_counter() - t0) / len(ps)
-            return texts, [[dict(stage=st, cached=bool(x.get("cached")), latency_s=per / k, constrained=con is not None) for x in rec] for rec in recs]
-        texts, calls = batch(prompts, n, c if cfg.decoding == "constrained" else None, stage)
+        step = decode(client, list(prompts), constraint, cfg.decoding, REFORMAT, n=n, temperature=cfg.temperature,
+                      max_tokens=max_tokens, stop=list(stop), seed=cfg.seed, desc=f"{self.name} {stage}")
+        first = step.passes[0]
+        per = first.seconds / len(prompts) / n
+        calls = [[dict(stage=stage, cached=bool(x.get("cached")), latency_s=per, constrained=first.constrained) for x in rec] for rec in first.records]
         if trace is not None:
-            for q, p, t in zip(qs, prompts, texts): trace.write(q.id, self.name, stage, p, t if n > 1 else t[0])
-        if c is not None and cfg.decoding == "decoupled":  # a constrained restatement of every free sample
-            flat = [(j, p + t + REFORMAT + p.rsplit("\n", 1)[-1]) for j, (p, ts) in enumerate(zip(prompts, texts)) for t in ts]
-            fixed, fcalls = batch([p for _, p in flat], 1, c, stage + " reformat")
-            texts, k = [[] for _ in prompts], 0
-            for (j, p), t, fc in zip(flat, fixed, fcalls):
-                texts[j].append(t[0]); calls[j] += fc
+            for q, p, t in zip(qs, prompts, first.outputs): trace.write(q.id, self.name, stage, p, t if n > 1 else t[0])
+        if len(step.passes) > 1:  # decoupled: a constrained restatement of every free sample (prompt-major)
+            again = step.passes[1]
+            for k, (p, t, rec) in enumerate(zip(again.prompts, again.outputs, again.records)):
+                j = k // n
+                calls[j].append(dict(stage=stage + " reformat", cached=bool(rec[0].get("cached")), latency_s=again.seconds / len(again.prompts),
+                                     constrained=True))
                 if trace is not None: trace.write(qs[j].id, self.name, stage + " reformat", p, t[0])
-        return [t if n > 1 else t[0] for t in texts], calls
+        return [t if n > 1 else t[0] for t in step.outputs], calls
 
     def _one_call(self, qs, client, cfg, trace, prompt_fn, parse, stage, stop, failure, constraint=None) -> list[Prediction]:
         "One completion per question, parsed; an empty parse is a counted failure named `failure`."
@@ -1057,7 +1046,7 @@ async def _filter_paths(client, q: Question, parsed: dict, cfg: AgentConfig, tra
     known = [tuple(t[:3]) for t in parsed["expanded"]]
     if not known: return [], []
     prompt = PROMPT_PATHS.format(question=q.text, answer=" | ".join(q.answers), topic=q.topic_name, known="\n".join(map(triple_line, known)))
-    out, recs = await decode(client, prompt, cfg.decoding, paths_constraint(known), temperature=cfg.temperature,
+    out, recs = await agent_decode(client, prompt, cfg.decoding, paths_constraint(known), temperature=cfg.temperature,
                              max_tokens=cfg.aux_tokens * 2, stop=["\nQuestion:", "\n\n"], seed=cfg.seed)
     calls = [dict(stage="path filter" + c["suffix"], cached=c["cached"], latency_s=c["latency_s"], constrained=c["constrained"]) for c in recs]
     if trace is not None:

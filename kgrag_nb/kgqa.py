@@ -14,7 +14,8 @@ import numpy as np
 
 from .hooks import same_definition
 from .kg import KG
-from .llm import Constraint, check_decoding
+from .llm import Constraint
+from .decoding import Restatement, decode
 
 # %% auto #0
 __all__ = ['METHODS', 'Step', 'PRUNE_REFORMAT', 'PLAN_REFORMAT', 'Question', 'Prediction', 'Method', 'BaseMethod',
@@ -436,8 +437,8 @@ def relation_paths_constraint(kg: KG,  # graph (labels)
     return Constraint.regex(path + "(?:\n" + path + "){0," + str(int(limit) - 1) + "}\n?")
 
 # decoupled's second pass (ours): one line after the free reply asking to restate it in the format the constraint enforces
-PRUNE_REFORMAT = "\nThe relations above, separated by semicolons:"
-PLAN_REFORMAT = "\nThe relation paths above, one per line, relations joined by ->:\n"
+PRUNE_REFORMAT = Restatement("\nThe relations above, separated by semicolons:", strip="\n")
+PLAN_REFORMAT = Restatement("\nThe relation paths above, one per line, relations joined by ->:\n", strip="\n")
 
 def parse_failures(parsed: Sequence) -> int:  # parsed replies (a parser's results)
     "How many replies parsed to nothing (None or empty): the failures a step reports, never replaced by a default."
@@ -454,36 +455,35 @@ def complete_decoded(client,  # `kgrag_nb.llm.LLMClient`
                      parse: Callable | Sequence[Callable] | None = None,  # completion -> parsed (or one per prompt)
                      constraint: Constraint | Sequence[Constraint | None] | None = None,  # the declared format (or one per prompt)
                      decoding: str = "free",  # 'free' (the papers) | 'constrained' | 'decoupled' (`kgrag_nb.llm.DECODINGS`)
-                     reformat: str = "",  # decoupled: the line appended after the free reply (`PRUNE_REFORMAT`, `PLAN_REFORMAT`)
+                     reformat: Restatement | None = None,  # decoupled: the step's restatement (`PRUNE_REFORMAT`, `PLAN_REFORMAT`)
                      chat: bool = False,  # message lists sent with `client.chat`
                      **kwargs) -> tuple[list, list]:  # `client.complete` arguments (temperature, max_tokens, stop, desc, ...)
-    "(completions, parsed) of one parsed step under `decoding`; free sends exactly the requests of `complete_traced`."
-    check_decoding(decoding)
+    "(completions, parsed) of one parsed step under `decoding` (`kgrag_nb.decoding.decode`, one batch per distinct"
+    " constraint), every pass traced; free sends exactly the requests of `complete_traced`."
     prompts, ids = list(prompts), [str(i) for i in question_ids]
     cons = list(constraint) if isinstance(constraint, (list, tuple)) else [constraint] * len(prompts)
     parsers = list(parse) if isinstance(parse, (list, tuple)) else [parse] * len(prompts)
     if not len(cons) == len(parsers) == len(ids) == len(prompts):
         raise ValueError(f"{len(prompts)} prompts, {len(ids)} question ids, {len(parsers)} parsers and {len(cons)} constraints: pass one each")
-    if decoding == "free" or all(c is None for c in cons):  # the paper's requests: no constraint, cache keys unchanged
-        return complete_traced(client, prompts, ids, method, stage, trace, parsers, chat, **kwargs)
+    n = kwargs.get("n", 1)
+    one = (lambda o: o) if n > 1 else (lambda o: o[0])  # a completion is a list when n > 1
+    groups = {}  # free: one batch of the paper's requests; else one batch per distinct constraint, in order of first use
+    for i, c in enumerate(cons): groups.setdefault(None if decoding == "free" else c, []).append(i)
+    steps = [(idx, decode(client, [prompts[i] for i in idx], c, decoding, reformat, chat=chat, **kwargs)) for c, idx in groups.items()]
     outs, parsed = [None] * len(prompts), [None] * len(prompts)
-    if decoding == "decoupled":
-        if kwargs.get("n", 1) != 1: raise ValueError("decoupled decoding restates one reply per prompt: pass n=1")
-        if not reformat: raise ValueError("decoupled decoding needs the step's `reformat` line (e.g. PRUNE_REFORMAT, PLAN_REFORMAT)")
-        free = complete_traced(client, prompts, ids, method, stage, trace, None, chat, **kwargs)[0]
-        for i, c in enumerate(cons):
-            if c is None: outs[i], parsed[i] = free[i], (free[i] if parsers[i] is None else parsers[i](free[i]))  # no format: the free reply
-        prompts = [p + [{"role": "assistant", "content": f}, {"role": "user", "content": reformat.strip()}] if chat
-                   else p + f.rstrip("\n") + reformat for p, f in zip(prompts, free)]
-        stage, kwargs = f"{stage}: restated", {**kwargs, "temperature": 0.0}
-        if "desc" in kwargs: kwargs["desc"] = f"{kwargs['desc']}: restated"
-    groups = {}  # one batch per distinct constraint (a Constraint is hashable), in order of first use
-    for i, c in enumerate(cons):
-        if decoding == "constrained" or c is not None: groups.setdefault(c, []).append(i)
-    for c, idx in groups.items():
-        o, v = complete_traced(client, [prompts[i] for i in idx], [ids[i] for i in idx], method, stage, trace, [parsers[i] for i in idx],
-                               chat, **kwargs, **({"constraint": c} if c is not None else {}))
-        for i, oi, vi in zip(idx, o, v): outs[i], parsed[i] = oi, vi
+    for idx, d in steps:
+        for i, o in zip(idx, d.outputs): outs[i] = one(o); parsed[i] = outs[i] if parsers[i] is None else parsers[i](outs[i])
+    if trace is not None:
+        restated = [(idx, d.passes[1]) for idx, d in steps if len(d.passes) > 1]
+        firsts = sorted((i, p, one(o)) for idx, d in steps for i, p, o in zip(idx, d.passes[0].prompts, d.passes[0].outputs)) \
+            if restated else [(i, p, one(o)) for idx, d in steps for i, p, o in zip(idx, d.passes[0].prompts, d.passes[0].outputs)]
+        for i, p, o in firsts:  # decoupled: every free reply first, as the paper's requests, then the restatements
+            trace.write(ids[i], method, stage, p, o, o if restated else parsed[i])
+        for idx, ps in restated:  # one restatement per free sample, prompt-major
+            for k, i in enumerate(idx):
+                for s in range(k * n, (k + 1) * n):
+                    o = ps.outputs[s][0]
+                    trace.write(ids[i], method, f"{stage}: restated", ps.prompts[s], o, o if parsers[i] is None else parsers[i](o))
     return outs, parsed
 
 

@@ -360,6 +360,7 @@ def parse_json_verdict(completion: str,  # the model's completion only (never pr
 
 # %% ../nbs/18_missing.ipynb #d17e6ec6
 from .llm import DECODINGS, check_decoding  # one list of decodings and one check for every study
+from .decoding import Restatement, decode  # one decode for every study
 
 def _strings(min_items: int, max_items: int, max_len: int = 60) -> dict:
     return {"type": "array", "items": {"type": "string", "minLength": 2, "maxLength": max_len},
@@ -637,19 +638,17 @@ def complete_as(client,  # LLMClient
                 lead: str = "",  # text between the reasoning and the constrained block (e.g. a ```json fence)
                 restate: str = "",  # decoupled: the line (ours) asking to restate the free answer in the format
                ) -> list[dict]:
-    "Per prompt {text (what the parser reads), finish_reason, free (the free part: reasoning or the free answer)}."
-    if decoding not in DECODINGS: raise ValueError(f"decoding={decoding!r}: use one of {DECODINGS}")
-    if decoding == "free":
-        return [dict(text=t, finish_reason=fr, free=t) for t, fr in _complete(client, prompts, max_tokens, stop)]
-    if decoding == "constrained":
-        first = (_complete(client, prompts, reason_tokens, list(reason_stop)) if reason_tokens > 0
-                 else [("", "")] * len(prompts))
-        heads = [t.rstrip() + lead if reason_tokens > 0 else "" for t, _ in first]
-        outs = _complete(client, [p + h for p, h in zip(prompts, heads)], max_tokens, None, constraint)
-        return [dict(text=h + t, finish_reason=fr, free=f) for h, (t, fr), (f, _) in zip(heads, outs, first)]
-    first = _complete(client, prompts, max_tokens, stop)  # the free arm's own requests (shared in the cache)
-    outs = _complete(client, [p + f.rstrip() + restate for p, (f, _) in zip(prompts, first)], max_tokens, None, constraint)
-    return [dict(text=t, finish_reason=fr, free=f) for (t, fr), (f, _) in zip(outs, first)]
+    "Per prompt {text (what the parser reads), finish_reason, free (the free part: reasoning or the free answer)}:"
+    " `kgrag_nb.decoding.decode` at temperature 0; constrained requests send no stop string (the grammar ends the block)."
+    heads, reasons = [""] * len(prompts), [""] * len(prompts)
+    if decoding == "constrained" and reason_tokens > 0:  # free reasoning first (bounded), then `lead` and the block
+        reasons = decode(client, prompts, None, "free", max_tokens=reason_tokens, stop=list(reason_stop), temperature=0.0).first()
+        heads = [t.rstrip() + lead for t in reasons]
+    step = decode(client, [p + h for p, h in zip(prompts, heads)], constraint, decoding, Restatement(restate, strip=None) if restate else None,
+                  grammar_ends=True, max_tokens=max_tokens, stop=stop, temperature=0.0)
+    ends = [r[0].get("finish_reason") or "" for r in step.records]
+    free = [f[0] for f in step.free] if step.free else (step.first() if decoding == "free" else reasons)
+    return [dict(text=h + t, finish_reason=fr, free=f) for h, t, fr, f in zip(heads, step.first(), ends, free)]
 
 # %% ../nbs/18_missing.ipynb #m028p2
 def _fit(template: str, chunks: list[Chunk], mis: list[Chunk] | None, values: dict, dataset: str,

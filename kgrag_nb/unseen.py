@@ -21,7 +21,8 @@ from .metrics import acc_r, hits_at_k, percent_cis
 from .kgqa import BaseMethod, Question, Prediction, TraceWriter, complete_traced, get_method, register_method
 from .llm import Constraint
 from .answers import first_line
-from .awaken import AWAKENING_MAX_SUBGRAPH_TRIPLES, awakening_prompt, check_decoding, decode
+from .awaken import AWAKENING_MAX_SUBGRAPH_TRIPLES, awakening_prompt, check_decoding
+from .decoding import Restatement, decode
 
 # %% auto #0
 __all__ = ['EXTRACTION_TEMPLATE', 'EXTRACTION_FORMAT', 'EXTRACTION_RESTATE', 'DISAMBIGUATION_TEMPLATE', 'DISAMBIGUATION_RESTATE',
@@ -170,7 +171,7 @@ def parse_extraction(completion: str,  # the model's completion of `extraction_p
 # (the App. E example output is `"Albert Einstein, sibling"`); entity <= 60 and relation <= 40 characters, so it closes in 32 tokens
 EXTRACTION_FORMAT = Constraint.json_schema({"type": "string", "pattern": r'^[^,"\\\n]{1,60}, [^"\\\n]{1,40}$'})
 # decoupled decoding: our line after the free answer, asking the model to restate it in that format
-EXTRACTION_RESTATE = '\n- Restate the output above in the format "entity, relation".\n- **Output:**'
+EXTRACTION_RESTATE = Restatement('\n- Restate the output above in the format "entity, relation".\n- **Output:**')
 
 
 # %% ../nbs/15_unseen.ipynb #c017
@@ -232,7 +233,7 @@ def disambiguation_format(n: int  # number of candidate facts in the prompt
     return Constraint.json_schema({"enum": list(range(1, n + 1))})
 
 # decoupled decoding: our line after the free answer, asking the model to restate its choice as one number
-DISAMBIGUATION_RESTATE = "\nThe number of the most useful fact, restated as one number, is:"
+DISAMBIGUATION_RESTATE = Restatement("\nThe number of the most useful fact, restated as one number, is:")
 
 
 # %% ../nbs/15_unseen.ipynb #c023
@@ -415,11 +416,11 @@ def unseen_question(record,  # QARecord with a topic entity in `inc.topics`
     return Question(record.id, record.question, [e for e, _ in found], list(record.answers), dataset, [n for _, n in found])
 
 def _decode_step(client, prompts: list, qids: list, method: str, stage: str, trace, parsers: list, constraint: Constraint,
-                 decoding: str, restate: str, **kw) -> tuple[list, list, list | None]:
-    "One parsed step under `decoding` (`awaken.decode`): (outputs, parsed, the free answers restated or None), recorded like `complete_traced`."
+                 decoding: str, restate: Restatement, **kw) -> tuple[list, list, list | None]:
+    "One parsed step under `decoding` (`kgrag_nb.decoding.decode`): (outputs, parsed, the free answers restated or None), recorded like `complete_traced`."
     if not prompts: return [], [], None
-    outs, free = decode(client, prompts, constraint, decoding, restate, **kw)
-    outs, free = [o[0] for o in outs], (None if free is None else [f[0] for f in free])
+    step = decode(client, prompts, constraint, decoding, restate, **kw)
+    outs, free = step.first(), (None if step.free is None else [f[0] for f in step.free])
     parsed = [f(o) for f, o in zip(parsers, outs)]
     if trace is not None:
         for qid, p, o, v in zip(qids, prompts, outs, parsed): trace.write(qid, method, stage, p, o, v)

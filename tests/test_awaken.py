@@ -10,6 +10,7 @@ from functools import reduce
 import numpy as np
 import pandas as pd
 import pytest
+from _fake import with_records
 from hypothesis import given, settings, strategies as st
 
 from kgrag_nb.awaken import (AWAKENING_TEMPLATE, KNOWLEDGE_TYPES, MAIN_TYPES, PROBE_TEMPLATE, awakening_prompt, awakening_table, paper_rows,
@@ -20,7 +21,7 @@ from kgrag_nb.awaken import (AWAKENING_TEMPLATE, KNOWLEDGE_TYPES, MAIN_TYPES, PR
                              relation_text, run_awakening, task1_data, verbalize_knowledge, DEVIATIONS, save_task1, load_task1,
                              task1_models, task1_table, probing_table, sweep_summary, mean_over_types, changed_by_query,
                              paper_select, knowledge_label, setting_of, PROBE_VERDICT, SHORT_ANSWER, DECODINGS, REFORMAT,
-                             decode, parse_status, probe, probe_counts, study_deviations, DECODING_DEVIATION)
+                             decode, parse_status, probe, probe_counts, probing_rule_counts, study_deviations, DECODING_DEVIATION)
 from kgrag_nb.baselines import parse_short_answer
 from kgrag_nb.llm import Constraint, fill_constraint
 from kgrag_nb.backends import LocalBackend
@@ -368,6 +369,7 @@ def test_verdict_options_are_the_papers_words():
 class _Fake:
     "A client that answers freely with prose and, under a constraint, with what the stub would write."
     def __init__(self): self.calls = []
+    @with_records
     def complete(self, prompts, n=1, temperature=0.0, constraint=None, **kw):
         self.calls.append((len(prompts), constraint, temperature))
         fill = (lambda i: fill_constraint(constraint.spec(), seed=i)) if constraint else (lambda i: " I think so. It is true")
@@ -391,9 +393,11 @@ def test_probe_decoding_modes(decoding):
 def test_decode_decoupled_prompts_and_errors():
     seen = []
     class C(_Fake):
+        @with_records
         def complete(self, prompts, **kw): seen.append(list(prompts)); return super().complete(prompts, **kw)
-    outs, free = decode(C(), ["P1", "P2"], PROBE_VERDICT, "decoupled", REFORMAT["nli"], n=2)
-    assert seen[1] == [f"{p} I think so. It is true{REFORMAT['nli']}" for p in ("P1", "P1", "P2", "P2")]
+    d = decode(C(), ["P1", "P2"], PROBE_VERDICT, "decoupled", REFORMAT["nli"], n=2)
+    outs, free = d.outputs, d.free
+    assert seen[1] == [f"{p} I think so. It is true{REFORMAT['nli'].line}" for p in ("P1", "P1", "P2", "P2")]
     assert [len(o) for o in outs] == [2, 2] and free == [[" I think so. It is true"] * 2] * 2
     with pytest.raises(ValueError, match="use 'free'"): decode(C(), ["P"], PROBE_VERDICT, "json")
 
@@ -407,8 +411,9 @@ def test_probe_counts_and_deviations():
     c = probe_counts(res, ["T1"]).set_index("type").loc["all"]
     assert c[["items", "answers", "ok", "repaired", "failed", "true", "kept (Eq. 7, all True)", "kept (>= 1 True)"]].tolist() == [3, 9, 8, 0, 1, 5, 1, 2]
     assert c["readable %"] == round(100 * 8 / 9, 1)
-    assert study_deviations(res) == DEVIATIONS + [DECODING_DEVIATION["constrained"]]
-    assert study_deviations({"params": {"decoding": "free"}}) == DEVIATIONS
+    assert probing_rule_counts(res) == "Probing rule in this run: nli-probing keeps 1 of 3 items by Eq. 7 and 2 by >= 1 True."
+    assert study_deviations(res) == DEVIATIONS + [probing_rule_counts(res), DECODING_DEVIATION["constrained"]]
+    assert study_deviations({"params": {"decoding": "free"}}) == DEVIATIONS + ["Probing rule in this run: no item was probed."]
 
 
 # ---------------------------------------------------------------- the pipeline against the real model
@@ -457,6 +462,7 @@ class _Rec:
 class _Recorder(_Fake):
     "Records every complete() call's keyword arguments."
     def __init__(self): super().__init__(); self.kw = []
+    @with_records
     def complete(self, prompts, n=1, temperature=0.0, constraint=None, **kw):
         self.kw.append(dict(prompts=list(prompts), n=n, temperature=temperature, constraint=constraint, **kw))
         return super().complete(prompts, n=n, temperature=temperature, constraint=constraint, **kw)
@@ -498,7 +504,7 @@ def test_closed_book_step1_decoding(decoding):
     if decoding == "decoupled":  # the restatement: greedy, after the prompt, the free answer and REFORMAT_SHORT
         restated = [k for k in step1 if k["constraint"] is not None]
         assert all(k["temperature"] == 0.0 for k in restated)
-        assert restated[0]["prompts"][0] == no_rag_prompt(recs[0].question) + " I think so. It is true" + REFORMAT["qa"]
+        assert restated[0]["prompts"][0] == no_rag_prompt(recs[0].question) + " I think so. It is true" + REFORMAT["qa"].line
     with pytest.raises(ValueError, match="use 'free'"): closed_book(fake, recs, decoding="json")
 
 

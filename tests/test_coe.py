@@ -5,6 +5,7 @@ import json, re
 from pathlib import Path
 
 import numpy as np, pandas as pd, pytest
+from _fake import with_records
 from hypothesis import given, settings, strategies as st
 
 from kgrag_nb import coe
@@ -98,6 +99,7 @@ def test_parse_verdict_unreadable_and_judge_rule():
 class Scripted:
     "Replies in call order; records every prompt (a scripted client, for the decision rule and the call count only)."
     def __init__(self, replies): self.replies, self.prompts = list(replies), []
+    @with_records
     def complete(self, prompts, **kw):
         self.prompts += list(prompts)
         return [[self.replies.pop(0)] for _ in prompts]
@@ -206,6 +208,7 @@ def test_following_rate_definition():
 class ByPrompt:
     "Replies chosen from the prompt's kind; records the prompts."
     def __init__(self, answer, correct="yes", grounded="no"): self.answer, self.correct, self.grounded, self.prompts = answer, correct, grounded, []
+    @with_records
     def complete(self, prompts, **kw):
         self.prompts += list(prompts)
         return [[self.correct if "correctness of predictions" in p else self.grounded if "groundedness" in p else self.answer] for p in prompts]
@@ -349,6 +352,7 @@ def test_pipeline_embedded(embedded_server, tmp_path):
 class Rules:
     "Replies by prompt kind; `coe_until` = number of sentences a knowledge text needs to be judged CoE (keyword verdicts)."
     def __init__(self, need_sentences=2): self.need, self.n = need_sentences, 0
+    @with_records
     def complete(self, prompts, **kw):
         out = []
         for p in prompts:
@@ -437,6 +441,7 @@ def test_every_constraint_filled_by_the_stub_parses(name, seed):
 def test_decoding_modes_send_the_constraint_and_count_the_same():
     class Rec:
         def __init__(self, reply): self.reply, self.calls = reply, []
+        @with_records
         def complete(self, prompts, **kw):
             self.calls.append((list(prompts), kw)); return [[self.reply] for _ in prompts]
     f = {"intent": "Birth year", "keywords": ["Paul"], "relations": []}
@@ -446,7 +451,7 @@ def test_decoding_modes_send_the_constraint_and_count_the_same():
     dec, tw = Rec(" no"), TraceWriter()
     (r,) = coe.discriminate(dec, [("q", f, "K")], tw, decoding="decoupled")
     assert len(dec.calls) == 2 and "constraint" not in dec.calls[0][1] and dec.calls[1][1]["constraint"] == coe.VERDICT
-    assert all(p.endswith(" no\n" + coe.REFORMAT["verdict"]) for p in dec.calls[1][0]) and r["is_coe"] is False
+    assert all(p.endswith(" no" + coe.REFORMAT["verdict"].line) for p in dec.calls[1][0]) and r["is_coe"] is False
     assert [t["stage"] for t in tw.records] == ["discriminate/intent/free", "discriminate/keywords/free", "discriminate/intent", "discriminate/keywords"]
     with pytest.raises(ValueError, match="free"): coe.discriminate(con, [("q", f, "K")], decoding="json")
     assert coe.deviations("free") == coe.DEVIATIONS and "decoupled" in coe.deviations("decoupled")[-1]
@@ -455,6 +460,7 @@ def test_decoding_modes_send_the_constraint_and_count_the_same():
 def test_misinformation_decoupled_regroups_n_samples():
     class Rec:
         def __init__(self): self.n = 0
+        @with_records
         def complete(self, prompts, n=1, **kw):
             out = [[f" It is in Paris {self.n + i * n + k}." for k in range(n)] for i in range(len(prompts))]
             self.n += len(prompts) * n
@@ -513,6 +519,7 @@ def test_format_tax_arm_counts_with_the_stub():
 
     class Stub:
         def __init__(self): self.calls = 0
+        @with_records
         def complete(self, prompts, constraint=None, n=1, **kw):
             self.calls += len(prompts)
             return [[fill_constraint(constraint.spec()) if constraint is not None else " free text, no format"] * n for _ in prompts]

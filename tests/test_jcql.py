@@ -354,7 +354,7 @@ def test_agent_embedded(embedded_server, tmp_path):
 # ---------------------------------------------------------------- constrained decoding (issue 21)
 
 from kgrag_nb.llm import Constraint, fill_constraint
-from kgrag_nb.jcql import (COT_ANSWER, SHORT_ANSWER, DECODINGS, decode, entity_constraint, parse_choice, parse_cot, parse_paths,
+from kgrag_nb.jcql import (COT_ANSWER, SHORT_ANSWER, DECODINGS, agent_decode as decode, entity_constraint, parse_choice, parse_cot, parse_paths,
                            parse_relation_choice, parse_short, paths_constraint, relations_constraint, schema_constraint,
                            step_constraint, triples_constraint)
 

@@ -310,8 +310,8 @@ def test_free_sends_the_old_requests_and_constrained_binds_the_format(stub_serve
                                  PRUNE_REFORMAT, **kw)
     assert outs[1] == old[0][1] and got[1] == old[1][1]  # no declared format: the free reply stands, parsed as before
     assert [r["stage"] for r in tw.records] == ["prune"] * 3 + ["prune: restated"] * 2
-    assert all(r["prompt"].endswith(PRUNE_REFORMAT) for r in tw.records[3:]) and re.fullmatch(cons[0].value, outs[0])
-    with pytest.raises(ValueError, match="reformat"):
+    assert all(r["prompt"].endswith(PRUNE_REFORMAT.line) for r in tw.records[3:]) and re.fullmatch(cons[0].value, outs[0])
+    with pytest.raises(ValueError, match="restatement line"):
         complete_decoded(client, prompts, ["a", "b", "c"], "m", "prune", None, parsers, cons, "decoupled", **kw)
     with pytest.raises(ValueError, match="decoding="):
         complete_decoded(client, prompts, ["a", "b", "c"], "m", "prune", None, parsers, cons, "grammar", **kw)

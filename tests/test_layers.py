@@ -60,6 +60,7 @@ LAYERS = [
     ["kg"],
     ["datasets"],
     ["llm"],
+    ["decoding"],
     ["serve"],
     ["retrieval"],
     ["backends"],
