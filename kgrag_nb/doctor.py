@@ -4,11 +4,11 @@
 
 # %% ../nbs/08c_doctor.ipynb #d003
 from __future__ import annotations
-import argparse, hashlib, importlib.metadata, importlib.util, json, os, platform, re, shutil, signal, socket, subprocess, sys, tempfile, time
+import argparse, base64, hashlib, importlib.metadata, importlib.util, json, os, platform, re, shutil, signal, socket, subprocess, sys, tempfile, time
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 import httpx
 
@@ -17,25 +17,90 @@ from .config import Config, get_config
 from .datasets import _MIRROR, cached_sha256
 from .hooks import subcommand
 from .llm import LLMClient
-from .reproduce import redact_url
 from .serve import LOOPBACK, EmbeddedServer, free_port
 
 # %% auto #0
-__all__ = ['STATUSES', 'MIN_PYTHON', 'RUNTIME_PACKAGES', 'DEV_PACKAGES', 'LLAMA_PACKAGE', 'LLAMA_BUILD_FIX', 'ISA_FLAGS',
-           'BUILD_RECORD', 'NO_RECORD', 'SCAN_CATEGORIES', 'AMX_MNEMONICS', 'AMX_PREFIXES', 'FMA_PREFIXES',
-           'AVX2_MNEMONICS', 'AVX512_MNEMONICS', 'AVX1_VP', 'OBJDUMP_FIX', 'DOCTOR_PROMPT', 'NEEDS', 'SECRET_WORDS',
-           'Check', 'exit_reason', 'dist_version', 'uses_embedded_server', 'check_packages', 'cpu_info', 'check_cpu',
-           'llama_build_record', 'llama_system_info', 'check_llama_build', 'instruction_categories', 'DisassemblyScan',
-           'scan_disassembly', 'llama_libraries', 'scan_library', 'check_llama_library', 'check_completion',
-           'check_mirror', 'mem_available_gb', 'check_resources', 'check_gpu', 'redact_env', 'check_env', 'run_doctor',
-           'doctor_header', 'print_doctor', 'doctor_json', 'add_doctor_arguments', 'doctor_command', 'doctor_main']
+__all__ = ['STATUSES', 'SAFE_ENV', 'URL_ENV', 'SECRET_NAME', 'MIN_SECRET', 'MIN_PYTHON', 'RUNTIME_PACKAGES', 'DEV_PACKAGES',
+           'LLAMA_PACKAGE', 'LLAMA_BUILD_FIX', 'ISA_FLAGS', 'BUILD_RECORD', 'NO_RECORD', 'LIB_PATH_ENV',
+           'SCAN_CATEGORIES', 'AMX_MNEMONICS', 'AMX_PREFIXES', 'FMA_PREFIXES', 'AVX2_MNEMONICS', 'AVX512_MNEMONICS',
+           'AVX1_VP', 'OBJDUMP_FIX', 'DOCTOR_PROMPT', 'NEEDS', 'redact_url_all', 'env_secrets', 'scrub', 'Check',
+           'exit_reason', 'dist_version', 'uses_embedded_server', 'check_packages', 'cpu_info', 'check_cpu',
+           'llama_build_record', 'import_failure', 'llama_system_info', 'check_llama_build', 'instruction_categories',
+           'DisassemblyScan', 'scan_disassembly', 'llama_lib_dir', 'llama_libraries', 'scan_library',
+           'check_llama_library', 'check_completion', 'check_mirror', 'mem_available_gb', 'check_resources',
+           'check_gpu', 'redact_env', 'check_env', 'run_doctor', 'doctor_header', 'print_doctor', 'doctor_json',
+           'add_doctor_arguments', 'doctor_command', 'doctor_main']
 
 # %% ../nbs/08c_doctor.ipynb #d005
 STATUSES = ("ok", "WARN", "FAIL")
+SAFE_ENV = (  # the KGRAG_* settings shown as they are; every other KGRAG_* value is treated as a secret
+    "KGRAG_HOME", "KGRAG_DATA", "KGRAG_CACHE", "KGRAG_RUNS", "KGRAG_FIGURES", "KGRAG_SERVER_STATE",  # paths
+    "KGRAG_PROFILE", "KGRAG_MODEL", "KGRAG_EMBEDDER", "KGRAG_EMBED_DEVICE",  # profile, model and device names
+    "KGRAG_LLM_BACKEND", "KGRAG_LLM_CACHE_MODE", "KGRAG_PROGRESS_STREAM", "KGRAG_DEBUG",  # switches
+    "KGRAG_EMBEDDED_PORT", "KGRAG_EMBEDDED_N_CTX", "KGRAG_EMBED_THREADS", "KGRAG_MAX_CONCURRENCY", "KGRAG_SERVER_OWNER")  # numbers
+URL_ENV = ("KGRAG_LLM_URL",)  # shown without user:password and with every query value replaced by ***
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASS|AUTH|CRED|COOKIE", re.I)  # other variables whose values are secrets
+MIN_SECRET = 8  # secret values this long are scrubbed wherever they occur; shorter ones (from 4 characters) as whole words
+_URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]*[^\s'\"<>`.,;:!?)\]}]")  # a trailing `:` or `.` is prose
+_AUTH_SCHEME = re.compile(r"\b(Basic|Bearer)\s+[A-Za-z0-9+/=._~-]{6,}", re.I)
+_B64 = re.compile(r"[A-Za-z0-9+/_-]{8,}={0,2}")
+
+def redact_url_all(url: str | None) -> str | None:
+    "`url` without `user:password@` and with the value of every query (and fragment) parameter replaced by `***`."
+    if not url: return url
+    hide = lambda s: re.sub(r"=[^&;#]*", "=***", s)
+    try: parts = urlsplit(url)
+    except ValueError:  # e.g. an unclosed `[` of an IPv6 host: cut the userinfo by hand, hide every value
+        return hide(re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*:)?//[^/?#]*@", r"\1//", url))
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1], query=hide(parts.query), fragment=hide(parts.fragment)))
+
+def _url_secrets(value: str) -> list[str]:
+    "The userinfo, password and query values of every URL in `value`."
+    out = []
+    for m in _URL.finditer(value):
+        try: parts = urlsplit(m.group(0))
+        except ValueError: continue
+        if "@" in parts.netloc: out += [parts.netloc.rsplit("@", 1)[0], parts.password or ""]
+        out += [v for _, v in parse_qsl(parts.query, keep_blank_values=True)] + [v for _, v in parse_qsl(parts.fragment)]
+    return out
+
+def env_secrets(environ: dict | None = None) -> list[str]:  # None = os.environ
+    "Values that must never be printed, longest first: every `KGRAG_*` value outside `SAFE_ENV` and `URL_ENV`, the"
+    " values of variables named like secrets (`SECRET_NAME`: `OPENAI_API_KEY`, `HF_TOKEN`, ...), and the userinfo,"
+    " password and query values of every URL in the environment; each also percent-encoded and decoded."
+    environ = os.environ if environ is None else environ
+    found = []
+    for name, value in environ.items():
+        if not value: continue
+        if name.startswith("KGRAG_") and name not in SAFE_ENV + URL_ENV: found.append(value)
+        elif not name.startswith("KGRAG_") and SECRET_NAME.search(name): found.append(value)
+        if "://" in value: found += _url_secrets(value)
+    forms = {f for s in found for f in (s, quote(s, safe=""), unquote(s))}
+    return sorted((s for s in forms if len(s) >= 4), key=len, reverse=True)
+
+def _decodes_to_secret(token: str, secrets: list[str]) -> bool:
+    "Whether base64 (standard or URL-safe, padding optional) `token` decodes to text holding a secret."
+    for decode in (base64.b64decode, base64.urlsafe_b64decode):
+        try: text = decode(token.rstrip("=") + "=" * (-len(token.rstrip("=")) % 4)).decode("utf-8", "replace")
+        except ValueError: continue  # binascii.Error is a ValueError
+        if any(s in text for s in secrets): return True
+    return False
+
+def scrub(text: str, secrets: list[str] | None = None) -> str:  # None = `env_secrets()`
+    "`text` with nothing secret left: URLs lose their userinfo and query values, known secret values (and their"
+    " base64: `Basic` credentials are base64 of `user:password`) become `***`, and so does any `Basic` or `Bearer` credential."
+    if not text: return text
+    secrets = env_secrets() if secrets is None else secrets
+    text = _URL.sub(lambda m: redact_url_all(m.group(0)), text)
+    for s in secrets:
+        text = text.replace(s, "***") if len(s) >= MIN_SECRET else re.sub(rf"(?<![\w-]){re.escape(s)}(?![\w-])", "***", text)
+    text = _AUTH_SCHEME.sub(lambda m: f"{m.group(1)} ***", text)
+    return _B64.sub(lambda m: "***" if _decodes_to_secret(m.group(0), secrets) else m.group(0), text)
 
 @dataclass(frozen=True)
 class Check:
-    "One line of the doctor's report."
+    "One line of the doctor's report. Every row scrubs its own name and detail (`scrub`): no check, present or"
+    " future, can print or return a secret of the environment."
     name: str  # what was checked: `python`, `cpu`, `llama build`, ...
     status: str  # `ok`, `WARN` (full profile only, or slower) or `FAIL` (kgrag will not work here)
     detail: str  # what was found and, for WARN and FAIL, how to fix it
@@ -43,6 +108,9 @@ class Check:
     def __post_init__(self):
         if self.status not in STATUSES:
             raise ValueError(f"Check({self.name!r}): status={self.status!r} is not one of {STATUSES}")
+        secrets = env_secrets()
+        object.__setattr__(self, "name", scrub(str(self.name), secrets))
+        object.__setattr__(self, "detail", scrub(str(self.detail), secrets))
 
 def _first_line(err: BaseException | str) -> str:
     "The first line of an error message (server errors append a log tail)."
@@ -84,7 +152,7 @@ def _llama_missing(cfg: Config) -> Check:
     "The row for a missing llama-cpp-python: FAIL where the embedded server is needed, else WARN."
     if uses_embedded_server(cfg):
         return Check(LLAMA_PACKAGE, "FAIL", f"missing: the embedded server (the CPU default) needs it; {LLAMA_BUILD_FIX}")
-    return Check(LLAMA_PACKAGE, "WARN", f"missing; not needed while KGRAG_LLM_URL={redact_url(cfg.llm_url)} serves the LLM, "
+    return Check(LLAMA_PACKAGE, "WARN", f"missing; not needed while KGRAG_LLM_URL={redact_url_all(cfg.llm_url)} serves the LLM, "
                                         f"but the embedded server needs it: {LLAMA_BUILD_FIX}")
 
 def check_packages(cfg: Config | None = None) -> list[Check]:  # None = get_config()
@@ -153,6 +221,29 @@ def llama_build_record(prefix: str | Path | None = None) -> dict | None:  # envi
     try: return json.loads(path.read_text())
     except ValueError as e: raise ValueError(f"{path} is not valid JSON ({e}); rebuild with `python tools/llama_wheel.py --install`") from e
 
+LIB_PATH_ENV = "LLAMA_CPP_LIB_PATH"  # llama_cpp/llama_cpp.py loads libllama.so from this folder instead of the package's lib/
+_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)|[A-Za-z_][\w.]*\.\w+)(?::\s|$)")
+_CAUSE_HINTS = (("cannot open shared object file", "a library it links against is missing (a partial install or copy)"),
+                ("undefined symbol", "its libraries come from different llama.cpp builds"),
+                ("invalid ELF header", "the file is not a shared library"), ("file too short", "the file is not a shared library"),
+                ("wrong ELF class", "the library is for another architecture"))
+
+def import_failure(stderr: str) -> str:  # what a `python -c "import ..."` that failed wrote to stderr
+    "The cause of a failed import: the `Type: message` line that ends its traceback (the first line of the message:"
+    " e.g. the missing .so or the undefined symbol), else the last line written; `no output` when there is none."
+    lines = [l.rstrip() for l in (stderr or "").splitlines() if l.strip()]
+    found = [l.strip() for l in lines if not l.startswith((" ", "\t")) and _EXC_LINE.match(l.strip())]
+    cause = found[-1] if found else (lines[-1].strip() if lines else "no output")
+    return cause if len(cause) <= 400 else cause[:400] + " ..."
+
+def _import_fix(cause: str, environ: dict | None = None) -> str:
+    "What to do about a llama_cpp that does not import: a hint from the cause, the override folder, the rebuild."
+    environ = os.environ if environ is None else environ
+    hint = next((h for k, h in _CAUSE_HINTS if k in cause), None)
+    where = (f"LLAMA_CPP_LIB_PATH={environ[LIB_PATH_ENV]} makes llama_cpp load it from there: fix that folder or unset "
+             "the variable, or " if environ.get(LIB_PATH_ENV) is not None else "")
+    return (f"{hint}; " if hint else "") + where + "rebuild with `python tools/llama_wheel.py --install`"
+
 _SYSINFO = "import sys, llama_cpp; sys.stdout.write(llama_cpp.llama_print_system_info().decode(errors='replace'))"
 
 def llama_system_info(timeout: float = 120) -> tuple[int, str]:  # seconds
@@ -186,7 +277,8 @@ def check_llama_build(cpu: dict | None = None,  # `cpu_info()`; None = this mach
     try: rc, out = llama_system_info()
     except subprocess.TimeoutExpired: return rows + [Check("llama sysinfo", "FAIL", "importing llama_cpp did not finish in 120 s")]
     if rc != 0:
-        return rows + [Check("llama sysinfo", "FAIL", f"importing llama_cpp failed ({exit_reason(rc)}): {_first_line(out[-500:]) if out else 'no output'}")]
+        cause = import_failure(out)
+        return rows + [Check("llama sysinfo", "FAIL", f"importing llama_cpp failed ({exit_reason(rc)}): {cause}; {_import_fix(cause)}")]
     info = " ".join(out.split())
     if re.search(r"AMX\w* = 1", info):
         return rows + [Check("llama sysinfo", "FAIL", f"{info}; the library was compiled with AMX (-march=native on an AMX CPU) "
@@ -277,16 +369,31 @@ def _file_digest(path: Path) -> tuple[int, str]:
     "(size, sha256) of a file: which copies are the same library."
     return path.stat().st_size, hashlib.sha256(path.read_bytes()).hexdigest()
 
-def llama_libraries(package_dir: str | Path | None = None) -> list[Path]:  # llama_cpp package folder; None = the installed one
-    "The llama.cpp shared libraries (libggml*.so, libllama*.so) of the llama_cpp package, each file once."
+def llama_lib_dir(environ: dict | None = None) -> Path | None:  # None = os.environ
+    "The folder llama_cpp loads its libraries from, decided as llama_cpp/llama_cpp.py does: `LLAMA_CPP_LIB_PATH` when"
+    " set, else the installed package (its `lib/`); None when llama_cpp is not installed."
+    environ = os.environ if environ is None else environ
+    if environ.get(LIB_PATH_ENV) is not None: return Path(environ[LIB_PATH_ENV]).absolute()  # llama_cpp: `is None` decides
+    spec = importlib.util.find_spec("llama_cpp")  # finds the package without importing (loading) it
+    return None if spec is None or spec.origin is None else Path(spec.origin).parent
+
+def llama_libraries(package_dir: str | Path | None = None) -> list[Path]:  # a folder to scan; None = `llama_lib_dir()`
+    "The llama.cpp shared libraries (libggml*.so, libllama*.so) llama_cpp loads, each file once: those of the"
+    " `LLAMA_CPP_LIB_PATH` folder when it is set (libllama.so from there, and libggml* beside it through its RUNPATH"
+    " `$ORIGIN`), else those of the installed package."
     if package_dir is None:
-        spec = importlib.util.find_spec("llama_cpp")  # finds the package without importing (loading) it
-        if spec is None or spec.origin is None: return []
-        package_dir = Path(spec.origin).parent
-    found = {}  # wheels hold no symlinks: libllama.so, .so.0 and .so.0.5.0 are three copies of one file; keep the shortest name
-    for pattern in ("libggml*.so*", "libllama*.so*"):
-        for p in sorted(Path(package_dir).rglob(pattern), key=lambda p: (len(p.name), p.name)):
-            if p.is_file() and not p.is_symlink(): found.setdefault(_file_digest(p), p)
+        package_dir = llama_lib_dir()
+        if package_dir is None: return []
+        if os.environ.get(LIB_PATH_ENV) is not None:  # llama_cpp opens <dir>/libllama.so, not a subfolder
+            return _distinct(p for pattern in ("libggml*.so*", "libllama*.so*") for p in Path(package_dir).glob(pattern))
+    return _distinct(p for pattern in ("libggml*.so*", "libllama*.so*") for p in Path(package_dir).rglob(pattern))
+
+def _distinct(paths) -> list[Path]:
+    "Each file once: wheels hold no symlinks, so libllama.so, .so.0 and .so.0.5.0 are three copies of one file; the"
+    " shortest name of each is kept."
+    found = {}
+    for p in sorted(paths, key=lambda p: (len(p.name), p.name)):
+        if p.is_file() and not p.is_symlink(): found.setdefault(_file_digest(p), p)
     return sorted(found.values())
 
 def scan_library(path: str | Path,  # a shared library
@@ -339,19 +446,22 @@ def check_llama_library(libraries: list[Path] | None = None,  # None = `llama_li
     if variant == "record": variant = (llama_build_record() or {}).get("variant")
     objdump = objdump or shutil.which("objdump")
     if not objdump: return [Check("llama binary", "WARN", f"objdump not found: cannot scan the llama.cpp libraries; {OBJDUMP_FIX}")]
+    override = os.environ.get(LIB_PATH_ENV) if libraries is None else None
+    where = f"LLAMA_CPP_LIB_PATH={override}" if override is not None else "the llama_cpp package"
     libraries = llama_libraries() if libraries is None else libraries
-    if not libraries: return [Check("llama binary", "WARN", "no libggml*.so / libllama*.so found in the llama_cpp package")]
+    if not libraries: return [Check("llama binary", "WARN", f"no libggml*.so / libllama*.so found in {where}")]
     rows = []
     for lib in libraries:
-        try: rows.append(_library_row(Path(lib), scan_library(lib, objdump), variant))
-        except (RuntimeError, TimeoutError, OSError) as e: rows.append(Check(f"llama binary {Path(lib).name}", "WARN", _first_line(e)))
+        try: row = _library_row(Path(lib), scan_library(lib, objdump), variant)
+        except (RuntimeError, TimeoutError, OSError) as e: row = Check(f"llama binary {Path(lib).name}", "WARN", _first_line(e))
+        rows.append(row if override is None else Check(row.name, row.status, f"{row.detail} ({Path(lib).parent}: {where})"))
     return rows
 
 # %% ../nbs/08c_doctor.ipynb #d025
 DOCTOR_PROMPT = "The capital of France is"
 
 def _remote_completion(cfg: Config, timeout: float) -> Check:
-    url = redact_url(cfg.llm_url)
+    url = redact_url_all(cfg.llm_url)
     client = LLMClient(cfg.llm_url, model=cfg.model, cache=None, api_key_env=cfg.api_key_env, max_retries=1, progress=False,
                        timeout=timeout)
     try:
@@ -498,13 +608,12 @@ def check_gpu(timeout: float = 120) -> list[Check]:  # seconds for nvidia-smi an
     return rows + [Check("torch cuda", "ok", f"torch {version}: no CUDA (none needed without a GPU)")]
 
 # %% ../nbs/08c_doctor.ipynb #d039
-SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
-_SECRET_QUERY = re.compile(r"([?&][^=&#]*(?:key|token|secret|password|sig)[^=&#]*=)[^&#]*", re.I)
-
 def redact_env(name: str, value: str) -> str:
-    "What the doctor may print of environment variable `name`: secrets as `<set, N chars>`, URLs without credentials."
-    if any(w in name.upper() for w in SECRET_WORDS): return f"<set, {len(value)} chars>"
-    return _SECRET_QUERY.sub(r"\1***", redact_url(value) or value)
+    "What the doctor may print of environment variable `name`: `SAFE_ENV` settings as they are, `URL_ENV` URLs without"
+    " credentials or query values, anything else as `<set, N chars>`."
+    if name in SAFE_ENV: return value
+    if name in URL_ENV: return redact_url_all(value)
+    return f"<set, {len(value)} chars>"
 
 def check_env(cfg: Config | None = None,  # None = get_config() (its `api_key_env`)
               environ: dict | None = None) -> list[Check]:  # None = os.environ

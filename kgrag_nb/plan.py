@@ -4,23 +4,26 @@
 
 # %% ../nbs/20_plan.ipynb #p003
 from __future__ import annotations
-import json, math, re
+import argparse, csv, json, math, os, re
+from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
 import pandas as pd
 
-from .config import Config, get_config
+from .config import PROFILES, Config, get_config
 from .hooks import subcommand
 from .llm import ResponseCache, request_key
 from .reproduce import _read_registry, experiments_for, markdown_table, select_artifacts
 from .serve import STUB_MODEL
 
 # %% auto #0
-__all__ = ['DEFAULT_PLAN_MODEL', 'DEFAULT_THROUGHPUT', 'EXACT_PROMPTS', 'H100_BF16_FLOPS', 'PREFILL_MFU', 'SIZE_CLASSES',
-           'PREFILL_RULE', 'STAND_IN_KEYS', 'COUNTS', 'TOKENS', 'GROWTH_FORMS', 'gpu_hours', 'size_class',
-           'phase_hours', 'throughput_model', 'rehearsal_records', 'prompt_id', 'price_keys', 'shipped_records', 'plan',
-           'rehearsal_table', 'fit_growth']
+__all__ = ['DEFAULT_PLAN_MODEL', 'DEFAULT_THROUGHPUT', 'EXACT_PROMPTS', 'H100_BF16_FLOPS', 'PREFILL_MFU', 'CLASS_LIMITS',
+           'SIZE_CLASSES', 'MOE_SHARED', 'KNOWN_SIZES', 'PREFILL_RULE', 'RECORD_COLUMNS', 'RECORD_COUNTS',
+           'RECORDS_FIX', 'STAND_IN_KEYS', 'COUNTS', 'TOKENS', 'GROWTH_FORMS', 'gpu_hours', 'ModelSize',
+           'UnknownModelSize', 'parse_params', 'config_params', 'find_config', 'model_size', 'model_rates',
+           'size_class', 'phase_hours', 'throughput_model', 'rehearsal_records', 'prompt_id', 'price_keys',
+           'RecordsError', 'read_records', 'shipped_records', 'plan', 'rehearsal_table', 'fit_growth']
 
 # %% ../nbs/20_plan.ipynb #p004
 DEFAULT_PLAN_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -29,11 +32,19 @@ EXACT_PROMPTS = {  # notebooks whose requests depend only on the data, not on ea
     "closed_book_baseline": "Step-1 answers and the n samples per question: prompts from the questions only (awakening App. E)",
 }
 
+def _check_throughput(throughput) -> float:
+    "`throughput` as a float when it is a finite number > 0, else a ValueError naming it."
+    try: x = float(throughput)
+    except (TypeError, ValueError): x = math.nan
+    if not (math.isfinite(x) and x > 0):
+        raise ValueError(f"throughput={throughput!r}: give the tokens/s of one replica as a finite number > 0, e.g. 5000")
+    return x
+
 def gpu_hours(tokens: float,  # tokens to process (prompt tokens for prefill, output tokens for decode)
               throughput: float = DEFAULT_THROUGHPUT,  # tokens/s of one replica in that phase
               replicas: int = 1) -> float:  # data-parallel replicas behind one endpoint
     "Hours of serving time: tokens / (throughput x replicas)."
-    if not throughput or throughput <= 0: raise ValueError(f"throughput={throughput}: give output tokens/s of one replica (> 0), e.g. 5000")
+    throughput = _check_throughput(throughput)
     if int(replicas) < 1: raise ValueError(f"replicas={replicas}: give the number of replicas (>= 1)")
     return tokens / (throughput * int(replicas)) / 3600
 
@@ -41,30 +52,171 @@ def gpu_hours(tokens: float,  # tokens to process (prompt tokens for prefill, ou
 H100_BF16_FLOPS = 989.4e12  # H100 SXM5 dense BF16 tensor-core peak (NVIDIA specs; https://glennklockwood.com/garden/processors/h100)
 PREFILL_MFU = 0.5  # ours: assumed fraction of that peak a batched prefill reaches
 _CLASS_PARAMS = {"7-8B": 8e9, "13B": 13e9, "32B": 32e9, "70B+": 70e9}  # parameters of each class's representative model
-SIZE_CLASSES = {  # class: (parameters, prefill tok/s per GPU, decode tok/s per GPU), one H100 SXM5
-    c: (n, round(PREFILL_MFU * H100_BF16_FLOPS / (2 * n)),  # prefill: compute-bound, 2 FLOPs per parameter and token
-        round(DEFAULT_THROUGHPUT * _CLASS_PARAMS["7-8B"] / n))  # decode: MLPerf v5.1 Llama-3.1-8B anchor, scaled by weights read
-    for c, n in _CLASS_PARAMS.items()}
+CLASS_LIMITS = {"7-8B": 9e9, "13B": 16e9, "32B": 40e9, "70B+": 100e9}  # the largest count in each class; above 100B: the model's own
+def _prefill_rate(n: float) -> int: return round(PREFILL_MFU * H100_BF16_FLOPS / (2 * n))  # compute-bound: 2 FLOPs per parameter and token
+def _decode_rate(n: float) -> int: return round(DEFAULT_THROUGHPUT * _CLASS_PARAMS["7-8B"] / n)  # MLPerf v5.1 8B anchor, scaled by weights read
+SIZE_CLASSES = {c: (n, _prefill_rate(n), _decode_rate(n)) for c, n in _CLASS_PARAMS.items()}  # class: (parameters, prefill, decode tok/s per GPU)
+MOE_SHARED = 0.23  # `NxS` names: share of an S-parameter Mixtral-style model outside its feed-forward blocks (Mixtral-8x22B
+                   # config: 5.3B of attention and embeddings beside 8 x 16.9B experts; 8x7B: 1.6B beside 8 x 5.6B), and top-2 routing
+KNOWN_SIZES = (  # (pattern on the model id, total, active, source): models whose names carry no size
+    (r"deepseek-(?:v3|r1)\b(?!.*distill)", 671e9, 37e9, "DeepSeek-V3 technical report (arXiv 2412.19437): 671B total, 37B activated"),
+    (r"deepseek-v2-lite", 15.7e9, 2.4e9, "DeepSeek-V2 paper (arXiv 2405.04434): V2-Lite 15.7B total, 2.4B activated"),
+    (r"deepseek-v2\b(?!-lite)", 236e9, 21e9, "DeepSeek-V2 paper (arXiv 2405.04434): 236B total, 21B activated"),
+    (r"(?:^|/)gpt-4o-mini", 8e9, 8e9, "an API model, its size not public: priced as 7-8B"),
+    (r"^stub(?:-\d+)?$", 8e9, 8e9, "a stand-in of a stub rehearsal: priced as 7-8B, which model it stands for is not known"),
+)
+_MOE_TYPES = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"}  # mixtures of experts `config_params` counts
+_DENSE_TYPES = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "granite", "olmo2"}  # gated-MLP decoders
 
-def size_class(model: str) -> str:  # a model id, e.g. "Qwen/Qwen2.5-72B-Instruct"
-    "Size class of a model from the largest parameter count in its name (`70B`, `13b`, `30B-A3B` counts 30); 7-8B when none."
-    sizes = [float(x) for x in re.findall(r"(?<![\d.])(\d+(?:\.\d+)?)[bB](?![a-zA-Z])", str(model))]
-    n = max(sizes, default=8.0)
-    return "7-8B" if n <= 9 else "13B" if n <= 16 else "32B" if n <= 40 else "70B+"
+@dataclass(frozen=True)
+class ModelSize:
+    "Parameters of a served model: `total`, and `active` per token (fewer for a mixture of experts)."
+    total: float  # parameters
+    active: float  # parameters a token runs through (= total for a dense model)
+    source: str  # where the numbers come from: `config <path>`, `name (...)`, `--params ...`, or a `KNOWN_SIZES` source
+
+    @property
+    def moe(self) -> bool: return self.active < self.total
+
+class UnknownModelSize(ValueError):
+    "A model whose size neither a config.json, `KNOWN_SIZES` nor its name tells."
+
+def parse_params(spec: str | float) -> tuple[float, float]:  # `70e9`, `70B`, `270M`, or `671B/37B` (total/active)
+    "(total, active) parameters from a `--params` value: a count, or `TOTAL/ACTIVE` for a mixture of experts."
+    def count(text) -> float:
+        m = re.fullmatch(r"\s*(\d*\.?\d+(?:[eE][+-]?\d+)?)\s*([kKmMbBtT]?)\s*", str(text))
+        n = float(m[1]) * {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}[m[2].lower()] if m else math.nan
+        if not (math.isfinite(n) and n >= 1e6):
+            raise ValueError(f"params={spec!r}: give a parameter count such as 70e9, 70B or 270M (or 671B/37B: total/active "
+                             f"parameters of a mixture of experts), not {str(text)!r}")
+        return n
+    parts = str(spec).split("/") if isinstance(spec, str) else [spec]
+    if len(parts) > 2: raise ValueError(f"params={spec!r}: give one count, or two (total/active) such as 671B/37B")
+    total, active = count(parts[0]), count(parts[-1])
+    if active > total: raise ValueError(f"params={spec!r}: the active parameters ({active:g}) exceed the total ({total:g}); write TOTAL/ACTIVE")
+    return total, active
+
+def config_params(config: dict) -> tuple[float, float] | None:  # a Hugging Face config.json
+    "(total, active) parameters counted from a config: embeddings (and an untied output head), attention (grouped-query,"
+    " or DeepSeek's latent attention) and gated feed-forward weights (3 matrices); a mixture of experts counts every"
+    " expert in the total and `num_experts_per_tok` routed ones plus the shared ones in the active. Norms and biases are"
+    " left out (< 0.1 %). None for an architecture outside `_DENSE_TYPES` / `_MOE_TYPES` or a config missing a field."
+    c = config.get("text_config") or config  # multimodal configs nest the language model
+    kind = str(c.get("model_type") or config.get("model_type") or "")
+    experts = int(c.get("num_local_experts") or c.get("num_experts") or c.get("n_routed_experts") or 0)
+    if kind not in (_MOE_TYPES if experts else _DENSE_TYPES): return None
+    try:
+        h, layers, vocab, heads = (int(c[k]) for k in ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads"))
+        kv, hd = int(c.get("num_key_value_heads") or heads), int(c.get("head_dim") or h // heads)
+        if c.get("kv_lora_rank"):  # multi-head latent attention (DeepSeek-V2/V3): low-rank q and kv projections
+            nope, rope, v, r, qr = (int(c[k] or 0) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank", "q_lora_rank"))
+            q = h * qr + qr * heads * (nope + rope) if qr else h * heads * (nope + rope)
+            attn = q + h * (r + rope) + r * heads * (nope + v) + heads * v * h
+        else: attn = 2 * h * heads * hd + 2 * h * kv * hd  # q and o; k and v
+        dense = 3 * h * int(c["intermediate_size"])
+        embed = vocab * h * (1 if c.get("tie_word_embeddings", config.get("tie_word_embeddings", False)) else 2)
+        if not experts: return (layers * (attn + dense) + embed,) * 2
+        k = int(c["num_experts_per_tok"])
+        expert = 3 * h * int(c.get("moe_intermediate_size") or c["intermediate_size"])
+        shared = int(c.get("n_shared_experts") or 0) * expert + 3 * h * int(c.get("shared_expert_intermediate_size") or 0)
+        first, freq, step = int(c.get("first_k_dense_replace") or 0), int(c.get("moe_layer_freq") or 1), int(c.get("decoder_sparse_step") or 1)
+        only = set(c.get("mlp_only_layers") or [])
+        moe = sum(1 for i in range(layers) if i >= first and i % freq == 0 and (i + 1) % step == 0 and i not in only)
+        router = h * experts
+        total = layers * attn + (layers - moe) * dense + moe * (experts * expert + shared + router) + embed
+        active = layers * attn + (layers - moe) * dense + moe * (k * expert + shared + router) + embed
+        return float(total), float(active)
+    except (KeyError, TypeError, ValueError): return None
+
+def _hf_cache() -> Path:
+    "The Hugging Face hub cache folder, as huggingface_hub finds it (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub)."
+    if os.environ.get("HF_HUB_CACHE"): return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface"
+    return Path(home).expanduser() / "hub"
+
+def find_config(model: str) -> Path | None:  # a model id or a local model folder
+    "The config.json of `model`: in its folder when it is a local model folder (what `vllm serve /path` serves), else"
+    " in the Hugging Face cache (the `main` snapshot, else any; never downloaded); None when there is none."
+    p = Path(str(model)).expanduser()
+    if p.is_dir() and (p / "config.json").is_file(): return p / "config.json"
+    if p.name == "config.json" and p.is_file(): return p
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", str(model)): return None
+    repo = _hf_cache() / f"models--{str(model).replace('/', '--')}"
+    ref = repo / "refs" / "main"
+    snaps = [repo / "snapshots" / ref.read_text().strip()] if ref.is_file() else sorted((repo / "snapshots").glob("*"))
+    return next((s / "config.json" for s in snaps if (s / "config.json").is_file()), None)
+
+def _count(n: float) -> str: return f"{round(n / 1e9)}B" if n >= 9.95e9 else f"{round(n / 1e9, 1):g}B"
+
+def _size_from_name(model: str) -> ModelSize | None:
+    "A size read from the model id: `30B-A3B` (total, active), `8x22B` (a Mixtral-style mixture, `MOE_SHARED`), else"
+    " the largest count (`405B`, `13b`, `270m`); None when the name tells none (or only a Llama-4-style `17B-16E`)."
+    name = str(model).rsplit("/", 1)[-1]
+    num = r"(?<![\d.])(\d+(?:\.\d+)?)"
+    if m := re.search(num + r"[bB]-A(\d+(?:\.\d+)?)[bB](?![a-zA-Z])", name):
+        return ModelSize(float(m[1]) * 1e9, float(m[2]) * 1e9, f"name ({m[0]}: {m[1]}B total, {m[2]}B active)")
+    if m := re.search(num + r"x(\d+(?:\.\d+)?)[bB](?![a-zA-Z])", name):
+        n, s = int(float(m[1])), float(m[2]) * 1e9
+        total, active = s * MOE_SHARED + n * s * (1 - MOE_SHARED), s * MOE_SHARED + min(2, n) * s * (1 - MOE_SHARED)
+        return ModelSize(total, active, f"name ({m[0]}: {n} experts, 2 active: {_count(total)} total, {_count(active)} active)")
+    if re.search(r"\d[bB]-\d+E(?![a-zA-Z])", name): return None  # active count and experts: the total is not in the name
+    found = [(float(x) * (1e9 if u in "bB" else 1e6), f"{x}{u}") for x, u in re.findall(num + r"([bBmM])(?![a-zA-Z])", name)]
+    if not found: return None
+    n, text = max(found)
+    return ModelSize(n, n, f"name ({text})")
+
+def model_size(model: str,  # a model id or a local model folder
+               params: str | float | None = None) -> ModelSize:  # `--params` for this model: `70e9`, `671B/37B`; None: find it
+    "The size of `model`, first found first: `params`, its config.json (`find_config`, `config_params`), `KNOWN_SIZES`,"
+    " its name; else `UnknownModelSize`."
+    if params is not None: return ModelSize(*parse_params(params), f"--params {params}")
+    if (path := find_config(model)) is not None:
+        try: counted = config_params(json.loads(path.read_text()))
+        except (OSError, ValueError): counted = None
+        if counted: return ModelSize(*counted, f"config {path}")
+    for pattern, total, active, source in KNOWN_SIZES:
+        if re.search(pattern, str(model), re.I): return ModelSize(total, active, source)
+    if (named := _size_from_name(model)) is not None: return named
+    raise UnknownModelSize(f"cannot size model {model!r}: no config.json (local folder or Hugging Face cache), not in KNOWN_SIZES, "
+                           "and no parameter count in its name (like 8B, 405B, 8x22B, 30B-A3B); give it with --params, e.g. "
+                           "--params 70e9, or --params 671B/37B (total/active) for a mixture of experts")
+
+def _class_of(n: float) -> tuple[str, float]:
+    "(class, parameters its rates use) of a count: a `SIZE_CLASSES` class up to 100B, else the count itself."
+    for c, limit in CLASS_LIMITS.items():
+        if n <= limit: return c, _CLASS_PARAMS[c]
+    return _count(n), n
+
+def model_rates(size: ModelSize) -> tuple[str, int, int]:
+    "(size class, prefill tok/s, decode tok/s) per GPU: prefill at the class of the active parameters (compute per"
+    " token), decode at the class of the total (every expert's weights are read at serving batch sizes)."
+    (ct, nt), (_, na) = _class_of(size.total), _class_of(size.active)
+    label = f"MoE {_count(size.total)}/{_count(size.active)} active" if size.moe else ct
+    return label, _prefill_rate(na), _decode_rate(nt)
+
+def size_class(model: str | ModelSize) -> str:  # a model id, e.g. "Qwen/Qwen2.5-72B-Instruct", or its `ModelSize`
+    "The size class `plan` prices `model` at (see `model_rates`)."
+    return model_rates(model if isinstance(model, ModelSize) else model_size(model))[0]
 
 def phase_hours(prompt_tokens: float,  # prompt tokens to prefill
                 completion_tokens: float,  # output tokens to decode (max_tokens budgets: an upper bound)
-                model: str,  # model id: its size class gives the rates
-                throughput: float | None = None,  # decode tok/s overriding the class's rate (None: the class's)
+                model: str | ModelSize,  # model id (sized by `model_size`) or its size
+                throughput: float | None = None,  # decode tok/s overriding the model's rate (None: `model_rates`)
                 replicas: int = 1) -> tuple[float, float]:  # data-parallel replicas
-    "(prefill hours, decode hours) of serving `model`: each phase's tokens at its class's rate (`SIZE_CLASSES`)."
-    _, prefill, decode = SIZE_CLASSES[size_class(model)]
-    return gpu_hours(prompt_tokens, prefill, replicas), gpu_hours(completion_tokens, throughput or decode, replicas)
+    "(prefill hours, decode hours) of serving `model`: each phase's tokens at the model's rate (`model_rates`)."
+    _, prefill, decode = model_rates(model if isinstance(model, ModelSize) else model_size(model))
+    return gpu_hours(prompt_tokens, prefill, replicas), gpu_hours(completion_tokens, decode if throughput is None else throughput, replicas)
 
-def throughput_model(throughput: float | None = None) -> pd.DataFrame:  # decode override, as for `phase_hours`
-    "The rates `plan` uses, one row per size class."
-    return pd.DataFrame([dict(size_class=c, parameters=f"{n / 1e9:g}B", prefill_tok_s=p, decode_tok_s=throughput or d)
-                         for c, (n, p, d) in SIZE_CLASSES.items()])
+def throughput_model(throughput: float | None = None,  # decode override, as for `phase_hours`
+                     sizes=()) -> pd.DataFrame:  # `ModelSize`s of the models a plan prices: their classes beyond `SIZE_CLASSES` too
+    "The rates `plan` uses: one row per size class, then one per class of `sizes` outside `SIZE_CLASSES` (MoE, above 100B)."
+    rows = {c: dict(size_class=c, parameters=f"{n / 1e9:g}B", prefill_tok_s=p, decode_tok_s=throughput or d)
+            for c, (n, p, d) in SIZE_CLASSES.items()}
+    for s in sizes:
+        c, p, d = model_rates(s)
+        rows.setdefault(c, dict(size_class=c, parameters=_count(s.total) + (f" ({_count(s.active)} active)" if s.moe else ""),
+                                prefill_tok_s=p, decode_tok_s=throughput or d))
+    return pd.DataFrame(list(rows.values()))
 
 # %% ../nbs/20_plan.ipynb #p007
 def rehearsal_records(profile: str, cfg: Config | None = None) -> dict:
@@ -145,26 +297,65 @@ def price_keys(keys_path: Path,  # a key log (one request key a line; repeats al
     return out
 
 # %% ../nbs/20_plan.ipynb #p009c
-def shipped_records(profile: str = "full") -> pd.DataFrame:  # profile the records are for (only `full` is shipped)
-    "The rehearsal records shipped as package data (`kgrag_nb/rehearsal/<profile>.csv`); empty when none is shipped."
-    path = Path(str(files("kgrag_nb") / "rehearsal" / f"{profile}.csv"))  # package data
-    cols = ["id", "kind", "model", "role", "requests", "prompt_tokens", "prefill_tokens", "completion_tokens_max", "n_samples", "status",
-            "source", "note"]
-    return pd.read_csv(path) if path.exists() else pd.DataFrame(columns=cols)
+RECORD_COLUMNS = ["id", "kind", "model", "role", "requests", "prompt_tokens", "prefill_tokens", "completion_tokens_max", "n_samples",
+                  "status", "source", "note"]
+RECORD_COUNTS = ["requests", "prompt_tokens", "prefill_tokens", "completion_tokens_max", "n_samples"]  # whole numbers >= 0
+RECORDS_FIX = "repair it, or write it again with `python docs/rehearsal/shipped_records.py`"
+
+class RecordsError(ValueError):
+    "A damaged records file: the message names the file, the line and the column."
+
+def read_records(path: str | Path) -> pd.DataFrame:  # a records CSV (`RECORD_COLUMNS`)
+    "The records of `path`, checked as they are read: every column of `RECORD_COLUMNS`, an id and a model on every"
+    " line, whole numbers >= 0 in `RECORD_COUNTS`, prefill tokens no more than prompt tokens; else `RecordsError`."
+    path = Path(path)
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        header = reader.fieldnames or []
+        for col in RECORD_COLUMNS:
+            if col not in header: raise RecordsError(f"{path}: column {col!r} is missing (the header is {header}); {RECORDS_FIX}")
+        rows = []
+        for i, row in enumerate(reader, 1):
+            where = f"{path}: line {reader.line_num} (record {i}, id {row.get('id')!r})"
+            if None in row: raise RecordsError(f"{where} has more fields than the header's {len(header)}; {RECORDS_FIX}")
+            for col in ("id", "model"):
+                if not (row[col] or "").strip(): raise RecordsError(f"{where}, column {col!r} is empty; {RECORDS_FIX}")
+            for col in RECORD_COUNTS:
+                v = row[col]
+                try: n = int(v)
+                except (TypeError, ValueError): n = -1
+                if n < 0: raise RecordsError(f"{where}, column {col!r}: {v!r} is not a whole number >= 0; {RECORDS_FIX}")
+                row[col] = n
+            if row["prefill_tokens"] > row["prompt_tokens"]:
+                raise RecordsError(f"{where}, column 'prefill_tokens': {row['prefill_tokens']} exceeds prompt_tokens "
+                                   f"{row['prompt_tokens']} (a prompt is evaluated at most once per request); {RECORDS_FIX}")
+            rows.append(row)
+    return pd.DataFrame(rows, columns=header).astype({c: "int64" for c in RECORD_COUNTS})
+
+def shipped_records(profile: str = "full",  # profile the records are for (only `full` is shipped)
+                    path: str | Path | None = None) -> pd.DataFrame:  # a records file; None: the package's `rehearsal/<profile>.csv`
+    "The rehearsal records shipped as package data (`kgrag_nb/rehearsal/<profile>.csv`), checked (`read_records`);"
+    " empty when none is shipped."
+    path = Path(path) if path is not None else Path(str(files("kgrag_nb") / "rehearsal" / f"{profile}.csv"))  # package data
+    return read_records(path) if path.exists() else pd.DataFrame(columns=RECORD_COLUMNS)
 
 # %% ../nbs/20_plan.ipynb #p010
 STAND_IN_KEYS = ("models", "judge_model", "judge_url", "model")  # --set keys that name stand-ins, not sizes
 COUNTS = ["requests", "models", "other_models", "prompt_tokens", "prefill_tokens", "completion_tokens_max", "in_cache", "to_send"]
 TOKENS = ["requests", "prompt_tokens", "prefill_tokens", "completion_tokens_max"]
 
-def _price(row: dict, sends: dict, throughput, replicas, per_model: dict):
+def _price(row: dict, sends: dict, throughput, replicas, per_model: dict, size_of):
     "Adds prefill/decode hours of `sends` ({model: tokens to send}) to `row` and to `per_model`: prefill prices the"
-    " distinct prompts (`prefill_tokens`), decode every sample's budget."
+    " distinct prompts (`prefill_tokens`), decode every sample's budget; `size_of(model)` gives each model's `ModelSize`."
     row.update(prefill_hours=0.0, decode_hours=0.0)
     for m, s in sends.items():
-        pre, dec = phase_hours(s["prefill_tokens"], s["completion_tokens_max"], m, throughput, replicas)
+        size = size_of(m)
+        pre, dec = phase_hours(s["prefill_tokens"], s["completion_tokens_max"], size, throughput, replicas)
         row["prefill_hours"] += pre; row["decode_hours"] += dec
-        b = per_model.setdefault(m, dict(model=m, size_class=size_class(m), **dict.fromkeys(TOKENS, 0), prefill_hours=0.0, decode_hours=0.0))
+        c, p, d = model_rates(size)
+        b = per_model.setdefault(m, dict(model=m, size_class=c, sized_from=size.source, prefill_tok_s=p,
+                                         decode_tok_s=d if throughput is None else throughput,
+                                         **dict.fromkeys(TOKENS, 0), prefill_hours=0.0, decode_hours=0.0))
         for k in TOKENS: b[k] += s[k]
         b["prefill_hours"] += pre; b["decode_hours"] += dec
     row["gpu_hours"] = row["prefill_hours"] + row["decode_hours"]
@@ -172,14 +363,25 @@ def _price(row: dict, sends: dict, throughput, replicas, per_model: dict):
 def plan(profile: str = "full",  # profile the run will use
          only: str | None = None,  # artefact glob patterns, as for `kgrag reproduce --only`
          model: str = DEFAULT_PLAN_MODEL,  # model the run will use (cache keys; `{model}` of the shipped records)
-         throughput: float | None = None,  # decode tokens/s of one replica for every model (None: `SIZE_CLASSES`)
+         throughput: float | None = None,  # decode tokens/s of one replica for every model (None: `model_rates`)
          replicas: int = 1,  # data-parallel replicas behind one endpoint
-         cfg: Config | None = None) -> pd.DataFrame:
+         cfg: Config | None = None,
+         params: str | float | dict | None = None) -> pd.DataFrame:  # size of `model` (`70e9`, `671B/37B`), or {model id: size}
     "One row per experiment and artefact the selection runs, then a total row: requests, tokens, cache state, prefill,"
-    " decode and GPU hours; `.attrs['by_model']` the same per model the run calls. A local rehearsal of a notebook"
-    " prices it; without one, the shipped record of the profile does (`basis` says which)."
+    " decode and GPU hours; `.attrs['by_model']` the same per model the run calls, with its size class and where its"
+    " size came from (`model_size`). A local rehearsal of a notebook prices it; without one, the shipped record of the"
+    " profile does (`basis` says which). Refuses an unknown profile, a throughput that is not a finite number > 0, and"
+    " a model it cannot size (`UnknownModelSize`: give `params`)."
     cfg = cfg or get_config()
-    gpu_hours(0, throughput or DEFAULT_THROUGHPUT, replicas)  # checks the arguments
+    if profile not in PROFILES: raise ValueError(f"profile {profile!r} is not a profile of studies.yaml: use one of {', '.join(PROFILES)}")
+    if throughput is not None: _check_throughput(throughput)
+    gpu_hours(0, DEFAULT_THROUGHPUT, replicas)  # checks replicas
+    given = params if isinstance(params, dict) else ({} if params is None else {model: params})
+    sizes = {}
+    def size_of(m):
+        if m not in sizes: sizes[m] = model_size(m, given.get(m))
+        return sizes[m]
+    size_of(model)  # the run's model: refused here, before any work, when it cannot be sized
     exps_all, registry = _read_registry(cfg=cfg)
     arts = select_artifacts(registry, only)
     records, ship, rows, per_model = rehearsal_records(profile, cfg), shipped_records(profile), [], {}
@@ -197,7 +399,7 @@ def plan(profile: str = "full",  # profile the run will use
             row.update(basis=f"shipped record ({', '.join(dict.fromkeys(shipped['status']))}): {'; '.join(dict.fromkeys(shipped['source']))}",
                        rehearsal="shipped", models=len(sends), other_models=int(shipped.loc[shipped["model"] != "{model}", "requests"].sum()),
                        **{k: int(shipped[k].sum()) for k in TOKENS}, to_send=int(shipped["requests"].sum()))
-            _price(row, sends, throughput, replicas, per_model)
+            _price(row, sends, throughput, replicas, per_model, size_of)
         elif rec is None or not (rec["keys"].exists() or rec["complete"]):
             row.update(basis="no rehearsal", requests=math.nan, models=math.nan, to_send=math.nan, prefill_hours=math.nan, decode_hours=math.nan,
                        gpu_hours=math.nan)
@@ -211,7 +413,7 @@ def plan(profile: str = "full",  # profile the run will use
                        requests=p["requests"], models=len(p["models"]), other_models=p["other_models"], prompt_tokens=p["prompt_tokens"],
                        prefill_tokens=p["prefill_tokens"], completion_tokens_max=p["completion_tokens_max"], in_cache=p["in_cache"],
                        to_send=p["requests"] - p["in_cache"])
-            _price(row, p["by_model"], throughput, replicas, per_model)
+            _price(row, p["by_model"], throughput, replicas, per_model, size_of)
         rows.append(row)
     df = pd.DataFrame(rows)
     total = {c: df[c].sum(min_count=1) if c not in ("id", "kind", "basis", "rehearsal") else "" for c in df.columns}
@@ -219,28 +421,49 @@ def plan(profile: str = "full",  # profile the run will use
                  "shipped records for some" if df["rehearsal"].eq("shipped").any() else "")
     out = pd.concat([df, pd.DataFrame([total])], ignore_index=True).astype({c: "Int64" for c in COUNTS})  # <NA> where nothing tells
     hours = ["prefill_hours", "decode_hours", "gpu_hours"]
-    by = pd.DataFrame(list(per_model.values()), columns=["model", "size_class", *TOKENS, *hours])
+    by = pd.DataFrame(list(per_model.values()), columns=["model", "size_class", "sized_from", "prefill_tok_s", "decode_tok_s", *TOKENS, *hours])
     by["gpu_hours"] = by["prefill_hours"] + by["decode_hours"]
     by = by.sort_values("gpu_hours", ascending=False, ignore_index=True)
-    by = pd.concat([by, pd.DataFrame([dict(model="TOTAL", size_class="", **by[[*TOKENS, *hours]].sum())])],
+    by = pd.concat([by, pd.DataFrame([dict(model="TOTAL", size_class="", sized_from="", prefill_tok_s="", decode_tok_s="",
+                                           **by[[*TOKENS, *hours]].sum())])],
                    ignore_index=True).astype({c: "int64" for c in TOKENS})
-    out.attrs.update(by_model=by, throughput_model=throughput_model(throughput), model=model, throughput=throughput, replicas=replicas)
+    out.attrs.update(by_model=by, throughput_model=throughput_model(throughput, sizes.values()), model=model, throughput=throughput,
+                     replicas=replicas, sizes=dict(sizes))
     return out
 
 # %% ../nbs/20_plan.ipynb #p012
+def _throughput_arg(text: str) -> float:
+    "`--throughput`: a finite number > 0, else argparse's error naming the value."
+    try: return _check_throughput(text)
+    except ValueError: raise argparse.ArgumentTypeError(f"{text!r} is not a throughput: give decode tokens/s of one replica, a finite number > 0, e.g. 5000") from None
+
+def _replicas_arg(text: str) -> int:
+    "`--replicas`: a whole number >= 1."
+    try: n = int(text)
+    except ValueError: n = 0
+    if n < 1: raise argparse.ArgumentTypeError(f"{text!r} is not a number of replicas: give a whole number >= 1")
+    return n
+
 @subcommand
 def _plan(sub):
     p = sub.add_parser("plan", help="LLM requests, tokens, cache state and GPU hours (prefill and decode) per notebook of a run, "
                                     "from a local stub rehearsal or the shipped records")
-    p.add_argument("--profile", default="full", help="profile the run will use (default: full)")
+    p.add_argument("--profile", default="full", choices=PROFILES, help="profile the run will use (default: full)")
     p.add_argument("--only", default=None, help="comma-separated glob patterns of artefact ids")
     p.add_argument("--model", default=DEFAULT_PLAN_MODEL, help=f"model the run will use (default: {DEFAULT_PLAN_MODEL})")
-    p.add_argument("--throughput", type=float, default=None,
-                   help="decode (output) tokens/s of one replica, for every model (default: per size class, see the printed model)")
-    p.add_argument("--replicas", type=int, default=1, help="data-parallel replicas behind the endpoint (default 1)")
+    p.add_argument("--params", action="append", default=None, metavar="SIZE or MODEL=SIZE",
+                   help="parameters of --model when its config and name do not tell (70e9, 70B; TOTAL/ACTIVE for a mixture of "
+                        "experts: 671B/37B); MODEL=SIZE for another model the run calls; repeatable")
+    p.add_argument("--throughput", type=_throughput_arg, default=None,
+                   help="decode (output) tokens/s of one replica, for every model (a finite number > 0; default: per size class, see the printed model)")
+    p.add_argument("--replicas", type=_replicas_arg, default=1, help="data-parallel replicas behind the endpoint (default 1)")
     p.add_argument("--json", action="store_true", help="print the table as JSON records")
     def run(args):
-        df = plan(args.profile, args.only, args.model, args.throughput, args.replicas)
+        given = {}
+        for spec in args.params or []:
+            name, _, size = spec.rpartition("=")
+            given[name or args.model] = size
+        df = plan(args.profile, args.only, args.model, args.throughput, args.replicas, params=given)
         if args.json: print(df.to_json(orient="records")); return 0
         print(f"plan for profile {args.profile!r}, model {args.model}, x {args.replicas} replica(s); requests from stub rehearsals "
               f"(kgrag serve stub, a test instrument): a local one where present, else the shipped records "
@@ -251,8 +474,13 @@ def _plan(sub):
               + PREFILL_RULE + "); decode = "
               + (f"{args.throughput:g} (--throughput) for every model" if args.throughput else
                  "MLPerf Inference v5.1 Llama-3.1-8B on one H100 (5,103, rounded to 5,000), scaled by parameters")
-              + ", on completion_tokens_max")
+              + ", on completion_tokens_max; a mixture of experts prefills at the class of its active parameters and decodes at "
+                "the class of its total (every expert is read)")
         print(markdown_table(df.attrs["throughput_model"]))
+        print("model sizes (the class each model is priced at, and where its size comes from):")
+        for m, s in df.attrs["sizes"].items():
+            c, pre, dec = model_rates(s)
+            print(f"- {m}: {c} ({s.source}): prefill {pre:,} tok/s, decode {args.throughput or dec:,g} tok/s")
         print(markdown_table(df, floatfmt=".3f"))
         print("GPU-hours per model:")
         print(markdown_table(df.attrs["by_model"], floatfmt=".3f"))

@@ -167,13 +167,15 @@ SECRET = "sk-doctor-test-9f8e7d6c5b4a"
 def test_secret_env_never_printed(monkeypatch):
     monkeypatch.setenv("KGRAG_FAKE_API_KEY", SECRET)
     monkeypatch.setenv("KGRAG_FAKE_ENDPOINT", f"https://alice:{SECRET}@gpu.example:8000/v1?token={SECRET}&x=1")
+    monkeypatch.setenv("KGRAG_LLM_URL", f"https://alice:{SECRET}@gpu.example:8000/v1?token={SECRET}&x=1")
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)
     out = StringIO()
     print_doctor(check_env(), color=False, file=out)
     text = out.getvalue()
     assert SECRET not in text
     assert "env KGRAG_FAKE_API_KEY" in text and f"<set, {len(SECRET)} chars>" in text
-    assert "https://gpu.example:8000/v1?token=***&x=1" in text
+    assert "env KGRAG_FAKE_ENDPOINT  <set, " in text  # not a known-safe setting: its value is not shown at all
+    assert "https://gpu.example:8000/v1?token=***&x=***" in text  # KGRAG_LLM_URL: no userinfo, no query value
 
 
 # --- data mirror and resources ---
@@ -280,3 +282,142 @@ def test_kgrag_doctor_full_cli():
     p = _run(["doctor", "--quick"], KGRAG_LLM_URL="")
     line = [l for l in p.stdout.splitlines() if " completion " in l]
     assert line and line[0].startswith("ok"), p.stdout + p.stderr
+
+
+# --- secrets: nothing the environment holds is printed, whatever row carries it (reliability round 3, item 6) ---
+import base64, threading
+from http.server import ThreadingHTTPServer
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _http import JSONHandler  # noqa: E402
+from kgrag_nb.doctor import doctor_json  # noqa: E402
+
+PW, QKEY, QAUTH = "pw-Zq8Lr2Vx9Kt4", "qk-Hs7Wd3Mn6Pb1", "qa-Tf5Ng8Yc2Je0"
+AUTH, LLM_PASS, API_KEY = "auth-Ru4Ek7Ow1Ia9", "pass-Gy6Ub3Xl8Dz5", "sk-Vo2Qi9Ah4Sm7"
+
+
+class EchoAuth:
+    "A loopback OpenAI-compatible server that echoes the Authorization header it receives (and the path) in its"
+    " completion text, or in the body of an error when `status` is not 200: what a careless proxy does."
+    def __init__(self, status=200):
+        self.status, self.auth = status, []
+        echo = self
+
+        class Handler(JSONHandler):
+            def do_GET(self):
+                echo.auth.append(self.headers.get("Authorization"))
+                self._send(200, {"object": "list", "data": [{"id": "echo", "object": "model", "owned_by": "me"}]})
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers["Content-Length"]))
+                said = f"Authorization: {self.headers.get('Authorization')} path {self.path}"
+                echo.auth.append(self.headers.get("Authorization"))
+                if echo.status != 200: return self._send(echo.status, {"error": {"message": f"denied; you sent {said}", "type": "x"}})
+                self._send(200, {"id": "c", "object": "text_completion", "created": 0, "model": "echo",
+                                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                                 "choices": [{"index": 0, "finish_reason": "stop", "text": said}]})
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self): self.httpd.shutdown(); self.httpd.server_close()
+
+
+def _forbidden(user="alice"):
+    "Every secret of the test environment and the forms a server may echo it in (base64, Basic credentials)."
+    raw = [PW, QKEY, QAUTH, AUTH, LLM_PASS, API_KEY, f"{user}:{PW}"]
+    b64 = [base64.b64encode(s.encode()).decode().rstrip("=") for s in raw]
+    return raw + b64 + [base64.urlsafe_b64encode(s.encode()).decode().rstrip("=") for s in raw]
+
+
+@pytest.mark.parametrize("status", [200, 401])
+def test_doctor_output_holds_no_secret(monkeypatch, status):
+    "The completion row printed `?api_key=` twice, KGRAG_AUTH / KGRAG_LLM_PASS / `?auth=` in full, and the server's"
+    " echo of the Authorization header (base64 of user:password): every printed or returned text is scrubbed."
+    srv = EchoAuth(status)
+    try:
+        url = f"http://alice:{PW}@127.0.0.1:{srv.port}/v1?api_key={QKEY}&auth={QAUTH}"
+        monkeypatch.setenv("KGRAG_LLM_URL", url)
+        monkeypatch.setenv("KGRAG_AUTH", AUTH)
+        monkeypatch.setenv("KGRAG_LLM_PASS", LLM_PASS)
+        monkeypatch.setenv("OPENAI_API_KEY", API_KEY)
+        monkeypatch.setenv("KGRAG_PROFILE", "smoke")
+        cfg = get_config()
+        rows = check_completion(cfg, timeout=10) + check_env(cfg)
+    finally: srv.close()
+    assert any(a and a.startswith(("Basic ", "Bearer ")) for a in srv.auth), srv.auth  # the server did see credentials
+    out = StringIO(); print_doctor(rows, color=False, file=out)
+    text = out.getvalue() + json.dumps(doctor_json(rows)) + repr(rows)
+    leaked = [s for s in _forbidden() if s in text]
+    assert not leaked, (leaked, text)
+    comp = next(r for r in rows if r.name == "completion")
+    assert f"127.0.0.1:{srv.port}" in comp.detail and (comp.status == "ok") == (status == 200), comp
+    env = {r.name: r.detail for r in rows}
+    assert env["env KGRAG_AUTH"] == f"<set, {len(AUTH)} chars>" and env["env KGRAG_LLM_PASS"] == f"<set, {len(LLM_PASS)} chars>"
+    assert env["env KGRAG_PROFILE"] == "smoke"  # a known-safe setting is shown
+    assert env["env KGRAG_LLM_URL"] == f"http://127.0.0.1:{srv.port}/v1?api_key=***&auth=***"
+
+
+def test_any_row_is_scrubbed(monkeypatch):
+    "Rows made anywhere (a new check, an error text) cannot carry a secret of the environment: Check scrubs itself."
+    monkeypatch.setenv("KGRAG_WEIRD_SETTING", "opaque-Va1ue-77x")
+    monkeypatch.setenv("HF_TOKEN", "hf_Kd93jsLq02mZ")
+    basic = base64.b64encode(b"bob:opaque-Va1ue-77x").decode()
+    r = Check("x", "FAIL", f"server said: opaque-Va1ue-77x / Basic {basic} / token hf_Kd93jsLq02mZ / https://u:p4ss@h/v1?k=v")
+    assert "opaque-Va1ue-77x" not in r.detail and basic not in r.detail and "hf_Kd93jsLq02mZ" not in r.detail
+    assert "p4ss" not in r.detail and "k=***" in r.detail and r.detail.startswith("server said: ***")
+
+
+# --- the llama.cpp library llama_cpp loads: LLAMA_CPP_LIB_PATH (reliability round 3, item 6) ---
+from kgrag_nb.doctor import check_llama_build, llama_libraries  # noqa: E402
+
+
+def _installed_lib_dir() -> Path:
+    spec = pytest.importorskip("importlib.util").find_spec("llama_cpp")
+    if spec is None: pytest.skip("llama-cpp-python is not installed")
+    return Path(spec.origin).parent / "lib"
+
+
+def test_broken_llama_library_names_cause_and_fix(tmp_path, monkeypatch):
+    "libllama.so without the libggml it needs (a half-copied build): the sysinfo row showed a traceback fragment"
+    " (`p/llama_cpp.py\", line 43, in <module>`); it names the exception, the missing .so and the rebuild command."
+    lib = _installed_lib_dir() / "libllama.so"
+    if not lib.exists(): pytest.skip(f"no {lib}")
+    shutil.copy(lib, tmp_path / "libllama.so")  # its RUNPATH ($ORIGIN) finds no libggml.so.0 here
+    monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(tmp_path))
+    row = check_llama_build(cpu={})[-1]
+    assert row.name == "llama sysinfo" and row.status == "FAIL", row
+    assert "RuntimeError: Failed to load shared library" in row.detail, row.detail
+    assert "libggml" in row.detail and "cannot open shared object file" in row.detail, row.detail
+    assert "LLAMA_CPP_LIB_PATH" in row.detail and "python tools/llama_wheel.py --install" in row.detail, row.detail
+    assert 'line 43' not in row.detail and "Traceback" not in row.detail
+
+
+def test_binary_scan_follows_llama_cpp_lib_path(assembled, tmp_path, monkeypatch):
+    "With LLAMA_CPP_LIB_PATH set, llama_cpp loads libllama.so (and, by its RUNPATH, libggml*) from there: the scan"
+    " checked the package's own copies instead and missed an AMX build in the override."
+    _installed_lib_dir()
+    d = tmp_path / "override"; d.mkdir()
+    shutil.copy(assembled, d / "libggml-cpu.so"); shutil.copy(assembled, d / "libllama.so.0")  # one file twice: scanned once
+    monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(d))
+    libs = llama_libraries()
+    assert libs and all(p.parent == d for p in libs), libs
+    rows = check_llama_library(variant="portable")
+    assert [r.status for r in rows] == ["FAIL"] and str(d) in rows[0].detail and "3 AMX instructions" in rows[0].detail, rows
+    monkeypatch.delenv("LLAMA_CPP_LIB_PATH")
+    assert all(d not in p.parents for p in llama_libraries())
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+from kgrag_nb.doctor import env_secrets, scrub  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None)
+@given(secret=st.text(st.characters(min_codepoint=33, max_codepoint=126, blacklist_characters="*"), min_size=8, max_size=40),
+       user=st.text("abcdefghij", min_size=1, max_size=8), name=st.sampled_from(["KGRAG_AUTH", "KGRAG_LLM_PASS", "HF_TOKEN", "MY_API_KEY"]))
+def test_scrub_hides_a_secret_in_every_form(secret, user, name):
+    secrets = env_secrets({name: secret, "KGRAG_PROFILE": "smoke"})
+    basic = base64.b64encode(f"{user}:{secret}".encode()).decode()
+    text = scrub(f"got {secret} / Basic {basic} / {basic} / {base64.b64encode(secret.encode()).decode()} / smoke", secrets)
+    assert secret not in text and basic not in text and base64.b64encode(secret.encode()).decode().rstrip("=") not in text, text
+    assert text.endswith("/ smoke")  # a safe setting's value is left alone

@@ -106,7 +106,7 @@ def test_phase_hours_hand_computed():
     assert phase_hours(30919 * 3600, 5000 * 7200, "meta-llama/Llama-3.1-8B-Instruct") == (1.0, 2.0)
     assert phase_hours(3534 * 1800, 571 * 3600, "Qwen/Qwen2.5-72B-Instruct", replicas=2) == (0.25, 0.5)
     assert phase_hours(0, 9_000, "meta-llama/Llama-2-13b-chat-hf", throughput=2.5) == (0.0, 1.0)  # --throughput: decode rate
-    assert [size_class(m) for m in ("Qwen/Qwen3-30B-A3B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", "stub-3")] == ["32B", "32B", "7-8B"]
+    assert [size_class(m) for m in ("Qwen/Qwen3-30B-A3B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", "stub-3")] == ["MoE 30B/3B active", "32B", "7-8B"]
 
 
 def test_shipped_records_cover_every_llm_notebook_of_studies_yaml():
@@ -241,6 +241,204 @@ def test_fresh_plan_shows_every_model_and_prefill_apart(tmp_path):
     by = df.attrs["by_model"].set_index("model")
     assert {"gpt-4o-mini", "Qwen/Qwen3-30B-A3B", "meta-llama/Llama-3.3-70B-Instruct"} <= set(by.index)
     assert by.loc["TOTAL", "prefill_tokens"] == df.loc["TOTAL", "prefill_tokens"]
-    # prefill hours price prefill_tokens, not prompt_tokens: Qwen3-30B-A3B (32B class, 7,730 tok/s) runs only JCQL_<LLM>
+    # prefill hours price prefill_tokens, not prompt_tokens: Qwen3-30B-A3B runs only JCQL_<LLM>; a mixture of experts with
+    # 3B active parameters, it prefills at the 7-8B class's 30,919 tok/s and decodes at the 32B class's 1,250 (30B read)
     q = by.loc["Qwen/Qwen3-30B-A3B"]
-    assert q["prefill_hours"] == pytest.approx(q["prefill_tokens"] / 7730 / 3600)
+    assert q["prefill_hours"] == pytest.approx(q["prefill_tokens"] / 30919 / 3600)
+    assert q["decode_hours"] == pytest.approx(q["completion_tokens_max"] / 1250 / 3600)
+
+
+# --- hostile inputs and model sizes (reliability round 3, items 7 and 8) ---
+import csv, math as _math
+
+from kgrag_nb.cli import main as kgrag_main
+
+
+def _cli(capsys, *args):
+    "Run `kgrag plan ARGS` in this process: (exit code, stdout, stderr); argparse errors exit with 2."
+    try: rc = kgrag_main(["plan", *args])
+    except SystemExit as e: rc = e.code
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "nan", "inf", "-inf", "fast"])
+def test_throughput_refused_up_front(capsys, value):
+    "`--throughput 0` was silently the default, `nan` printed NaN hours and `inf` 0 decode hours, all with exit 0."
+    rc, out, err = _cli(capsys, f"--throughput={value}", "--only", "closed_book_baseline")
+    assert rc == 2 and "--throughput" in err and repr(value) in err and "> 0" in err, (rc, err)
+    assert "TOTAL" not in out
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, _math.nan, _math.inf])
+def test_plan_api_refuses_bad_throughput(tmp_path, value):
+    with pytest.raises(ValueError, match="throughput="):
+        plan("full", only="closed_book_baseline", throughput=value, cfg=get_config(runs_dir=tmp_path / "runs", cache_dir=tmp_path))
+    with pytest.raises(ValueError, match="throughput="): gpu_hours(1, throughput=value)
+
+
+def test_unknown_profile_refused(capsys, tmp_path):
+    rc, out, err = _cli(capsys, "--profile", "bogus")
+    assert rc == 2 and "bogus" in err and all(p in err for p in ("tiny", "smoke", "full")), err
+    with pytest.raises(ValueError, match=r"profile 'bogus'.*tiny, smoke, full"):
+        plan("bogus", cfg=get_config(runs_dir=tmp_path / "runs", cache_dir=tmp_path))
+
+
+from kgrag_nb.plan import ModelSize, UnknownModelSize, model_rates, model_size, parse_params  # noqa: E402
+
+
+@pytest.fixture
+def no_hf_cache(tmp_path, monkeypatch):
+    "An empty Hugging Face cache: sizes come from names and KNOWN_SIZES, not from a config.json a download left here."
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-empty"))
+
+
+def test_model_sizes_from_names_hand_computed(no_hf_cache):
+    "DeepSeek-V3 was priced as 8B, Llama-3.1-405B at 70B rates, Mixtral-8x22B as a 32B model."
+    ds = model_size("deepseek-ai/DeepSeek-V3")
+    assert (ds.total, ds.active) == (671e9, 37e9) and "DeepSeek-V3" in ds.source
+    assert model_size("deepseek-ai/DeepSeek-R1-Distill-Llama-70B").total == 70e9  # a dense distillation, not R1 itself
+    big = model_size("meta-llama/Llama-3.1-405B-Instruct")
+    assert (big.total, big.active) == (405e9, 405e9)
+    # NxS: S's non-expert share (23 %) once plus N experts of 77 % of S, 2 of them active (Mixtral's top-2)
+    mx = model_size("mistralai/Mixtral-8x22B-Instruct-v0.1")
+    assert mx.total == pytest.approx(22e9 * 0.23 + 8 * 22e9 * 0.77) and mx.active == pytest.approx(22e9 * 0.23 + 2 * 22e9 * 0.77)
+    assert 140e9 < mx.total < 141.5e9 and 38.5e9 < mx.active < 39.5e9  # Mistral: 141B total, 39B active
+    q = model_size("Qwen/Qwen3-30B-A3B")
+    assert (q.total, q.active) == (30e9, 3e9)
+    # rates: prefill by the active parameters' class, decode by the total's (weights read per step); above 100B the
+    # model's own count: 0.5 x 989.4e12 / (2 x 405e9) = 610.7; 5,000 x 8 / 405 = 98.8; 5,000 x 8 / 671 = 59.6; / 140.58 = 284.5
+    assert model_rates(big) == ("405B", 611, 99)
+    assert model_rates(ds) == ("MoE 671B/37B active", 7730, 60)
+    assert model_rates(mx) == ("MoE 141B/39B active", 7730, 285)
+    assert model_rates(q) == ("MoE 30B/3B active", 30919, 1250)
+    assert phase_hours(611 * 3600, 99 * 3600, "meta-llama/Llama-3.1-405B-Instruct") == (1.0, 1.0)
+
+
+def test_names_priced_right_keep_their_classes(no_hf_cache):
+    for m, c in [("meta-llama/Llama-3.1-8B-Instruct", "7-8B"), ("Qwen/Qwen2.5-7B-Instruct", "7-8B"), ("gemma-3-270m-q4_k_m", "7-8B"),
+                 ("meta-llama/Llama-2-13b-chat-hf", "13B"), ("Qwen/Qwen2.5-32B-Instruct", "32B"), ("gpt-4o-mini", "7-8B"),
+                 ("deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", "32B"), ("Qwen/Qwen2.5-72B-Instruct", "70B+"), ("stub", "7-8B"), ("stub-3", "7-8B"),
+                 ("meta-llama/Llama-3.3-70B-Instruct", "70B+")]:
+        assert model_rates(model_size(m)) == (c, *SIZE_CLASSES[c][1:]), m
+
+
+def test_unsizable_names_refused_unless_params(no_hf_cache):
+    for m in ("my-org/house-model", "deepseek-ai/DeepSeek-V4", "meta-llama/Llama-4-17B-16E-Custom"):
+        with pytest.raises(UnknownModelSize, match="--params"): model_size(m)
+    assert model_size("my-org/house-model", params="70e9") == ModelSize(70e9, 70e9, "--params 70e9")
+    assert parse_params("671B/37B") == (671e9, 37e9) and parse_params("1.5e9") == (1.5e9, 1.5e9) and parse_params("270M") == (270e6, 270e6)
+    for bad in ("70", "nan", "-8B", "inf", "8B/70B", "big", "0B"):
+        with pytest.raises(ValueError, match="params"): parse_params(bad)
+
+
+def _write_config(d: Path, **cfg) -> Path:
+    d.mkdir(parents=True); (d / "config.json").write_text(json.dumps(cfg)); return d
+
+
+LLAMA_31_8B = dict(model_type="llama", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                   intermediate_size=14336, vocab_size=128256, tie_word_embeddings=False)
+MIXTRAL_8X22B = dict(model_type="mixtral", hidden_size=6144, num_hidden_layers=56, num_attention_heads=48, num_key_value_heads=8,
+                     intermediate_size=16384, vocab_size=32768, num_local_experts=8, num_experts_per_tok=2, tie_word_embeddings=False)
+DEEPSEEK_V3 = dict(model_type="deepseek_v3", hidden_size=7168, num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128,
+                   intermediate_size=18432, moe_intermediate_size=2048, vocab_size=129280, n_routed_experts=256, n_shared_experts=1,
+                   num_experts_per_tok=8, first_k_dense_replace=3, moe_layer_freq=1, q_lora_rank=1536, kv_lora_rank=512,
+                   qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, tie_word_embeddings=False)
+QWEN3_30B_A3B = dict(model_type="qwen3_moe", hidden_size=2048, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
+                     head_dim=128, intermediate_size=6144, moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
+                     decoder_sparse_step=1, mlp_only_layers=[], vocab_size=151936, tie_word_embeddings=False)
+
+
+@pytest.mark.parametrize("cfg, total, active", [
+    (LLAMA_31_8B, 8.03e9, 8.03e9),  # Meta: 8B (8.03B)
+    (MIXTRAL_8X22B, 140.6e9, 39.2e9),  # Mistral: 141B total, 39B active
+    (DEEPSEEK_V3, 671e9, 37.5e9),  # DeepSeek-V3 report: 671B total, 37B activated (the MTP module not counted)
+    (QWEN3_30B_A3B, 30.5e9, 3.35e9),  # Qwen3: 30.5B total, 3.3B activated
+])
+def test_model_size_from_config(tmp_path, cfg, total, active):
+    "A local model folder (what vLLM serves) is sized from its config.json, whatever its name."
+    d = _write_config(tmp_path / "served-model", **cfg)
+    s = model_size(str(d))
+    assert s.total == pytest.approx(total, rel=0.005) and s.active == pytest.approx(active, rel=0.01), s
+    assert s.source == f"config {d / 'config.json'}"
+
+
+def test_plan_names_the_class_and_prices_big_models(tmp_path, no_hf_cache):
+    cfg = get_config(runs_dir=tmp_path / "runs", cache_dir=tmp_path / "cache")
+    base = plan("full", only="closed_book_baseline", cfg=cfg).set_index("id").loc["closed_book_baseline"]
+    assert (base["prefill_hours"], base["decode_hours"]) == (pytest.approx(base["prefill_tokens"] / 30919 / 3600),
+                                                             pytest.approx(base["completion_tokens_max"] / 5000 / 3600))
+    for m, cls, pre, dec in [("deepseek-ai/DeepSeek-V3", "MoE 671B/37B active", 7730, 60), ("meta-llama/Llama-3.1-405B-Instruct", "405B", 611, 99),
+                             ("mistralai/Mixtral-8x22B-Instruct-v0.1", "MoE 141B/39B active", 7730, 285)]:
+        p = plan("full", only="closed_book_baseline", model=m, cfg=cfg)
+        by = p.attrs["by_model"].set_index("model")
+        assert (by.loc[m, "size_class"], by.loc[m, "prefill_tok_s"], by.loc[m, "decode_tok_s"]) == (cls, pre, dec) and by.loc[m, "sized_from"]
+        row = p.set_index("id").loc["closed_book_baseline"]
+        assert row["prefill_hours"] == pytest.approx(row["prefill_tokens"] / pre / 3600), m
+        assert row["decode_hours"] == pytest.approx(row["completion_tokens_max"] / dec / 3600), m
+    with pytest.raises(UnknownModelSize, match="house-model"):
+        plan("full", only="closed_book_baseline", model="my-org/house-model", cfg=cfg)
+    p = plan("full", only="closed_book_baseline", model="my-org/house-model", params="70e9", cfg=cfg)
+    assert p.attrs["by_model"].set_index("model").loc["my-org/house-model", "size_class"] == "70B+"
+
+
+def test_kgrag_plan_cli_names_the_assumed_class(capsys, no_hf_cache):
+    rc, out, err = _cli(capsys, "--model", "deepseek-ai/DeepSeek-V3", "--only", "closed_book_baseline")
+    assert rc == 0, err
+    assert "deepseek-ai/DeepSeek-V3: MoE 671B/37B active" in out and "| MoE 671B/37B active |" in out
+    rc, out, err = _cli(capsys, "--model", "my-org/house-model", "--only", "closed_book_baseline")
+    assert rc == 1 and "house-model" in err and "--params" in err
+    rc, out, err = _cli(capsys, "--model", "my-org/house-model", "--params", "671B/37B", "--only", "closed_book_baseline")
+    assert rc == 0 and "my-org/house-model: MoE 671B/37B active (--params 671B/37B)" in out, out + err
+
+
+# --- a damaged records file names the file, the line and the column ---
+
+def _damaged(tmp_path, edit) -> Path:
+    src = Path(str(__import__("importlib.resources").resources.files("kgrag_nb") / "rehearsal" / "full.csv"))
+    rows = list(csv.DictReader(src.open(newline="")))
+    fields = list(rows[0])
+    fields, rows = edit(fields, rows)
+    out = tmp_path / "full.csv"
+    with out.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore"); w.writeheader(); w.writerows(rows)
+    return out
+
+
+def test_shipped_records_validate_on_load(tmp_path):
+    good = shipped_records("full")
+    assert len(good) == 27 and str(good["requests"].dtype) == "int64"
+
+    def negative(f, r): r[2]["completion_tokens_max"] = "-5"; return f, r
+    def text(f, r): r[4]["prompt_tokens"] = "lots"; return f, r
+    def blank(f, r): r[0]["requests"] = ""; return f, r
+    def dropped(f, r): return [c for c in f if c != "prefill_tokens"], r
+    for edit, where in [(negative, "line 4 (record 3, id 'awaken_task1'), column 'completion_tokens_max': '-5'"),
+                        (text, "line 6 (record 5"), (blank, "line 2 (record 1, id 'closed_book_baseline'), column 'requests': ''"),
+                        (dropped, "column 'prefill_tokens' is missing")]:
+        d = tmp_path / edit.__name__; d.mkdir()
+        path = _damaged(d, edit)
+        with pytest.raises(ValueError) as e: shipped_records("full", path=path)
+        msg = str(e.value)
+        assert str(path) in msg and where in msg, msg
+        assert "shipped_records.py" in msg  # how to fix it
+
+
+@settings(max_examples=200, deadline=None)
+@given(a=st.floats(0.1, 3000), b=st.floats(0.1, 3000), active=st.floats(0.01, 1))
+def test_rates_never_rise_with_size(a, b, active):
+    "A bigger model is never cheaper: prefill follows the active parameters, decode the total, both non-increasing."
+    small, big = ModelSize(min(a, b) * 1e9, min(a, b) * 1e9 * active, "t"), ModelSize(max(a, b) * 1e9, max(a, b) * 1e9 * active, "t")
+    (_, ps, ds), (_, pb, db) = model_rates(small), model_rates(big)
+    assert pb <= ps and db <= ds
+    dense = ModelSize(big.total, big.total, "t")
+    assert model_rates(dense)[2] == db and model_rates(dense)[1] <= pb  # experts change prefill, not decode
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 3000), tenth=st.integers(0, 9), suffix=st.sampled_from(["", "-Instruct", "-chat-hf", "-Base-v0.2"]))
+def test_dense_size_read_from_any_name(n, tenth, suffix):
+    x = f"{n}.{tenth}" if tenth else str(n)
+    s = model_size(f"some-org/Family-{x}B{suffix}")
+    assert s.total == s.active == pytest.approx(float(x) * 1e9)
+    assert parse_params(f"{x}B") == (pytest.approx(float(x) * 1e9),) * 2
