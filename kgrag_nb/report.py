@@ -16,26 +16,28 @@ from markupsafe import Markup
 from .config import Config, get_config
 from .hooks import subcommand
 from .papers import ledger_claims
-from .reproduce import RUN_ID, load_experiments, load_registry
+from .reproduce import is_safe_id, load_experiments, load_registry, mark_abandoned
 
 # %% auto #0
-__all__ = ['REF', 'CSP', 'REPORT_MARKER', 'list_runs', 'find_run', 'paper_ref', 'Link', 'href', 'html_table', 'anchor',
-           'sizes_text', 'index_rows', 'sanitize_html', 'render_notebook', 'artifact_files', 'rerun_command',
+__all__ = ['REF', 'CSP', 'REPORT_MARKER', 'list_runs', 'find_run', 'check_manifest', 'paper_ref', 'Link', 'href', 'html_table',
+           'anchor', 'sizes_text', 'index_rows', 'sanitize_html', 'render_notebook', 'artifact_files', 'rerun_command',
            'provenance_mismatch', 'artifact_section', 'run_summary', 'ledger_summary', 'build_report']
 
 # %% ../nbs/16_report.ipynb #c006
 def list_runs(cfg: Config | None = None) -> list[Path]:
-    "Folders of `cfg.runs_dir` that hold a `manifest.json`, oldest first (by the manifest's `started`, then name)."
+    "Folders of `cfg.runs_dir` that hold a readable `manifest.json`, oldest first (by the manifest's `started`, then"
+    " name); a `running` run whose runner is gone is marked `abandoned` on the way."
     cfg = cfg or get_config()
     found = []
     for m in sorted(cfg.runs_dir.glob("*/manifest.json")) if cfg.runs_dir.exists() else []:
-        try: started = str(json.loads(m.read_text()).get("started") or "")
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError): continue  # a damaged manifest is not a finished run
-        found.append((started, m.parent.name, m.parent))
+        manifest = mark_abandoned(m.parent)  # a `running` run whose runner is gone says `abandoned` from here on
+        if manifest is None: continue  # a damaged manifest is not a finished run
+        found.append((str(manifest.get("started") or ""), m.parent.name, m.parent))
     return [p for *_, p in sorted(found)]
 
 def _status(run: Path) -> str:
-    "The `status` of a run's manifest (`running`, `finished`, `interrupted`, `failed`; 'unknown' when unreadable or absent)."
+    "The `status` of a run's manifest (`running`, `finished`, `interrupted`, `failed`, `abandoned`; 'unknown' when"
+    " unreadable or absent)."
     try: m = json.loads((run / "manifest.json").read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError): return "unknown"
     return str(m.get("status") or "unknown") if isinstance(m, dict) else "unknown"
@@ -55,7 +57,7 @@ def find_run(run_id: str | None = None,  # a run id (folder of `runs/`); None = 
                       f"{_status(runs[-1])}), whose results may be incomplete; name another with --run RUN_ID "
                       f"(runs: {[r.name for r in runs][-5:]})", UserWarning, stacklevel=2)
         return runs[-1]
-    if not RUN_ID.match(run_id) or ".." in run_id:
+    if not is_safe_id(run_id) or ".." in run_id:
         raise ValueError(f"--run {run_id!r}: a run id is a folder name of {cfg.runs_dir} (letters, digits, '.', '_', '-')")
     path = cfg.runs_dir / run_id
     if not (path / "manifest.json").exists():
@@ -63,6 +65,42 @@ def find_run(run_id: str | None = None,  # a run id (folder of `runs/`); None = 
         raise FileNotFoundError(f"--run {run_id!r}: {path / 'manifest.json'} not found; the last runs are {known} "
                                 "(leave out --run for the last one)")
     return path
+
+# %% ../nbs/16_report.ipynb #93a66eef
+def _inside(path: Path, folders: list[Path]) -> bool:
+    "True when `path`, every link followed, is inside one of `folders` (also followed)."
+    real = path.resolve()
+    return any(real.is_relative_to(f.resolve()) for f in folders)
+
+def _output_path(o: str, cfg: Config) -> Path:
+    "Where an `outputs` entry points: an absolute path as it is, a relative one under the checkout (as `StudyRun` writes them)."
+    return Path(o) if Path(o).is_absolute() else cfg.root / o
+
+def check_manifest(manifest: dict,  # a run's manifest.json
+                   run_dir: Path,  # the run's folder
+                   cfg: Config) -> None:  # `figures_dir`: where artefacts write their files
+    "ValueError naming the manifest field and its value when an artefact or experiment id is not one plain name, an"
+    " `executed` notebook resolves outside the run folder, or an artefact's `outputs` outside the run and figures folders."
+    where = run_dir / "manifest.json"
+    def refuse(field: str, value, why: str):
+        raise ValueError(f"{where}: {field} = {value!r} {why}; the report reads and writes only inside the run folder "
+                         f"{run_dir}, the figures folder {cfg.figures_dir} and its own folder. Was the run folder changed by "
+                         "hand? Rerun `kgrag reproduce` for a clean run")
+    for section, key in (("artifacts", "artifact"), ("experiments", "experiment")):
+        entries = manifest.get(section) or []
+        if not isinstance(entries, list): refuse(section, entries, "is not a list of entries")
+        for i, e in enumerate(entries):
+            if not isinstance(e, dict): refuse(f"{section}[{i}]", e, "is not an entry (a JSON object)")
+            if not is_safe_id(e.get(key)):
+                refuse(f"{section}[{i}].{key}", e.get(key), "is not an id (letters, digits, '.', '_', '-', one plain name)")
+            ex = e.get("executed")
+            if ex is not None and (not isinstance(ex, str) or not _inside(run_dir / ex, [run_dir])):
+                refuse(f"{section}[{i}].executed", ex, "resolves outside the run folder")
+            if section != "artifacts" or "outputs" not in e: continue  # an experiment's files stay in its cache folder
+            if not isinstance(e["outputs"], list): refuse(f"{section}[{i}].outputs", e["outputs"], "is not a list of paths")
+            for j, o in enumerate(e["outputs"]):
+                if not isinstance(o, str) or not _inside(_output_path(o, cfg), [run_dir, cfg.figures_dir]):
+                    refuse(f"{section}[{i}].outputs[{j}]", o, "resolves outside the run folder and the figures folder")
 
 # %% ../nbs/16_report.ipynb #c009
 REF = r"(?:Tables?|Fig(?:ure)?s?\.?|App(?:endix)?\.)\s*(?:[A-Z](?![a-z])(?:\.?\d+)*|\d+)(?:\s*/\s*\d+)?"
@@ -223,14 +261,20 @@ def render_notebook(src: str | Path,  # an executed notebook
 _FIGURES = (".png", ".svg")
 
 def artifact_files(entry: dict, cfg: Config) -> tuple[list[Path], list[str]]:
-    "`(files that exist, listed outputs that are missing)` of a manifest entry."
+    "`(files that exist, listed outputs that are missing)` of a manifest entry; ValueError for an id that is not one"
+    " plain name or a file outside the figures and runs folders (`check_manifest` names the field first)."
     aid = entry.get("artifact") or entry.get("experiment")
+    if not is_safe_id(aid): raise ValueError(f"manifest entry {aid!r}: an artefact id is one plain name (letters, digits, '.', '_', '-')")
     if "outputs" in entry:
-        paths = [Path(o) if Path(o).is_absolute() else cfg.root / o for o in entry["outputs"]]
+        paths = [_output_path(o, cfg) for o in entry["outputs"]]
     elif entry.get("status") == "ok":
         folder = cfg.figures_dir / aid
         paths = sorted(p for p in folder.iterdir() if p.is_file() and p.name != "provenance.json") if folder.exists() else []
     else: paths = []
+    for p in paths:
+        if not _inside(p, [cfg.figures_dir, cfg.runs_dir]):
+            raise ValueError(f"{aid}: {str(p)!r} resolves outside the figures folder {cfg.figures_dir} and the runs folder; "
+                             "the report copies only files the run wrote there (a link or a hand-edited manifest?)")
     return [p for p in paths if p.exists()], [str(p) for p in paths if not p.exists()]
 
 def _caption(md: Path) -> str:
@@ -479,10 +523,14 @@ REPORT_MARKER = ".kgrag-report"  # in every folder `kgrag report` writes: only s
 def build_report(run_id: str | None = None,  # run to report on (default: the last finished run)
                  out: str | Path | None = None,  # report folder (default: runs/<run_id>/report)
                  cfg: Config | None = None) -> Path:
-    "Write the static report of a run; returns the path of its `index.html`."
+    "Write the static report of a run; returns the path of its `index.html`. The manifest is checked first"
+    " (`check_manifest`): a run folder changed by hand makes the report write nothing."
     cfg = cfg or get_config()
     run_dir = find_run(run_id, cfg)
-    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest = mark_abandoned(run_dir)  # a `running` run whose runner is gone is reported (and marked) `abandoned`
+    if manifest is None: raise ValueError(f"{run_dir / 'manifest.json'} is unreadable or not a JSON object (cut short?); "
+                                          "report another run with --run RUN_ID")
+    check_manifest(manifest, run_dir, cfg)  # before anything is written
     out = Path(out) if out else run_dir / "report"
     marker = out / REPORT_MARKER
     if out.exists() and any(out.iterdir()) and not marker.exists():  # never delete what `kgrag report` did not make
@@ -495,12 +543,15 @@ def build_report(run_id: str | None = None,  # run to report on (default: the la
     titles = _titles(cfg)
     rendered = {}  # id -> relative link of its rendered notebook
     for kind, entries in (("artifact", manifest.get("artifacts", [])), ("experiment", manifest.get("experiments", []))):
-        for e in entries:
+        for i, e in enumerate(entries):
             src = run_dir / e["executed"] if e.get("executed") else None
             if src is None or not src.exists(): continue
             sid = e[kind]
             link = f"notebooks/{sid}.html" if kind == "artifact" else f"notebooks/experiments/{sid}.html"
-            render_notebook(src, out / link, back="../index.html" if kind == "artifact" else "../../index.html")
+            try: render_notebook(src, out / link, back="../index.html" if kind == "artifact" else "../../index.html")
+            except Exception as exc:  # nbformat's errors quote the file: name only the field and the error's type
+                raise ValueError(f"{run_dir / 'manifest.json'}: {kind}s[{i}].executed = {e['executed']!r} is not a notebook the "
+                                 f"report can read ({type(exc).__name__}); rerun `kgrag reproduce`, or report another run") from None
             rendered[(kind, sid)] = link
     arts = manifest.get("artifacts", [])
     exp_rows = [{"experiment": e["experiment"], "title": titles.get(e["experiment"], ""), "status": e.get("status"),

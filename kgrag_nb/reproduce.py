@@ -4,7 +4,7 @@
 
 # %% ../nbs/07_reproduce.ipynb #c002
 from __future__ import annotations
-import ast, fnmatch, hashlib, json, math, os, pickle, re, shutil, signal, stat, subprocess, sys, tempfile, threading, time
+import ast, fnmatch, hashlib, json, math, os, pickle, re, shutil, signal, socket, stat, subprocess, sys, tempfile, threading, time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -19,18 +19,19 @@ from tqdm.auto import tqdm
 
 from .config import PROFILES, Config, get_config
 from .datasets import dataset_checksums
-from .llm import LLMClient
+from .llm import LLMClient, _own_start_time, check_decoding, process_alive
 from .serve import STUB_MODEL, STUB_NOTE, EmbeddedServer
 
 # %% auto #0
-__all__ = ['MAX_REGISTRY_BYTES', 'MAX_REGISTRY_NODES', 'RUNNER_PARAMETERS', 'STUDY_PARAMETERS', 'FIXED_PDF_METADATA',
-           'CELL_TIMEOUT_S', 'KERNEL_NICENESS', 'PARAMETER_MINIMUM', 'RUN_ID', 'Artifact', 'load_registry',
-           'load_experiments', 'experiments_for', 'select_artifacts', 'parameters_of', 'check_study_notebooks',
-           'save_figure', 'markdown_table', 'save_table', 'write_json_atomic', 'code_version', 'experiment_key',
-           'experiment_dir', 'ExperimentResults', 'save_result', 'peak_rss_mb', 'StudyRun', 'ExperimentRun',
-           'effective_parameters', 'llm_identity', 'plan_experiments', 'NiceKernelManager', 'run_notebook',
-           'ensure_experiment', 'check_parameter_range', 'check_overrides', 'git_sha', 'new_run_id', 'check_run_id',
-           'redact_url', 'scrub_secrets', 'config_environment', 'check_run_options', 'reproduce']
+__all__ = ['MAX_REGISTRY_BYTES', 'MAX_REGISTRY_NODES', 'SAFE_ID', 'RUNNER_PARAMETERS', 'STUDY_PARAMETERS', 'FIXED_PDF_METADATA',
+           'CELL_TIMEOUT_S', 'KERNEL_NICENESS', 'PARAMETER_MINIMUM', 'RUN_ID', 'Artifact', 'is_safe_id',
+           'parameters_of', 'load_registry', 'load_experiments', 'experiments_for', 'select_artifacts',
+           'check_study_notebooks', 'save_figure', 'markdown_table', 'save_table', 'write_json_atomic', 'code_version',
+           'experiment_key', 'experiment_dir', 'ExperimentResults', 'save_result', 'peak_rss_mb', 'StudyRun',
+           'ExperimentRun', 'effective_parameters', 'llm_identity', 'plan_experiments', 'NiceKernelManager',
+           'run_notebook', 'ensure_experiment', 'check_parameter_range', 'check_overrides', 'git_sha', 'new_run_id',
+           'mark_abandoned', 'mark_abandoned_runs', 'check_run_id', 'redact_url', 'scrub_secrets', 'config_environment',
+           'check_run_options', 'reproduce']
 
 # %% ../nbs/07_reproduce.ipynb #c005
 @dataclass
@@ -87,6 +88,13 @@ def _load_yaml_bounded(path: Path) -> object:
     except yaml.YAMLError as e: raise ValueError(f"{path} is not valid YAML: {e}") from None
     except RecursionError: raise ValueError(f"{path}: nested too deeply to be a study registry") from None
 
+SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # a run, experiment or artefact id: one plain folder or file name
+
+def is_safe_id(value) -> bool:
+    "True when `value` is a string that `SAFE_ID` matches whole (`re.fullmatch`: with `re.match`, the `$` of a `^...$`"
+    " pattern also matches before a final newline, so `'nl\\n'` would pass); such an id never climbs out of a folder."
+    return isinstance(value, str) and SAFE_ID.fullmatch(value) is not None
+
 def _confined_notebook(notebook, root: Path, where: str) -> str:
     "`notebook` (a path relative to the checkout `root`) when it stays inside `root` once resolved; ValueError otherwise."
     if not isinstance(notebook, str) or not notebook.strip():
@@ -97,33 +105,101 @@ def _confined_notebook(notebook, root: Path, where: str) -> str:
                          "study notebooks live inside the checkout (nbs/studies/...): fix the path")
     return notebook
 
+# %% ../nbs/07_reproduce.ipynb #c013
+def parameters_of(notebook: str | Path) -> dict:
+    "The literal parameters of a study notebook; errors when it has not exactly one `parameters` cell of literals,"
+    " one assignment per line (as papermill reads it)."
+    try: nb = json.loads(Path(notebook).read_text())
+    except FileNotFoundError: raise ValueError(f"{notebook}: no such notebook; fix the `notebook:` path in studies.yaml") from None
+    except (OSError, ValueError) as e:  # a folder, unreadable, not UTF-8, not JSON
+        raise ValueError(f"{notebook} is not a readable Jupyter notebook ({type(e).__name__}: {str(e)[:200]}); "
+                         "point `notebook:` in studies.yaml at an .ipynb file") from None
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list) or not all(isinstance(c, dict) for c in nb["cells"]):
+        raise ValueError(f"{notebook} is JSON but not a Jupyter notebook (no list of `cells`); point `notebook:` at an .ipynb file")
+    cells = [c for c in nb["cells"] if "parameters" in (c.get("metadata") or {}).get("tags", [])]
+    if len(cells) != 1: raise ValueError(f"{notebook}: {len(cells)} cells tagged `parameters`; papermill needs exactly one")
+    src = "".join(cells[0]["source"]) if isinstance(cells[0]["source"], list) else cells[0]["source"]
+    try: body = ast.parse(src).body
+    except SyntaxError as e: raise ValueError(f"{notebook}: the parameters cell is not valid Python ({e.msg}, line {e.lineno})") from None
+    params, lines = {}, src.splitlines()
+    shared = [b.lineno for a, b in zip(body, body[1:]) if b.lineno <= a.end_lineno]
+    if shared: raise ValueError(f"{notebook}: the parameters cell has two statements on line {shared[0]} ({lines[shared[0] - 1].strip()!r});"
+                                " papermill reads one assignment per line: put each `name = literal` on its own line, without `;`")
+    for node in body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            raise ValueError(f"{notebook}: the parameters cell may hold only `name = literal` lines, got: {ast.unparse(node)}")
+        if lines[node.lineno - 1].count("=") != 1 or any("=" in l for l in lines[node.lineno:node.end_lineno]):
+            raise ValueError(f"{notebook}: line {node.lineno} of the parameters cell has an `=` papermill cannot parse"
+                             " (in a value or a comment); write `name = literal` with no other `=` in it")
+        try: params[node.targets[0].id] = ast.literal_eval(node.value)
+        except ValueError: raise ValueError(f"{notebook}: parameter {node.targets[0].id} is not a literal: {ast.unparse(node.value)}")
+    return params
+
+def _declared(study: Artifact, cfg: Config) -> dict:
+    "The parameters of `study`'s notebook (`parameters_of`); an error names the registry entry as well as the file."
+    try: return parameters_of(cfg.root / study.notebook)
+    except ValueError as e: raise ValueError(f"studies.yaml: {study.kind} {study.id!r}: {e}") from None
 
 # %% ../nbs/07_reproduce.ipynb #c006
 _KEYS = {"paper", "title", "notebook", "needs_llm", "profiles", "uses"}
 
+def _profile_defaults(raw, path: Path) -> dict:
+    "The `defaults:` section of `studies.yaml`, checked: `{profile: {parameter: literal}}` for known profiles, and every"
+    " `decoding` one of `llm.DECODINGS`."
+    raw = {} if raw is None else raw
+    if not isinstance(raw, dict) or not all(isinstance(v, dict) or v is None for v in raw.values()):
+        raise ValueError(f"{path}: `defaults:` must map a profile to its default parameters, e.g. `defaults: {{full: {{decoding: free}}}}`;"
+                         f" got {raw!r:.80}")
+    bad = set(raw) - set(PROFILES)
+    if bad: raise ValueError(f"{path}: `defaults:` names profiles {sorted(bad, key=str)}; profiles are {PROFILES}")
+    for prof, params in raw.items():
+        if "decoding" in (params or {}):
+            try: check_decoding(params["decoding"])
+            except ValueError as e: raise ValueError(f"{path}: defaults of {prof}: {e}") from None
+    return {prof: dict(params or {}) for prof, params in raw.items()}
+
+def _with_defaults(entry: dict, defaults: dict, root: Path) -> dict:
+    "`entry` with each profile's parameters laid over `defaults` of that profile, keeping only the defaults the entry's"
+    " notebook declares in its parameters cell (no notebook gets a parameter it lacks; a default adds no profile). A"
+    " notebook that cannot be read gets none: running it reports why."
+    profiles = entry.get("profiles") or {}
+    if not isinstance(profiles, dict) or not any(defaults.get(p) for p in profiles): return entry
+    try: declared = parameters_of(root / entry["notebook"])
+    except ValueError: return entry
+    merged = {}
+    for prof, params in profiles.items():
+        own = {k: v for k, v in defaults.get(prof, {}).items() if k in declared}
+        merged[prof] = {**own, **(params or {})} if isinstance(params, dict) or params is None else params  # a bad one: as it is
+    return {**entry, "profiles": merged}
+
 def _read_registry(path: str | Path | None = None, cfg: Config | None = None) -> tuple[dict, dict]:
-    "`(experiments, artifacts)` of `studies.yaml`, every entry checked (keys, notebook inside the checkout, `uses`"
-    " targets, no dependency cycle); the file's size and its expanded size are bounded."
+    "`(experiments, artifacts)` of `studies.yaml`, every entry checked (id, keys, notebook inside the checkout, `uses`"
+    " targets, no dependency cycle) and its profiles laid over the `defaults:` its notebook declares; the file's size and"
+    " its expanded size are bounded."
     cfg = cfg or get_config()
     path = Path(path or cfg.root / "studies.yaml")
     if not path.exists(): raise FileNotFoundError(f"study registry {path} not found; run from a kgrag_nb checkout or set KGRAG_HOME")
     raw = _load_yaml_bounded(path) or {}
     if not isinstance(raw, dict): raise ValueError(f"{path}: expected a mapping with `experiments:` and `artifacts:`, got a {type(raw).__name__}")
-    unknown = set(raw) - {"experiments", "artifacts"}
-    if unknown: raise ValueError(f"{path}: unknown top-level sections {sorted(unknown, key=str)}; use `experiments:` and `artifacts:`")
+    unknown = set(raw) - {"experiments", "artifacts", "defaults"}
+    if unknown: raise ValueError(f"{path}: unknown top-level sections {sorted(unknown, key=str)}; use `experiments:`, `artifacts:` "
+                                 "and `defaults:`")
+    defaults = _profile_defaults(raw.get("defaults"), path)
     out = {}
     for section, kind in (("experiments", "experiment"), ("artifacts", "artifact")):
         out[section] = {}
         entries = raw.get(section) or {}
         if not isinstance(entries, dict): raise ValueError(f"{path}: `{section}:` must map ids to entries, got a {type(entries).__name__}")
         for sid, entry in entries.items():
+            if not is_safe_id(sid): raise ValueError(f"{path}: {kind} id {sid!r}: use letters, digits, '.', '_' and '-' (starting with a"
+                                                     " letter or digit): the id names the notebook's folders under figures/ and runs/")
             if not isinstance(entry, dict): raise ValueError(f"{path}: {kind} {sid!r} must be a mapping (paper, title, notebook, ...), got {entry!r:.80}")
             missing = {"paper", "title", "notebook"} - set(entry)
             if missing: raise ValueError(f"{path}: {kind} {sid!r} lacks {sorted(missing)}")
             bad = set(entry) - _KEYS
             if bad: raise ValueError(f"{path}: {kind} {sid!r} has unknown keys {sorted(bad)}; allowed: {sorted(_KEYS)}")
             _confined_notebook(entry["notebook"], cfg.root, f"{path}: {kind} {sid!r}")
-            out[section][sid] = Artifact(id=sid, **entry, kind=kind)
+            out[section][sid] = Artifact(id=sid, **_with_defaults(entry, defaults, cfg.root), kind=kind)
     exps, arts = out["experiments"], out["artifacts"]
     clash = set(exps) & set(arts)
     if clash: raise ValueError(f"{path}: {sorted(clash)} are both experiments and artefacts; rename one")
@@ -169,41 +245,6 @@ def select_artifacts(registry: dict[str, Artifact], only: str | list[str] | None
     chosen = [a for a in registry.values() if any(fnmatch.fnmatch(a.id, p) for p in patterns)]
     if not chosen: raise ValueError(f"--only {only!r} matches no artefact; known: {', '.join(sorted(registry))} (see `kgrag list`)")
     return chosen
-
-# %% ../nbs/07_reproduce.ipynb #c013
-def parameters_of(notebook: str | Path) -> dict:
-    "The literal parameters of a study notebook; errors when it has not exactly one `parameters` cell of literals,"
-    " one assignment per line (as papermill reads it)."
-    try: nb = json.loads(Path(notebook).read_text())
-    except FileNotFoundError: raise ValueError(f"{notebook}: no such notebook; fix the `notebook:` path in studies.yaml") from None
-    except (OSError, ValueError) as e:  # a folder, unreadable, not UTF-8, not JSON
-        raise ValueError(f"{notebook} is not a readable Jupyter notebook ({type(e).__name__}: {str(e)[:200]}); "
-                         "point `notebook:` in studies.yaml at an .ipynb file") from None
-    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list) or not all(isinstance(c, dict) for c in nb["cells"]):
-        raise ValueError(f"{notebook} is JSON but not a Jupyter notebook (no list of `cells`); point `notebook:` at an .ipynb file")
-    cells = [c for c in nb["cells"] if "parameters" in (c.get("metadata") or {}).get("tags", [])]
-    if len(cells) != 1: raise ValueError(f"{notebook}: {len(cells)} cells tagged `parameters`; papermill needs exactly one")
-    src = "".join(cells[0]["source"]) if isinstance(cells[0]["source"], list) else cells[0]["source"]
-    try: body = ast.parse(src).body
-    except SyntaxError as e: raise ValueError(f"{notebook}: the parameters cell is not valid Python ({e.msg}, line {e.lineno})") from None
-    params, lines = {}, src.splitlines()
-    shared = [b.lineno for a, b in zip(body, body[1:]) if b.lineno <= a.end_lineno]
-    if shared: raise ValueError(f"{notebook}: the parameters cell has two statements on line {shared[0]} ({lines[shared[0] - 1].strip()!r});"
-                                " papermill reads one assignment per line: put each `name = literal` on its own line, without `;`")
-    for node in body:
-        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
-            raise ValueError(f"{notebook}: the parameters cell may hold only `name = literal` lines, got: {ast.unparse(node)}")
-        if lines[node.lineno - 1].count("=") != 1 or any("=" in l for l in lines[node.lineno:node.end_lineno]):
-            raise ValueError(f"{notebook}: line {node.lineno} of the parameters cell has an `=` papermill cannot parse"
-                             " (in a value or a comment); write `name = literal` with no other `=` in it")
-        try: params[node.targets[0].id] = ast.literal_eval(node.value)
-        except ValueError: raise ValueError(f"{notebook}: parameter {node.targets[0].id} is not a literal: {ast.unparse(node.value)}")
-    return params
-
-def _declared(study: Artifact, cfg: Config) -> dict:
-    "The parameters of `study`'s notebook (`parameters_of`); an error names the registry entry as well as the file."
-    try: return parameters_of(cfg.root / study.notebook)
-    except ValueError as e: raise ValueError(f"studies.yaml: {study.kind} {study.id!r}: {e}") from None
 
 # %% ../nbs/07_reproduce.ipynb #c016
 RUNNER_PARAMETERS = ("profile", "run_dir", "llm_url", "model")  # injected into every study notebook by the runner
@@ -717,7 +758,8 @@ PARAMETER_MINIMUM = {"max_tokens": 1, "n_samples": 1, "n_questions": 1, "seed": 
 def check_parameter_range(key: str,  # a notebook parameter's name
                           value) -> None:  # the value a `--set` gives it
     "ValueError naming the value and the fix when a parameter with a known meaning gets a value out of its range: the"
-    " counts and the token budget are whole numbers >= 1, `seed` >= 0, `temperature` a finite number >= 0."
+    " counts and the token budget are whole numbers >= 1, `seed` >= 0, `temperature` a finite number >= 0, `decoding`"
+    " one of `llm.DECODINGS` and `decodings` a list of them."
     if key in PARAMETER_MINIMUM:
         low = PARAMETER_MINIMUM[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -725,6 +767,10 @@ def check_parameter_range(key: str,  # a notebook parameter's name
             raise ValueError(f"--set {key}={value!r}: {key} must be a whole number >= {low}{why}; e.g. --set {key}={max(low, 1)}")
     if key == "temperature" and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0):
         raise ValueError(f"--set temperature={value!r}: temperature must be a finite number >= 0; e.g. --set temperature=0 (greedy)")
+    if key in ("decoding", "decodings"):  # llm.check_decoding names the modes of llm.DECODINGS
+        for v in (value if key == "decodings" and isinstance(value, list) else [value]):
+            try: check_decoding(v)
+            except ValueError as e: raise ValueError(f"--set {e}" if key == "decoding" else f"--set decodings={value!r}: {e}") from None
 
 def check_overrides(overrides: dict | None, studies: list, cfg: Config) -> dict[str, list[str]]:
     "`{key: [ids of the notebooks it applies to]}`; ValueError naming the key, the value and the fix otherwise."
@@ -760,18 +806,56 @@ def git_sha(root: Path) -> str:
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError): return "unknown"
 
-RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+RUN_ID = SAFE_ID  # a run id is a plain folder name of runs/ (matched whole: `is_safe_id`)
 
 def new_run_id() -> str:
     "A sortable, unique run id: UTC time plus process id."
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + f"-{os.getpid()}"
 
+def _read_manifest(path: Path) -> dict | None:
+    "The JSON object in `path`; None when it is missing, unreadable or not an object."
+    try: m = json.loads(Path(path).read_text())
+    except (OSError, ValueError): return None  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+    return m if isinstance(m, dict) else None
+
+def mark_abandoned(run_dir: str | Path) -> dict | None:  # a run folder (with manifest.json)
+    "The manifest of `run_dir` (None when missing or unreadable), marked `abandoned` first when it says `running`, was"
+    " written on this host, and the runner it names is gone: no process has its pid, or the one that has it started at"
+    " another time (a reused pid). A runner killed with SIGKILL, by the out-of-memory killer or a power cut never"
+    " finalises its manifest. A manifest without a pid (written before runners recorded theirs) is left as it is."
+    path = Path(run_dir) / "manifest.json"
+    m = _read_manifest(path)
+    pid = (m or {}).get("pid")
+    if (not m or m.get("status") != "running" or m.get("host") != socket.gethostname()
+            or isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0): return m
+    if process_alive(pid, m.get("pid_started")): return m
+    m = _read_manifest(path)  # the runner is gone, so nothing writes the file now: read it again in case it ended meanwhile
+    if not m or m.get("status") != "running": return m
+    m.update(status="abandoned", ended=datetime.now(timezone.utc).isoformat(),
+             error=(f"abandoned: its runner (pid {pid} on {m['host']}) ended without finalising the manifest (killed with "
+                    "SIGKILL or by the out-of-memory killer, or the machine stopped); notebooks it had not finished have no "
+                    "entry. Rerun with a new --run-id: finished experiments are reused"))
+    try: write_json_atomic(path, m)
+    except OSError: pass  # a runs folder this user cannot write: the caller still sees the status
+    return m
+
+def mark_abandoned_runs(cfg: Config) -> list[str]:
+    "`mark_abandoned` on every run folder of `cfg.runs_dir`; the ids of the runs it marked now."
+    marked = []
+    for manifest in sorted(cfg.runs_dir.glob("*/manifest.json")) if cfg.runs_dir.exists() else []:
+        before = _read_manifest(manifest)
+        after = mark_abandoned(manifest.parent)
+        if before and after and before.get("status") != after.get("status"): marked.append(manifest.parent.name)
+    return marked
+
 def check_run_id(run_id: str, cfg: Config) -> Path:
     "The folder of a new run `run_id`; ValueError for a name that is not a plain folder name or that is already used."
-    if not RUN_ID.match(run_id or "") or ".." in run_id:
+    if not is_safe_id(run_id) or ".." in run_id:
         raise ValueError(f"--run-id {run_id!r}: use letters, digits, '.', '_' and '-' only (a folder name inside {cfg.runs_dir})")
     path = cfg.runs_dir / run_id
-    if path.exists(): raise ValueError(f"--run-id {run_id!r}: {path} already exists; choose a new id (runs are never overwritten)")
+    if path.exists():
+        status = (mark_abandoned(path) or {}).get("status", "unknown")
+        raise ValueError(f"--run-id {run_id!r}: {path} already exists (status {status}); choose a new id (runs are never overwritten)")
     return path
 
 # %% ../nbs/07_reproduce.ipynb #c043
@@ -963,7 +1047,8 @@ def _new_manifest(run_id: str, profile: str, only: str | None, jobs: int,  # the
     return dict(run_id=run_id, git_sha=git_sha(cfg.root), profile=profile, only=only, jobs=jobs,
                 started=datetime.now(timezone.utc).isoformat(), llm_url=redact_url(llm_url) or "embedded",
                 config=cfg.public_dict() | {"llm_url": redact_url(cfg.llm_url)}, python=sys.version.split()[0],
-                overrides=overrides or {}, overrides_apply_to=applies, experiments=[], artifacts=[], status="running")
+                overrides=overrides or {}, overrides_apply_to=applies, experiments=[], artifacts=[], status="running",
+                host=socket.gethostname(), pid=os.getpid(), pid_started=_own_start_time())  # who runs it: `mark_abandoned` reads them
 
 def _model_fields(model: str | None,  # the model the endpoint serves
                   needs_llm: bool) -> dict:  # whether the run calls an LLM
@@ -1143,6 +1228,7 @@ def reproduce(profile: str | None = None,  # `tiny`, `smoke` or `full` (default:
     llm_url, model = llm_url or cfg.llm_url, model or cfg.model
     # endpoint and model are checked before the run folder is made: a wrong one leaves no half-recorded run
     model, plan, needs_llm = _plan_run(exps, arts, profile, overrides, llm_url, model, cfg)
+    mark_abandoned_runs(cfg)  # runs killed with SIGKILL (their runner is gone) say so instead of `running`
     run_dir.mkdir(parents=True)
     manifest = _new_manifest(run_id, profile, only, jobs, llm_url, overrides, applies, cfg)
     write_json_atomic(run_dir / "manifest.json", manifest)  # a killed run still names its profile

@@ -520,3 +520,107 @@ def test_a_script_in_any_string_of_a_run_renders_as_text(tmp_path):
     assert f'<p class="error">failed: {esc}</p>' in sections[sections.index('<section id="art-art_f">'):]
     head = page[:page.index("</head>")]
     assert f'<meta http-equiv="Content-Security-Policy" content="{kgrag_nb.report.CSP}">' in head  # kept, unescaped
+
+
+# ---------------------------------------------------------------- a tampered run folder (reliability round 3, item 5)
+
+SECRET = "TOPSECRET-report-0123456789"
+
+
+def _tampered(tmp_path, **entry):
+    "Run r-t whose one artefact entry is `entry`; the report folder is runs/r-t/report (four levels below tmp_path)."
+    cfg = get_config(runs_dir=tmp_path / "runs", figures_dir=tmp_path / "figures")
+    _manifest(cfg.runs_dir / "r-t", run_id="r-t", started="2026", status="finished", artifacts=[{"status": "ok", **entry}])
+    return cfg
+
+
+def _outside(tmp_path) -> set[str]:
+    "What exists in tmp_path besides the run folder, the figures folder and the secret (files a report must not make)."
+    return {p.name for p in tmp_path.iterdir()} - {"runs", "figures", "secret.txt"}
+
+
+def test_an_artefact_id_that_climbs_out_of_the_run_is_refused_before_anything_is_written(tmp_path):
+    "Defect pinned: an artefact id `../../../../escaped` with `outputs` naming system files made `kgrag report` create"
+    " tmp/escaped/ holding copies of /etc/passwd and /etc/hostname, and tmp/escaped.html beside it, with rc 0."
+    import nbformat
+    cfg = _tampered(tmp_path, artifact="../../../../escaped", outputs=["/etc/passwd", "/etc/hostname"],
+                    executed="notebooks/ok.ipynb")
+    (cfg.runs_dir / "r-t" / "notebooks").mkdir()
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")]), cfg.runs_dir / "r-t" / "notebooks" / "ok.ipynb")
+    with pytest.raises(ValueError, match=r"artifacts\[0\]\.artifact = '\.\./\.\./\.\./\.\./escaped'"):
+        kgrag_nb.report.build_report("r-t", cfg=cfg)
+    assert _outside(tmp_path) == set() and not (cfg.runs_dir / "r-t" / "report").exists()
+    env = {"KGRAG_RUNS": str(cfg.runs_dir), "KGRAG_FIGURES": str(cfg.figures_dir)}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try: rc = main(["report", "--run", "r-t"])
+    finally:
+        for k, v in saved.items():
+            if v is None: os.environ.pop(k, None)
+            else: os.environ[k] = v
+    assert rc == 1 and _outside(tmp_path) == set()
+
+
+@pytest.mark.parametrize("outputs", [["/etc/passwd"], ["../secret.txt"], ["{tmp}/secret.txt"], ["{figures}/art/link.csv"]])
+def test_outputs_outside_the_figures_and_run_folders_are_refused(tmp_path, outputs):
+    "An `outputs` path (absolute, climbing, or a symbolic link in figures/) that resolves outside the run folder and the"
+    " figures folder is refused, naming the field and the value; nothing is copied into the report."
+    (tmp_path / "secret.txt").write_text(SECRET)
+    (tmp_path / "figures" / "art").mkdir(parents=True)
+    (tmp_path / "figures" / "art" / "link.csv").symlink_to(tmp_path / "secret.txt")
+    outputs = [o.format(tmp=tmp_path, figures=tmp_path / "figures") for o in outputs]
+    cfg = _tampered(tmp_path, artifact="art", outputs=outputs)
+    with pytest.raises(ValueError, match=r"artifacts\[0\]\.outputs\[0\] = " + re.escape(repr(outputs[0]))) as e:
+        kgrag_nb.report.build_report("r-t", cfg=cfg)
+    assert SECRET not in str(e.value) and "outside" in str(e.value)
+    assert not (cfg.runs_dir / "r-t" / "report").exists() and _outside(tmp_path) == set()
+
+
+@pytest.mark.parametrize("executed", ["../../secret.txt", "{tmp}/secret.txt", "notebooks/not_a_notebook.ipynb"])
+def test_an_executed_path_outside_the_run_or_not_a_notebook_never_shows_its_content(tmp_path, executed):
+    "Defect pinned: `executed: ../../../../etc/passwd` was read and the file's first line printed in the error."
+    (tmp_path / "secret.txt").write_text(SECRET)
+    executed = executed.format(tmp=tmp_path)
+    cfg = _tampered(tmp_path, artifact="art", executed=executed, outputs=[])
+    (cfg.runs_dir / "r-t" / "notebooks").mkdir()
+    (cfg.runs_dir / "r-t" / "notebooks" / "not_a_notebook.ipynb").write_text(SECRET)
+    with pytest.raises(ValueError, match=r"artifacts\[0\]\.executed = " + re.escape(repr(executed))) as e:
+        kgrag_nb.report.build_report("r-t", cfg=cfg)
+    assert SECRET not in str(e.value), str(e.value)
+    assert _outside(tmp_path) == set()
+
+
+@pytest.mark.parametrize("bad", ["nl\n", "a/b", "..", "", " x", "x\n", "-x"])
+def test_unsafe_ids_are_refused_in_every_manifest_field_and_run_option(tmp_path, bad):
+    "Ids are matched whole (re.fullmatch): `$` of `^...$` with `re.match` let `nl\\n` through."
+    cfg = _tampered(tmp_path, artifact=bad, outputs=[])
+    with pytest.raises(ValueError, match=r"artifacts\[0\]\.artifact"): kgrag_nb.report.build_report("r-t", cfg=cfg)
+    _manifest(cfg.runs_dir / "r-e", run_id="r-e", started="2026", status="finished", experiments=[{"experiment": bad, "status": "computed"}])
+    with pytest.raises(ValueError, match=r"experiments\[0\]\.experiment"): kgrag_nb.report.build_report("r-e", cfg=cfg)
+    with pytest.raises(ValueError, match="--run"): kgrag_nb.report.find_run(bad, cfg)
+    assert _outside(tmp_path) == set()
+
+
+def test_a_run_listed_as_running_whose_runner_is_gone_is_reported_abandoned(tmp_path):
+    "Defect pinned: a SIGKILLed run's manifest said `running` forever. The report (and the runs listing) marks it"
+    " `abandoned` when the runner's pid is gone or now belongs to another process (start time differs)."
+    import socket, subprocess, sys
+    from kgrag_nb.llm import _own_start_time
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)
+    cfg = get_config(runs_dir=tmp_path / "runs", figures_dir=tmp_path / "figures")
+    host = socket.gethostname()
+    for rid, pid, started in (("dead", dead_pid, None), ("reused", os.getpid(), "1"), ("live", os.getpid(), _own_start_time())):
+        _manifest(cfg.runs_dir / rid, run_id=rid, started=f"2026-01-0{len(rid)}", status="running", host=host, pid=pid,
+                  pid_started=started)
+    _manifest(cfg.runs_dir / "elsewhere", run_id="elsewhere", started="2026", status="running", host=host + "-other", pid=dead_pid)
+    _manifest(cfg.runs_dir / "old", run_id="old", started="2026", status="running")  # written before pids were recorded
+    page = kgrag_nb.report.build_report("dead", cfg=cfg).read_text()
+    assert "status: abandoned" in page, page[:3000]
+    status = lambda rid: json.loads((cfg.runs_dir / rid / "manifest.json").read_text())["status"]
+    assert status("dead") == "abandoned" and status("reused") == "running"  # only the run reported on was looked at so far
+    kgrag_nb.report.list_runs(cfg)
+    assert {r: status(r) for r in ("dead", "reused", "live", "elsewhere", "old")} == {
+        "dead": "abandoned", "reused": "abandoned", "live": "running", "elsewhere": "running", "old": "running"}
+    m = json.loads((cfg.runs_dir / "dead" / "manifest.json").read_text())
+    assert str(dead_pid) in m["error"] and m["ended"]

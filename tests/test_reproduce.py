@@ -652,3 +652,167 @@ def test_new_manifest_starts_running_with_no_credentials():
     assert (m["status"], m["run_id"], m["profile"], m["only"], m["jobs"], m["overrides"]) == ("running", "r1", "tiny", "a*", 2, {})
     assert "secret" not in json.dumps(m) and m["experiments"] == m["artifacts"] == []
     assert rp._new_manifest("r1", "tiny", None, 1, None, None, {}, get_config())["llm_url"] == "embedded"
+
+
+# ------------------------------------------------------------------ reliability round 3: ids matched whole, decoding checked first,
+# a killed runner's manifest marked `abandoned`; "One decode": a profile-level default for `decoding` in studies.yaml
+
+@pytest.mark.parametrize("bad", ["nl\n", "x\n", "a/b", "..", "", "-x"])
+def test_a_run_id_is_matched_whole(tmp_path, bad):
+    "Defect pinned: `--run-id $'nl\\n'` was accepted (`$` of RUN_ID matches before a final newline under re.match)."
+    cfg = _tmp_cfg(tmp_path)
+    with pytest.raises(ValueError, match="--run-id"): rp.check_run_id(bad, cfg)
+    assert rp.check_run_id("r-1.a_b", cfg) == cfg.runs_dir / "r-1.a_b"
+
+
+def test_every_validating_regex_of_reproduce_and_report_is_matched_whole():
+    "No `RUN_ID.match(`-style check is left: a pattern that validates an id is used with re.fullmatch."
+    import kgrag_nb.report as report
+    for mod in (rp, report):
+        src = Path(mod.__file__).read_text()
+        assert not re.search(r"\b(?:RUN_ID|STUDY_ID|[A-Z_]*_ID)\.match\(", src), mod.__name__
+        assert not re.search(r"re\.match\(", src), mod.__name__
+
+
+def _decoding_project(tmp_path) -> Path:
+    root = tmp_path / "proj"
+    _notebook(root / "nbs/studies/dec.ipynb", [("code", PARAMS + '\ndecoding = "free"', ["parameters"]),
+              ("code", "from kgrag_nb.llm import check_decoding\ncheck_decoding(decoding)", [])])
+    (root / "studies.yaml").write_text("artifacts:\n  dec: {paper: p, title: t, notebook: nbs/studies/dec.ipynb, profiles: {smoke: {n: 1}}}\n")
+    return root
+
+
+def test_an_unknown_decoding_is_refused_before_the_run_folder_is_made(tmp_path, capsys):
+    "Defect pinned: `--set decoding=bogus` failed only inside the notebook's kernel, after the run folder existed."
+    from kgrag_nb.llm import DECODINGS
+    root = _decoding_project(tmp_path)
+    cfg = _tmp_cfg(tmp_path, root=root)
+    env = {"KGRAG_HOME": str(root), "KGRAG_RUNS": str(cfg.runs_dir), "KGRAG_FIGURES": str(cfg.figures_dir), "KGRAG_CACHE": str(cfg.cache_dir)}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        from kgrag_nb.cli import main
+        rc = main(["reproduce", "--profile", "smoke", "--set", "decoding=bogus", "--run-id", "r1"])
+    finally:
+        for k, v in saved.items():
+            if v is None: os.environ.pop(k, None)
+            else: os.environ[k] = v
+    err = capsys.readouterr().err
+    assert rc == 1 and "decoding='bogus'" in err and all(f"'{d}'" in err for d in DECODINGS), err
+    assert not cfg.runs_dir.exists() or not any(cfg.runs_dir.iterdir())  # no run folder
+    with pytest.raises(ValueError, match="decoding"): rp.check_overrides({"decoding": "nope"}, list(load_registry(cfg=cfg).values()), cfg)
+    assert rp.check_overrides({"decoding": "constrained"}, list(load_registry(cfg=cfg).values()), cfg) == {"decoding": ["dec"]}
+    with pytest.raises(ValueError, match="decodings"): rp.check_parameter_range("decodings", ["free", "bogus"])
+    rp.check_parameter_range("decodings", list(DECODINGS))
+
+
+_KILLED = "import os, time\nfrom pathlib import Path\nPath(run_dir, 'started.txt').write_text(str(os.getpid()))\ntime.sleep(600)"
+
+
+def test_a_sigkilled_run_is_marked_abandoned_by_the_next_run_and_the_runs_listing(tmp_path):
+    "Defect pinned: a run killed with SIGKILL kept `status: running` in its manifest forever. The manifest now holds the"
+    " runner's pid and start time; the next run (any id, and the same id, which it refuses) and the runs listing mark it"
+    " `abandoned` once that process is gone."
+    from kgrag_nb.report import list_runs
+    root = tmp_path / "proj"
+    _notebook(root / "nbs/studies/sleeper.ipynb", [("code", PARAMS, ["parameters"]), ("code", _KILLED, [])])
+    (root / "studies.yaml").write_text("artifacts:\n  sleeper: {paper: p, title: t, notebook: nbs/studies/sleeper.ipynb, profiles: {smoke: {n: 1}}}\n")
+    cfg = _tmp_cfg(tmp_path, root=root)
+    argv = [sys.executable, "-c", "from kgrag_nb.reproduce import reproduce; reproduce(profile='smoke', run_id='r1', progress=False)"]
+    proc = subprocess.Popen(argv, env=_run_env(cfg, root), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    started = cfg.runs_dir / "r1" / "started.txt"
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None and not started.exists(): time.sleep(0.2)
+        assert started.exists(), f"the notebook never started; output:\n{proc.communicate(timeout=60)[0]}"
+        m = json.loads((cfg.runs_dir / "r1" / "manifest.json").read_text())
+        assert m["status"] == "running" and m["pid"] == proc.pid and m["pid_started"] and m["host"], m
+        assert [p.name for p in list_runs(cfg)] == ["r1"] and json.loads((cfg.runs_dir / "r1" / "manifest.json").read_text())["status"] == "running"
+        proc.kill(); proc.wait(30)  # SIGKILL: no handler runs, nothing is finalised
+    finally:
+        if proc.poll() is None: proc.kill(); proc.wait()
+        kernel = int(started.read_text() or 0) if started.exists() else 0  # the orphaned kernel (it also exits with its parent)
+        if kernel and _alive(kernel): os.kill(kernel, signal.SIGKILL)
+    assert json.loads((cfg.runs_dir / "r1" / "manifest.json").read_text())["status"] == "running"  # as the kill left it
+    with pytest.raises(ValueError, match=r"already exists.*abandoned"):  # the same id: refused, and the old run marked
+        reproduce(profile="smoke", cfg=cfg, progress=False, run_id="r1")
+    m = json.loads((cfg.runs_dir / "r1" / "manifest.json").read_text())
+    assert m["status"] == "abandoned" and str(proc.pid) in m["error"] and m["ended"], m
+    # the runs listing and the next run do the same for a run written with a dead pid
+    dead = dict(m, run_id="r0", status="running"); dead.pop("error"); dead.pop("ended")
+    (cfg.runs_dir / "r0").mkdir(); write_json_atomic(cfg.runs_dir / "r0" / "manifest.json", dead)
+    list_runs(cfg)
+    assert json.loads((cfg.runs_dir / "r0" / "manifest.json").read_text())["status"] == "abandoned"
+    (cfg.runs_dir / "r0" / "manifest.json").unlink(); write_json_atomic(cfg.runs_dir / "r0" / "manifest.json", dead)
+    with pytest.raises(ValueError, match="folder name"): reproduce(profile="smoke", cfg=cfg, progress=False, run_id="../x")  # checks first
+    assert json.loads((cfg.runs_dir / "r0" / "manifest.json").read_text())["status"] == "running"
+    _notebook(root / "nbs/studies/sleeper.ipynb", [("code", PARAMS, ["parameters"]), ("code", "x = 1", [])])
+    m2 = reproduce(profile="smoke", cfg=cfg, progress=False, run_id="r2")
+    assert m2["status"] == "finished" and json.loads((cfg.runs_dir / "r0" / "manifest.json").read_text())["status"] == "abandoned"
+
+
+def test_mark_abandoned_by_hand(tmp_path):
+    "Only a `running` manifest of this host whose runner is gone (or whose pid now has another start time) is marked."
+    import socket
+    from kgrag_nb.llm import _own_start_time
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    host, me = socket.gethostname(), _own_start_time()
+    cases = {"dead": (dict(status="running", host=host, pid=int(gone.stdout), pid_started="5"), "abandoned"),
+             "reused": (dict(status="running", host=host, pid=os.getpid(), pid_started="1"), "abandoned"),
+             "live": (dict(status="running", host=host, pid=os.getpid(), pid_started=me), "running"),
+             "other_host": (dict(status="running", host=host + "-x", pid=int(gone.stdout)), "running"),
+             "no_pid": (dict(status="running"), "running"),
+             "finished": (dict(status="finished", host=host, pid=int(gone.stdout)), "finished")}
+    for rid, (m, expected) in cases.items():
+        (tmp_path / rid).mkdir(); write_json_atomic(tmp_path / rid / "manifest.json", dict(m, run_id=rid))
+        got = rp.mark_abandoned(tmp_path / rid)
+        assert got["status"] == expected and json.loads((tmp_path / rid / "manifest.json").read_text())["status"] == expected, rid
+    (tmp_path / "bad").mkdir(); (tmp_path / "bad" / "manifest.json").write_text("{cut")
+    assert rp.mark_abandoned(tmp_path / "bad") is None and rp.mark_abandoned(tmp_path / "none") is None
+    m = rp._new_manifest("r1", "tiny", None, 1, None, None, {}, get_config())
+    assert (m["pid"], m["pid_started"], m["host"]) == (os.getpid(), me, host)
+
+
+_SNAPSHOT = Path(__file__).parent / "data" / "resolved_params.json"
+
+
+def test_every_study_gets_the_same_parameters_as_before_the_profile_defaults():
+    "`tests/data/resolved_params.json` was written from studies.yaml before `defaults:` replaced the 24 repeated"
+    " `decoding:` entries: every experiment and artefact resolves to exactly those parameters in tiny, smoke and full."
+    exps, arts = rp._read_registry()
+    got = {f"{s.kind}:{s.id}": {p: s.parameters(p) for p in sorted(s.profiles)} for s in [*exps.values(), *arts.values()]}
+    assert got == json.loads(_SNAPSHOT.read_text())
+    text = (ROOT / "studies.yaml").read_text()
+    assert len(re.findall(r"\bdecoding: (?:constrained|free)\b", text)) <= 3  # the defaults, not one per profile
+
+
+def test_profile_defaults_reach_only_notebooks_that_declare_them(tmp_path):
+    root = tmp_path / "proj"
+    _notebook(root / "nbs/studies/with.ipynb", [("code", PARAMS + '\ndecoding = "free"', ["parameters"])])
+    _notebook(root / "nbs/studies/without.ipynb", [("code", PARAMS, ["parameters"])])
+    reg = ("defaults:\n  tiny: {decoding: constrained}\n  full: {decoding: free, n: 9}\n"
+           "artifacts:\n"
+           "  w: {paper: p, title: t, notebook: nbs/studies/with.ipynb, profiles: {tiny: {n: 1}, smoke: {n: 2}, full: {decoding: decoupled}}}\n"
+           "  wo: {paper: p, title: t, notebook: nbs/studies/without.ipynb, profiles: {tiny: {n: 1}, full: {}}}\n")
+    (root / "studies.yaml").write_text(reg)
+    cfg = _tmp_cfg(tmp_path, root=root)
+    r = load_registry(cfg=cfg)
+    assert r["w"].parameters("tiny") == {"n": 1, "decoding": "constrained"}  # the default under the entry's own values
+    assert r["w"].parameters("smoke") == {"n": 2}  # no default for smoke
+    assert r["w"].parameters("full") == {"n": 9, "decoding": "decoupled"}  # the entry's own value wins
+    assert r["wo"].parameters("tiny") == {"n": 1} and r["wo"].parameters("full") == {"n": 9}  # never a parameter it lacks
+    assert "smoke" not in r["wo"].profiles  # a default adds no profile
+    for bad, match in (("defaults:\n  huge: {decoding: free}\n", "huge"), ("defaults: [1]\n", "defaults"),
+                       ("defaults:\n  tiny: {decoding: bogus}\n", "bogus")):
+        (root / "studies.yaml").write_text(bad + reg.split("\n", 3)[3])
+        with pytest.raises(ValueError, match=match): load_registry(cfg=cfg)
+
+
+def test_repository_profiles_give_decoding_only_to_notebooks_that_declare_it():
+    cfg = get_config()
+    exps, arts = rp._read_registry(cfg=cfg)
+    for s in [*exps.values(), *arts.values()]:
+        declares = "decoding" in rp.parameters_of(cfg.root / s.notebook)
+        for prof in s.profiles:
+            assert ("decoding" in s.parameters(prof)) == declares, (s.id, prof)
+            if declares: assert s.parameters(prof)["decoding"] == ("free" if prof == "full" else "constrained"), (s.id, prof)
