@@ -243,9 +243,10 @@ def ledger(experiments: dict,  # `{experiment id: ExperimentResults}` (`run_expe
 
 # %% ../nbs/21_claims.ipynb #cm022
 def full_hours(model: str = DEFAULT_PLAN_MODEL,  # the model the full run uses (the plan's default)
-               cfg: Config | None = None) -> dict:
+               cfg: Config | None = None,
+               params: str | float | None = None) -> dict:  # the model's size when the plan cannot find it (`--params`)
     "`{experiment id: GPU-hours of its full-profile run}` from `kgrag_nb.plan.plan`."
-    p = plan("full", model=model, cfg=cfg)
+    p = plan("full", model=model, cfg=cfg, params=params)
     return {r["id"]: float(r["gpu_hours"]) for _, r in p.iterrows() if r["kind"] == "experiment" and pd.notna(r["gpu_hours"])}
 
 def _none(n) -> bool: return n is None or (isinstance(n, float) and math.isnan(n))  # an n needed that is not there
@@ -395,12 +396,13 @@ def format_tax_tests(records: pd.DataFrame,  # `format_tax_run` records (study, 
 # %% ../nbs/21_claims.ipynb #cm040
 def ledger_for_run(run_id: str | None = None,  # a run id (None: the last finished run)
                    model: str = DEFAULT_PLAN_MODEL,  # model the GPU-hours are priced for
-                   cfg: Config | None = None) -> tuple[Path, pd.DataFrame, pd.DataFrame]:
+                   cfg: Config | None = None,
+                   params: str | float | None = None) -> tuple[Path, pd.DataFrame, pd.DataFrame]:  # `model`'s size (`--params`)
     "(run folder, billed ledger, judges) of a run."
     cfg = cfg or get_config()
     run_dir = find_run(run_id, cfg)
     xps = run_experiments(run_dir, cfg)
-    return run_dir, bill(ledger(xps), full_hours(model, cfg)), judges(xps)
+    return run_dir, bill(ledger(xps), full_hours(model, cfg, params)), judges(xps)
 
 def _print_ledger(run_dir: Path, table: pd.DataFrame, judge_rows: pd.DataFrame):
     m = json.loads((run_dir / "manifest.json").read_text())
@@ -416,10 +418,11 @@ def _print_ledger(run_dir: Path, table: pd.DataFrame, judge_rows: pd.DataFrame):
 
 def _plan_claims(args) -> int:
     "`kgrag plan --claims`."
-    try: _, table, _ = ledger_for_run(None, args.model)  # our spread of the paired differences, from the last run
+    size = getattr(args, "params", None)
+    try: _, table, _ = ledger_for_run(None, args.model, params=size)  # our spread of the paired differences, from the last run
     except FileNotFoundError:
         print("no run yet: n needed assumes a spread of the paired differences of 0.5 (run `kgrag reproduce` for ours)")
-        table = bill(ledger({}), full_hours(args.model))
+        table = bill(ledger({}), full_hours(args.model, params=size))
     dp = decisive_plan(table)
     if args.json: print(dp.to_json(orient="records")); return 0
     print(f"the smallest full-profile run that decides every claim with a paper effect (model {args.model}); "
@@ -432,9 +435,10 @@ def _claims(sub):
     p = sub.add_parser("claims", help="the claims ledger of a run: each paper claim's paired test, verdict, MDE, n needed and GPU-hours")
     p.add_argument("--run", default=None, help="run id (default: the last finished run)")
     p.add_argument("--model", default=DEFAULT_PLAN_MODEL, help=f"model the GPU-hours are priced for (default: {DEFAULT_PLAN_MODEL})")
+    p.add_argument("--params", default=None, help="size of --model when kgrag plan cannot find it, e.g. 70e9 or 671B/37B")
     p.add_argument("--json", action="store_true", help="print the ledger and the judges as JSON")
     def run(args):
-        run_dir, table, judge_rows = ledger_for_run(args.run, args.model)
+        run_dir, table, judge_rows = ledger_for_run(args.run, args.model, params=args.params)
         if args.json:
             print(json.dumps(dict(run=run_dir.name, claims=json.loads(table.to_json(orient="records")),
                                   judges=json.loads(judge_rows.to_json(orient="records")))))

@@ -98,3 +98,16 @@ def test_report_front_page_opens_with_the_ledger_and_sections_list_their_claims(
     assert "Claims this artefact tests" in section and "not resolved" in section and "§5.1, Fig. 1" in section
     (cfg.runs_dir / "s").mkdir(); (cfg.runs_dir / "s" / "manifest.json").write_text(json.dumps(dict(run_id="s", status="finished", experiments=[], artifacts=[])))
     assert "This run has no claims ledger" in kgrag_nb.report.build_report("s", cfg=cfg).read_text()
+
+
+def test_plan_claims_passes_the_model_size(capsys):
+    "`kgrag plan --claims` prices a model the plan cannot size from its name when `--params` gives the size, and refuses it otherwise."
+    import argparse
+    from kgrag_nb.claims import _plan_claims
+    from kgrag_nb.plan import UnknownModelSize
+    with pytest.raises(UnknownModelSize, match="--params"):
+        _plan_claims(argparse.Namespace(model="acme/house-model", params=None, json=True))
+    assert _plan_claims(argparse.Namespace(model="acme/house-model", params="70e9", json=True)) == 0
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    hours = [r["gpu_hours_full_profile"] for r in rows]  # priced at the given size (KBC scoring needs no LLM: 0)
+    assert rows and all(h >= 0 for h in hours) and sum(hours) > 0
