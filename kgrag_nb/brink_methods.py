@@ -721,9 +721,14 @@ def decoding_note(setup: dict) -> str:  # the experiment's setup (`decoding` abs
     "The deviation sentence of a run that did not decode freely ('' when free, so free outputs keep their bytes)."
     dec = check_decoding(setup.get("decoding", "free"))
     if dec == "free": return ""
-    how = ("every answer list bound to ANSWER_LIST (1-10 short comma-separated items)" if dec == "constrained" else
-           "every answer given freely, then restated under ANSWER_LIST by a second, greedy request")
-    return f" Decoding: {dec} ({how}); BRINK decodes freely."
+    how = ("three parsed steps are bound to their formats: every answer list to ANSWER_LIST (1-10 short comma-separated items), "
+           "RoG's relation-path plans to relation_paths_constraint and ToG's relation pruning to steps_constraint (both: only "
+           "relations the prompt lists, at least one)" if dec == "constrained" else
+           "the three parsed steps (answer lists, RoG's relation-path plans, ToG's relation pruning) are given freely, then restated "
+           "under their formats (ANSWER_LIST, relation_paths_constraint, steps_constraint) by a second, greedy request")
+    return (f" Decoding: {dec} ({how}); BRINK decodes freely. A plan or pruning that names no listed relation cannot occur, so "
+            "the retrieval failures App. J analyses (and Fig. 3's retrieval step) are those of a model held to the listed "
+            "relations: run `--set decoding=free` for App. J as the paper measures it.")
 
 SETTING_COLORS = {"complete": "#d62728", "incomplete": "#1f77b4"}  # BRINK Fig. 1-2: complete red, incomplete blue
 

@@ -265,10 +265,10 @@ def parse_verdict(text: str) -> bool | None:  # raw completion of an App. B prom
 # chain_of_evidence.txt App. A, "Intent and Keyword Extraction Prompt": Output: { "Intent": "...", "Keywords": ["...", ...] }
 FEATURES_SCHEMA = {"type": "object", "required": ["Intent", "Keywords"], "properties": {
     "Intent": {"type": "string", "minLength": 1, "maxLength": 80},
-    "Keywords": {"type": "array", "minItems": 1, "maxItems": 4, "items": {"type": "string", "minLength": 1, "maxLength": 80}}}}
+    "Keywords": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1, "maxLength": 80}}}}  # as many as App. A admits
 FEATURES = Constraint.json_schema(FEATURES_SCHEMA)  # read by parse_features
 # App. A, "Relation Extraction Prompt": Output: [] or [{ "Keywords": [two keywords], "Description": "..." }, ...] (criteria 1-2)
-RELATIONS_SCHEMA = {"type": "array", "maxItems": 2, "items": {"type": "object", "required": ["Keywords", "Description"], "properties": {
+RELATIONS_SCHEMA = {"type": "array", "items": {"type": "object", "required": ["Keywords", "Description"], "properties": {
     "Keywords": {"type": "array", "minItems": 2, "maxItems": 2, "items": {"type": "string", "minLength": 1, "maxLength": 60}},
     "Description": {"type": "string", "minLength": 1, "maxLength": 100}}}}
 RELATIONS = Constraint.json_schema(RELATIONS_SCHEMA)  # read by parse_relations
@@ -842,15 +842,17 @@ def scope_coe_many(client, questions: list[dict],  # per question: id, features 
 
 def pair_jobs(questions: list[dict],  # per question: id, question, answer, features, snippets, is_gold, setting, dataset
               rag: Sequence[Sequence[int]],  # per question: RAG's selected snippet indices
-              scoped: Sequence[Sequence[int] | None]) -> list[dict]:  # per question: ScopeCoE's selection; None = features unreadable
+              scoped: Sequence[Sequence[int] | None],  # per question: ScopeCoE's selection; None = features unreadable
+              phase1: Sequence[int | None] | None = None) -> list[dict]:  # per question: snippets phase 1 kept (intent covered)
     "The same-questions rule: a RAG and a RAG+ScopeCoE job for every question; no features = a counted ScopeCoE failure (no context)."
-    if not len(questions) == len(rag) == len(scoped):
-        raise ValueError(f"pair_jobs: {len(questions)} questions, {len(rag)} RAG and {len(scoped)} ScopeCoE selections")
+    phase1 = [None] * len(questions) if phase1 is None else list(phase1)
+    if not len(questions) == len(rag) == len(scoped) == len(phase1):
+        raise ValueError(f"pair_jobs: {len(questions)} questions, {len(rag)} RAG and {len(scoped)} ScopeCoE selections, {len(phase1)} phase-1 counts")
     jobs = []
-    for q, r, sel in zip(questions, rag, scoped):
-        jobs.append(dict(q, method="RAG", selected=list(r), context="\n".join(q["snippets"][i] for i in r), scope_failed=False))
+    for q, r, sel, p1 in zip(questions, rag, scoped, phase1):
+        jobs.append(dict(q, method="RAG", selected=list(r), context="\n".join(q["snippets"][i] for i in r), scope_failed=False, phase1_kept=None))
         jobs.append(dict(q, method="RAG+ScopeCoE", selected=[] if sel is None else list(sel), scope_failed=sel is None,
-                         context=None if sel is None else "\n".join(q["snippets"][i] for i in sel)))
+                         context=None if sel is None else "\n".join(q["snippets"][i] for i in sel), phase1_kept=p1))
     return jobs
 
 def usability_jobs(roles,  # LLMClient playing GPT-4o's roles (ScopeCoE's feature judgment, §8.2.1)
@@ -861,7 +863,9 @@ def usability_jobs(roles,  # LLMClient playing GPT-4o's roles (ScopeCoE's featur
     if questions: embed([q["question"] for q in questions] + [s for q in questions for s in q["snippets"]], embedder)  # one pass fills the cache
     scoped = iter(scope_coe_many(roles, [q for q in questions if q["features"] is not None], trace, decoding))
     rag = [rag_select(q["question"], q["snippets"], embedder=embedder) for q in questions]
-    return pair_jobs(questions, rag, [None if q["features"] is None else next(scoped)[0] for q in questions])
+    got = [None if q["features"] is None else next(scoped) for q in questions]  # (selection, judgements) or None
+    return pair_jobs(questions, rag, [None if g is None else g[0] for g in got],
+                     [None if g is None else sum(bool(j["intent"]) for j in g[1]) for g in got])  # phase 1 keeps the intent's snippets
 
 def answer_usability(client, judge, jobs: list[dict],  # pair_jobs output
                      seeds: Sequence[int], trace: TraceWriter | None = None,
@@ -883,7 +887,7 @@ def answer_usability(client, judge, jobs: list[dict],  # pair_jobs output
             ng = sum(j["is_gold"])
             rows.append(dict(setting=j["setting"], dataset=j["dataset"], id=j["id"], method=j["method"], run=run, seed=s, n_selected=len(j["selected"]),
                              gold_recall=100 * sum(j["is_gold"][i] for i in j["selected"]) / ng if ng and not j["scope_failed"] else np.nan,
-                             pool=len(j["snippets"]), output=o, answer_text=a, acc=0.0 if j["scope_failed"] else float(judge_verdict(jr)),
+                             pool=len(j["snippets"]), phase1_kept=j.get("phase1_kept"), output=o, answer_text=a, acc=0.0 if j["scope_failed"] else float(judge_verdict(jr)),
                              contains_gold=False if j["scope_failed"] else contains(a, j["answer"]),
                              judge_unreadable=False if j["scope_failed"] else parse_verdict(jr) is None, scope_failed=j["scope_failed"]))
     return pd.DataFrame(rows)
@@ -906,8 +910,10 @@ def usability_table(rows: pd.DataFrame) -> pd.DataFrame:  # run_usability / answ
     extra["scope_failed"] = rows[rows["scope_failed"]].groupby(keys)["id"].nunique().reindex(extra.index, fill_value=0)
     ran = rows[~rows["scope_failed"]].groupby(keys).agg(snippets=("n_selected", "mean"), gold_recall=("gold_recall", "mean"))
     extra = extra.join(ran)
+    p1 = rows["phase1_kept"] if "phase1_kept" in rows else pd.Series(np.nan, index=rows.index)  # rows saved before the count existed
+    extra["phase1_kept"] = pd.to_numeric(p1, errors="coerce").groupby([rows[k] for k in keys]).mean().reindex(extra.index)
     extra["containment"] *= 100
-    return out.join(extra[["n", "scope_failed", "containment", "snippets", "gold_recall", "pool"]]).reset_index()
+    return out.join(extra[["n", "scope_failed", "containment", "snippets", "phase1_kept", "gold_recall", "pool"]]).reset_index()
 
 
 # %% ../nbs/19_coe.ipynb #c037
@@ -954,7 +960,11 @@ DEVIATIONS = [
 DECODING_DEVIATION = ("Decoding ({decoding}): the paper decodes freely; here the App. A feature JSON, the App. B yes/no verdicts, the judges' yes/no, "
     "the App. C wrong answers, our broader terms and the misinformation sentences are decoded under their declared formats (FEATURES, RELATIONS, "
     "VERDICT, JUDGE_VERDICT, PHRASE, SENTENCE; tiny/smoke default to constrained), the answers stay free. constrained = a grammar bounds the "
-    "output; decoupled = free generation first, then a second constrained pass that only restates the free output in the required format.")
+    "output; decoupled = free generation first, then a second constrained pass that only restates the free output in the required format. "
+    "The yes/no formats (VERDICT, JUDGE_VERDICT) admit ' yes' and ' no' in lower case only, while the authors' judge rule reads "
+    "'yes' in any case (coe_upstream_prompts.txt §5): a constrained verdict is always one the rule reads, but the model cannot "
+    "write 'Yes' and must spend that probability on ' yes' or ' no' (the judges' yes-rates are printed with every table). "
+    "The feature formats cap nothing App. A admits (any number of keywords and relations, two keywords per relation).")
 
 def deviations(decoding: str = "free") -> list[str]:  # the run's decoding (run_info['decoding'])
     "`DEVIATIONS`, plus the decoding line when `decoding` is not free."
@@ -1088,7 +1098,8 @@ def report_usability(run, xp, papers_mod) -> dict:
     run.save_table(both, "table5_vs_paper", "Table 5: ACC (%) of naive RAG (top 5) and RAG+ScopeCoE, mean snippets selected (paper: §8.4 prose); "
                    "ours on substitute (a) or (b) (column `substitute`), with gold-sentence recall (%) and pool size; both arms cover the same "
                    "questions: a question whose features are unreadable is a ScopeCoE failure (column `scope_failed`, ACC 0), snippets and "
-                   "gold recall are over the questions the arm selected for" + _dec(dec))
+                   "gold recall are over the questions the arm selected for; `phase1_kept` = mean snippets ScopeCoE's phase 1 kept (intent "
+                   "judged yes) of the `pool` it was offered: a judge that says yes to everything keeps the whole pool" + _dec(dec))
     return dict(rows=rows, table=t, both=both, paper=paper, decoding=dec, roles=roles)
 
 def report_roles(run, xp) -> pd.DataFrame:

@@ -24,22 +24,22 @@ from .kgqa import (BaseMethod, Question, Prediction, TraceWriter, register_metho
 # %% auto #0
 __all__ = ['ACTIONS', 'INSTRUCTION_HEAD', 'ACTION_SENTENCES', 'EXAMPLE_TRAIN', 'EXAMPLE_TEST', 'PROMPT_ENTITY',
            'PROMPT_RELATIONS', 'PROMPT_GENERATE', 'EXAMPLE_HINT', 'PROMPT_MODIFY', 'PROMPT_SCHEMA', 'PROMPT_PATHS',
-           'REFORMAT', 'COT_ANSWER', 'SHORT_ANSWER', 'IO_PROMPT', 'COT_PROMPT', 'TOG_PRUNE', 'TOG_ANSWER',
-           'OFFLINE_STAGES', 'PAPER', 'DEVIATIONS', 'DECODING_DEVIATION', 'PATH_QUESTION_COLUMNS', 'PAPER_ROW',
-           'TABLE3_ROW', 'TABLE4_ROW', 'NO_KB', 'DATASET_LABEL', 'PAPER_LLMS', 'DEFAULT_PAPER_LLM', 'METHOD_LABEL',
-           'FORMAT_TAX', 'FT_VARIANT', 'FT_MAX_STEPS', 'FT_KEEP', 'FT_HOPS', 'FT_MAX_TRIPLES', 'agent_instruction',
-           'agent_example', 'ParsedStep', 'parse_step', 'step_constraint', 'entity_constraint', 'relations_constraint',
-           'triples_constraint', 'schema_constraint', 'paths_constraint', 'agent_decode', 'entity_names',
-           'relation_names_of', 'name_kg', 'AgentKB', 'triple_line', 'TailFrequencyKBC', 'GoldLeakError', 'gold_leaks',
-           'AgentConfig', 'parse_triples', 'step_prompt', 'parse_choice', 'parse_relation_choice', 'JCQLAgent',
-           'io_prompt', 'cot_prompt', 'parse_short', 'parse_cot', 'majority', 'BaselineConfig', 'IOBaseline',
-           'CoTBaseline', 'SCBaseline', 'ToGStyle', 'bfs_path', 'expand_paths', 'parse_trajectory', 'parse_paths',
-           'replay_batch', 'slm_triples', 'jcql_train', 'kbqa_questions', 'is_offline', 'prediction_frame',
-           'hits_table', 'failure_table', 'efficiency_table', 'format_table', 'deviations', 'decoding_note',
-           'exclude_held_out', 'select_questions', 'run_methods', 'special_test_set', 'special_first',
-           'topic_answer_path', 'path_questions', 'replay_study', 'training_curve', 'named_triples', 'paper_rows',
-           'paper_llm', 'ours_for_table', 'label_by_model', 'experiment_frames', 'versus_paper', 'llm_predictions',
-           'trace_file', 'traced_calls', 'disabled_attempts', 'plot_lines', 'format_tax_arm']
+           'REFORMAT', 'MAX_FINISH_ANSWERS', 'MAX_THOUGHT_CHARS', 'COT_ANSWER', 'SHORT_ANSWER', 'IO_PROMPT',
+           'COT_PROMPT', 'TOG_PRUNE', 'TOG_ANSWER', 'OFFLINE_STAGES', 'PAPER', 'DEVIATIONS', 'DECODING_DEVIATION',
+           'PATH_QUESTION_COLUMNS', 'PAPER_ROW', 'TABLE3_ROW', 'TABLE4_ROW', 'NO_KB', 'DATASET_LABEL', 'PAPER_LLMS',
+           'DEFAULT_PAPER_LLM', 'METHOD_LABEL', 'FORMAT_TAX', 'FT_VARIANT', 'FT_MAX_STEPS', 'FT_KEEP', 'FT_HOPS',
+           'FT_MAX_TRIPLES', 'agent_instruction', 'agent_example', 'ParsedStep', 'parse_step', 'step_constraint',
+           'entity_constraint', 'relations_constraint', 'triples_constraint', 'schema_constraint', 'paths_constraint',
+           'agent_decode', 'entity_names', 'relation_names_of', 'name_kg', 'AgentKB', 'triple_line', 'TailFrequencyKBC',
+           'GoldLeakError', 'gold_leaks', 'AgentConfig', 'parse_triples', 'step_prompt', 'parse_choice',
+           'parse_relation_choice', 'JCQLAgent', 'io_prompt', 'cot_prompt', 'parse_short', 'parse_cot', 'majority',
+           'BaselineConfig', 'IOBaseline', 'CoTBaseline', 'SCBaseline', 'ToGStyle', 'bfs_path', 'expand_paths',
+           'parse_trajectory', 'parse_paths', 'replay_batch', 'slm_triples', 'jcql_train', 'kbqa_questions',
+           'is_offline', 'prediction_frame', 'hits_table', 'failure_table', 'efficiency_table', 'format_table',
+           'deviations', 'decoding_note', 'exclude_held_out', 'select_questions', 'run_methods', 'special_test_set',
+           'special_first', 'topic_answer_path', 'path_questions', 'replay_study', 'training_curve', 'named_triples',
+           'paper_rows', 'paper_llm', 'ours_for_table', 'label_by_model', 'experiment_frames', 'versus_paper',
+           'llm_predictions', 'trace_file', 'traced_calls', 'disabled_attempts', 'plot_lines', 'format_tax_arm']
 
 # %% ../nbs/17b_jcql.ipynb #c005
 ACTIONS = ("search", "complete", "generate", "finish")  # §3.2-3.3: the agent's action space
@@ -337,14 +337,19 @@ REFORMAT = Restatement("\n\nRestate the text above in the format of the example,
 
 _ARG = r"[^\]\[\n| ][^\]\[\n|]{0,79}"  # one argument: no brackets, bars or newlines, not blank (parse_step strips it)
 _ARGS = _ARG + r"(?: \| " + _ARG + r"){0,3}"  # arg1 | arg2 | ... (at most 4, as the agent looks up at most 3 entities)
+# Finish lists "all the true answers" (Prompt 1): up to MAX_FINISH_ANSWERS, beyond what a test question of CWQ / WebQSP has
+MAX_FINISH_ANSWERS = 20
+_ANSWERS = _ARG + r"(?: \| " + _ARG + r"){0," + str(MAX_FINISH_ANSWERS - 1) + "}"
+# one line of thought: Prompt 1's own "Thought 4" (App. E) is 297 characters; MAX_THOUGHT_CHARS admits twice that
+MAX_THOUGHT_CHARS = 600
 _STEP_CALL = {"search": r"Search\[" + _ARGS + r"\]", "complete": r"Complete\[" + _ARG + r" \| " + _ARG + r"\]",
-              "generate": r"Generate\[[^\]\[\n ][^\]\[\n]{0,119}\]", "finish": r"Finish\[" + _ARGS + r"\]"}
+              "generate": r"Generate\[[^\]\[\n ][^\]\[\n]{0,119}\]", "finish": r"Finish\[" + _ANSWERS + r"\]"}
 
 def step_constraint(actions: Sequence[str] = ACTIONS,  # enabled actions: a disabled one cannot be produced
                     i: int = 1) -> Constraint:  # step number (the prompt ends with 'Thought i:')
     "One ReAct step as `parse_step` reads it (App. E Prompts 1/2, Eq. 3-5): ' thought\\nAction i: Name[args]', Name enabled."
     acts = _check_actions(actions)
-    return Constraint.regex(r" [^\n]{1,240}\nAction " + str(int(i)) + ": (?:" + "|".join(_STEP_CALL[a] for a in acts) + ")")
+    return Constraint.regex(r" [^\n]{1," + str(MAX_THOUGHT_CHARS) + r"}\nAction " + str(int(i)) + ": (?:" + "|".join(_STEP_CALL[a] for a in acts) + ")")
 
 def entity_constraint(candidates: Sequence[str]) -> Constraint:  # the candidates' ids as Prompt 3 lists them
     "Prompt 3 (App. E, entity selection): the answer is one candidate's id (the agent reads the first id in the answer)."
@@ -373,12 +378,13 @@ def schema_constraint(relation: str) -> Constraint:  # the relation's shown name
 
 def paths_constraint(known: Sequence[Sequence[str]],  # the expanded triples Prompt 7 lists
                      max_triples: int = 8) -> Constraint | None:  # at most this many selected
-    "Prompt 7 (App. E, path generation): related relations among the known triples' relations, then 1..max_triples known triples."
+    "Prompt 7 (App. E, path generation): related relations among the known triples' relations, then 0..max_triples known"
+    " triples (an empty selection is admitted, as in free decoding: P_q then falls back to the BFS path in every mode)."
     if not known: return None
     rels = [str(t[1]) for t in known if "," not in str(t[1])] or [str(known[0][1])]
     rel = _alternation(rels)
     tri = _alternation(", ".join(map(str, t[:3])) for t in known)  # `triple_line`
-    return Constraint.regex(" " + rel + "(?:, " + rel + r"){0,4}\nRelated triples: \"\"\"\n(?:" + tri + r"\n){1," + str(max(1, int(max_triples))) + '}"""')
+    return Constraint.regex(" " + rel + "(?:, " + rel + r"){0,4}\nRelated triples: \"\"\"\n(?:" + tri + r"\n){0," + str(max(1, int(max_triples))) + '}"""')
 
 # the CoT fallback (§4.1) and the CoT / SC baselines: reasoning, then the answer after "So the answer is" (`parse_cot`)
 COT_ANSWER = Constraint.regex(r" [^\n]{0,200}So the answer is [^\n.]{1,60}\.")

@@ -441,3 +441,13 @@ def test_format_tax_arm_embedded(embedded_server, tmp_path):
     assert isinstance(r["parsed"], float) and 0.0 <= r["parsed"] <= 1.0
     assert r["fired"] is None and r["finished"] is None and r["kept"] is None
     assert client.usage.requests == 1
+
+
+def test_decoding_note_declares_every_constraint_that_changes_what_is_measured():
+    "Constrained and decoupled runs name all three bound steps, and say that App. J's retrieval failures need a free run."
+    from kgrag_nb.brink_methods import decoding_note
+    for dec in ("constrained", "decoupled"):
+        note = decoding_note(dict(decoding=dec))
+        assert all(c in note for c in ("ANSWER_LIST", "relation_paths_constraint", "steps_constraint")), note
+        assert "App. J" in note and "--set decoding=free" in note
+    assert decoding_note(dict(decoding="free")) == ""

@@ -577,3 +577,26 @@ def test_same_questions_rule_hand_computed():
     assert t["scope_failed"].to_dict() == {"RAG": 0, "RAG+ScopeCoE": 1}
     assert t.loc["RAG", "snippets"] == 2.0 and t.loc["RAG+ScopeCoE", "snippets"] == 1.5  # (2+3+1)/3; (1+2)/2 over the scoped questions
     assert t.loc["RAG", "gold_recall"] == pytest.approx(200 / 3) and t.loc["RAG+ScopeCoE", "gold_recall"] == 100.0  # q3's RAG misses s0
+
+
+def test_feature_and_relation_formats_admit_what_app_a_admits():
+    "App. A asks for the question's keywords and the relations among them, with no count: five keywords and three relations are readable."
+    import jsonschema
+    jsonschema.validate({"Intent": "Birth place", "Keywords": ["a", "b", "c", "d", "e"]}, coe.FEATURES_SCHEMA)
+    jsonschema.validate([{"Keywords": [x, "b"], "Description": "x."} for x in "acd"], coe.RELATIONS_SCHEMA)
+    assert coe.parse_features('{ "Intent": "Birth place", "Keywords": ["a", "b", "c", "d", "e"] }')["keywords"] == list("abcde")
+
+
+def test_scopecoe_reports_what_phase_1_kept_of_the_pool():
+    "ScopeCoE's phase 1 keeps the snippets whose intent verdict is yes: a judge that says yes to everything keeps the whole pool."
+    f = feats(1, 0)
+    qs = [_uq("q1", f, 4), _uq("q2", None, 3)]
+    class AllYes:
+        @with_records
+        def complete(self, prompts, **kw): return [[" yes"] for _ in prompts]
+    jobs = coe.usability_jobs(AllYes(), qs)
+    scoped = {j["id"]: j for j in jobs if j["method"] == "RAG+ScopeCoE"}
+    assert scoped["q1"]["phase1_kept"] == 4 and scoped["q2"]["phase1_kept"] is None  # all 4 offered; no features, no phase 1
+    rows = coe.answer_usability(ByPrompt(" Delhi"), ByPrompt(" Delhi"), jobs, seeds=[0])
+    t = coe.usability_table(rows.assign(model="m")).set_index("method")
+    assert t.loc["RAG+ScopeCoE", "phase1_kept"] == 4 and t.loc["RAG+ScopeCoE", "pool"] == 3.5 and pd.isna(t.loc["RAG", "phase1_kept"])

@@ -563,3 +563,32 @@ def test_efficiency_table_of_frames_without_the_split():
                             hit_time_s=0.0, complete_calls=1)])
     e = J.efficiency_table(df).iloc[0]
     assert (e["LLM call"], e["offline calls"], e["calls traced"], e["Time (s) of misses"]) == (4.0, 0, 4, 2.0)
+
+
+# ------------------------------------------------------------------------------------------ caps the constraints no longer add
+def _paper_example_steps():
+    "Prompt 1's example of App. E, from the paper's text: (Thought 4, Action 4) of the Woodrow Wilson example."
+    from kgrag_nb.papers import paper_text
+    text = paper_text("jcql_joint_kbc_kbqa")
+    ex = text[text.index("Question: where did woodrow wilson go to school?"):]
+    thought = ex[ex.index("Thought 4: ") + len("Thought 4: "):ex.index(" Action 4:")]
+    action = ex[ex.index("Action 4: ") + len("Action 4: "):ex.index(" Observation 4:")]
+    return thought, action
+
+
+def test_step_constraint_admits_the_papers_own_step():
+    "Prompt 1's own Thought 4 (297 characters) with its Finish of four answers, and a Finish of five answers, are steps."
+    thought, action = _paper_example_steps()
+    assert len(thought) > 240 and action.startswith("Finish[")
+    from kgrag_nb.jcql import step_constraint
+    c = re.compile(step_constraint(ACTIONS, 4).value)
+    assert c.fullmatch(f" {thought}\nAction 4: {action}")
+    assert c.fullmatch(" All five are answers.\nAction 4: Finish[a | b | c | d | e]")
+
+
+def test_paths_constraint_admits_an_empty_selection():
+    "Prompt 7 may select no known triple under every decoding (P_q then falls back to the BFS path, as in free decoding)."
+    from kgrag_nb.jcql import paths_constraint
+    k = [("Bob", "spouse", "Ann")]
+    assert re.fullmatch(paths_constraint(k).value, ' spouse\nRelated triples: """\n"""')
+    assert parse_paths(' spouse\nRelated triples: """\n"""', k) == []
