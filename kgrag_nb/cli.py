@@ -109,11 +109,11 @@ def _serve(sub):
             return 0
         server = serve.EmbeddedServer(get_config(), port=args.port, n_ctx=args.n_ctx, shared=True).start()  # others may reuse it
         print(f"serving {server.model} at {server.url} (Ctrl-C stops)", flush=True)
-        try:
-            while True: time.sleep(3600)
-        except KeyboardInterrupt: pass
+        try: why = server.wait_until_gone()  # returns only when the server ended by itself
+        except KeyboardInterrupt: return 0
         finally: server.stop()
-        return 0
+        print(f"kgrag: error: {why}", file=sys.stderr, flush=True)  # the whole record: exit signal and the log's last lines
+        return 1
     p.set_defaults(func=run)
 
 # %% ../nbs/10_cli.ipynb #c008

@@ -4,7 +4,7 @@
 
 # %% ../nbs/04_serve.ipynb #c002
 from __future__ import annotations
-import atexit, ctypes, hashlib, json, math, os, random, re, shutil, signal, socket, subprocess, sys, threading, time, types, weakref
+import asyncio, atexit, contextvars, ctypes, hashlib, inspect, json, math, os, random, re, shutil, signal, socket, subprocess, sys, tempfile, threading, time, types, weakref
 from collections import Counter, OrderedDict
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,14 +14,15 @@ import numpy as np
 from fastcore.basics import patch
 
 from .config import EMBEDDED_MODEL_ALIAS, Config, get_config
-from .llm import ServerDiedError, fill_constraint, process_alive
+from .llm import ServerDiedError, fill_constraint, local_server_death, process_alive
 
 # %% auto #0
-__all__ = ['LOOPBACK', 'PROMPT_SNAPSHOTS', 'SNAPSHOT_BUDGET_MB', 'SIGNAL_CAUSES', 'REBUILD_COMMAND', 'STUB_MODEL', 'STUB_NOTE',
-           'embedded_model_path', 'free_port', 'port_in_use', 'served_models', 'EmbeddedServer', 'server_state',
-           'make_deterministic', 'run_llama_server', 'lazy_grammar', 'first_token_logprobs', 'server_threads',
-           'describe_exit', 'llm_endpoint', 'vllm_command', 'serve_vllm', 'stub_tokens', 'stub_reply', 'stub_models',
-           'run_stub_server', 'StubServer']
+__all__ = ['LOOPBACK', 'PROMPT_SNAPSHOTS', 'SNAPSHOT_BUDGET_MB', 'MASK_SLICE', 'SIGNAL_CAUSES', 'REBUILD_COMMAND', 'STUB_MODEL',
+           'STUB_NOTE', 'embedded_model_path', 'free_port', 'port_in_use', 'served_models', 'EmbeddedServer',
+           'server_state', 'make_deterministic', 'run_llama_server', 'GrammarError', 'RequestCancelled', 'check_gone',
+           'grammar_error', 'mask_in_slices', 'lazy_grammar', 'request_seed', 'seed_from_request',
+           'first_token_logprobs', 'RequestWatch', 'answer_refusals', 'server_threads', 'describe_exit', 'llm_endpoint',
+           'vllm_command', 'serve_vllm', 'stub_tokens', 'stub_reply', 'stub_models', 'run_stub_server', 'StubServer']
 
 # %% ../nbs/04_serve.ipynb #c005
 _ASSEMBLED: dict[Path, Path] = {}
@@ -254,31 +255,119 @@ def run_llama_server(deterministic: bool = True,  # evaluate every prompt as fro
                      snapshots: int = 16,  # deterministic: prompts kept as snapshots (`make_deterministic`); 0 = off
                      lazy: bool = True):  # check the grammar only on the drawn token first (`lazy_grammar`), as llama.cpp's server does
     "Entry point of the embedded server process: `llama_cpp.server`, ended when its owner ends, with KV prefix reuse"
-    " turned off and repeated prompts restored from snapshots when `deterministic`."
-    import llama_cpp, llama_cpp.server.__main__ as server_main  # only inside the server process (heavy)
+    " turned off, repeated prompts restored from snapshots and unseeded requests seeded by themselves when `deterministic`;"
+    " bad grammars answered as HTTP 400, abandoned completions stopped and `/v1/models` answered while a completion runs."
+    import llama_cpp, llama_cpp.server.__main__ as server_main, llama_cpp.server.errors as server_errors  # only inside the server process (heavy)
     _exit_with_owner()
     if deterministic: make_deterministic(llama_cpp.Llama, snapshots)
-    if lazy: lazy_grammar(llama_cpp.Llama)
+    if lazy: lazy_grammar(llama_cpp.Llama)  # also: bad grammars are `GrammarError`, a gone client stops the completion
     first_token_logprobs(llama_cpp.Llama)  # `logprobs` answered for the first position (an LLM judge's score)
+    if deterministic: seed_from_request(llama_cpp.Llama)  # outermost: an unseeded request is seeded by all it asks
+    answer_refusals(server_errors.RouteErrorHandler)  # GrammarError -> HTTP 400, RequestCancelled -> 499
+    create_app = server_main.create_app
+    setattr(server_main, "create_app", lambda **kw: RequestWatch(create_app(**kw)))  # /v1/models without the lock; disconnects
     server_main.main()
 
+# %% ../nbs/04_serve.ipynb #70756086
+class GrammarError(ValueError):
+    "A grammar the embedded server cannot follow: llama.cpp cannot compile it, or it allows no token at some position."
+    " The server answers it as HTTP 400 (a client error, never retried) and keeps serving."
+
+class RequestCancelled(RuntimeError):
+    "The client of a running completion has gone (disconnected, e.g. its own timeout): the server stops the work."
+
+_REQUEST_GONE: contextvars.ContextVar = contextvars.ContextVar("kgrag_request_gone", default=None)  # threading.Event of this request
+_NATIVE_LOCK, _CAPTURE = threading.Lock(), threading.local()
+_LOG_HOOK = None  # llama.cpp's log callback (kept referenced: the C side holds only its address)
+
+def check_gone():
+    "Raise `RequestCancelled` when the client of the request this thread serves has disconnected (a no-op elsewhere)."
+    gone = _REQUEST_GONE.get()
+    if gone is not None and gone.is_set():
+        raise RequestCancelled("the client closed the request (disconnected or timed out); its completion was stopped")
+
+def _hook_native_log(llama_cpp):
+    "Once per process: llama.cpp's log callback also hands its lines to `_native_messages` (and still logs as before)."
+    global _LOG_HOOK
+    if _LOG_HOOK is not None: return
+    import llama_cpp._logger as native  # where llama-cpp-python installs its callback
+    original = native.llama_log_callback
+    @llama_cpp.llama_log_callback
+    def hook(level, text, user_data):
+        lines = getattr(_CAPTURE, "lines", None)
+        if lines is not None: lines.append(text.decode("utf-8", errors="replace"))
+        original(level, text, user_data)
+    _LOG_HOOK = hook
+    llama_cpp.llama_log_set(hook, ctypes.c_void_p(0))
+
+@contextmanager
+def _native_messages():
+    "Collect what llama.cpp says while the block runs: its log lines and what it writes straight to stderr (fd 2), which"
+    " is written back to stderr afterwards. One block at a time (fd 2 is the process's)."
+    out: list[str] = []
+    with _NATIVE_LOCK, tempfile.TemporaryFile() as tmp:
+        sys.stderr.flush()
+        saved = os.dup(2); os.dup2(tmp.fileno(), 2); _CAPTURE.lines = out
+        try: yield out
+        finally:
+            _CAPTURE.lines = None
+            try: sys.stderr.flush()
+            except (OSError, ValueError): pass
+            os.dup2(saved, 2); os.close(saved)
+            tmp.seek(0); raw = tmp.read()
+            if raw: os.write(2, raw)
+            out.insert(0, raw.decode("utf-8", errors="replace"))
+
+def _grammar_problem(said: str) -> str:
+    "llama.cpp's reason for refusing a grammar, from what it said while compiling it (one line each, the grammar echo dropped)."
+    reasons = [m.group(1).strip() for m in re.finditer(r"error parsing grammar: ([^\n]*)", said)]
+    reasons += [m.group(0).strip() for m in re.finditer(r"[^\n]*left recursion[^\n]*", said)]
+    return "; ".join(dict.fromkeys(reasons)) or "llama.cpp gave no reason (its log may say more)"
+
+def grammar_error(said: str) -> GrammarError:
+    "The `GrammarError` for a grammar llama.cpp refused, naming its reason and the fix."
+    problem = _grammar_problem(said)
+    hint = (" (a rule may not begin with itself: write `a ::= b c*` for `a ::= a c | b`)" if "left recursion" in problem else
+            " (every rule a grammar uses must be defined: `name ::= ...`)" if "Undefined rule" in problem else "")
+    return GrammarError(f"the grammar cannot be used: {problem}{hint}; fix the GBNF text "
+                        "(llama.cpp grammar syntax: https://github.com/ggml-org/llama.cpp/blob/master/grammars/README.md)")
+
 # %% ../nbs/04_serve.ipynb #b4c17f68
+MASK_SLICE = 8192  # vocabulary tokens per grammar-mask call: a gone client is noticed between slices (Gemma 3: 32 slices)
+
+def mask_in_slices(g,  # a llama.cpp grammar sampler (`llama_sampler_init_grammar`)
+                   buf: np.ndarray,  # the candidates (`llama_token_data` records: id, logit, p), masked in place
+                   step: int = MASK_SLICE):  # tokens per call
+    "Apply the grammar `g` to every candidate of `buf`, `step` tokens per call, checking between calls that the client"
+    " is still there (`check_gone`). llama.cpp judges each candidate on its own, so the result is the whole-array mask."
+    import llama_cpp  # only where llama.cpp runs
+    base, size, n = buf.ctypes.data, buf.dtype.itemsize, len(buf)
+    for start in range(0, n, step):
+        check_gone()
+        part = llama_cpp.llama_token_data_array(data=ctypes.cast(base + start * size, llama_cpp.llama_token_data_p),
+                                                size=min(step, n - start), selected=-1, sorted=False)
+        llama_cpp.llama_sampler_apply(g, ctypes.byref(part))
+
 def lazy_grammar(target):  # the `llama_cpp.Llama` class (server process) or one `Llama` instance (tests)
     "Sample constrained tokens as llama.cpp's server does: draw from the chain without the grammar, keep the token when the"
-    " grammar accepts it, and only otherwise mask the whole vocabulary with the grammar and draw again."
+    " grammar accepts it, and only otherwise mask the whole vocabulary with the grammar and draw again. A grammar llama.cpp"
+    " cannot compile, or one that allows no token at some position, raises `GrammarError` (never a rejected token"
+    " accepted: llama.cpp would abort the process); a request whose client has gone raises `RequestCancelled`."
     import llama_cpp  # only where llama.cpp runs
     cls = target if isinstance(target, type) else type(target)
     init_sampler, sample = cls._init_sampler, cls.sample
     token_dtype = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
     if token_dtype.itemsize != ctypes.sizeof(llama_cpp.llama_token_data):
         raise RuntimeError("llama_token_data changed layout in this llama-cpp-python; pin the version in settings.ini")
+    _hook_native_log(llama_cpp)
 
     def init_without_grammar(self, *args, grammar=None, **kwargs):
         chain = init_sampler(self, *args, grammar=None, **kwargs)
         if grammar is not None:
-            g = llama_cpp.llama_sampler_init_grammar(self._model.vocab, grammar._grammar.encode("utf-8"), grammar._root.encode("utf-8"))
-            if not g: raise ValueError(f"llama.cpp could not parse the grammar (root {grammar._root!r}); check the GBNF text")
-            chain._kgrag_grammar = g
+            with _native_messages() as said:
+                g = llama_cpp.llama_sampler_init_grammar(self._model.vocab, grammar._grammar.encode("utf-8"), grammar._root.encode("utf-8"))
+            if not g: raise grammar_error("".join(said))
+            chain._kgrag_grammar, chain._kgrag_tokens = g, []
             weakref.finalize(chain, llama_cpp.llama_sampler_free, g)
         return chain
 
@@ -296,7 +385,14 @@ def lazy_grammar(target):  # the `llama_cpp.Llama` class (server process) or one
         llama_cpp.llama_sampler_apply(chain, ctypes.byref(arr))
         return int(arr.data[arr.selected].id)
 
+    def dead_end(self, chain) -> GrammarError:
+        done = self.detokenize(chain._kgrag_tokens).decode("utf-8", errors="replace")
+        return GrammarError(f"the grammar allows no token after {done!r} (generated token {len(chain._kgrag_tokens) + 1}): no token "
+                            "of the model's vocabulary can continue it, so no valid text exists (e.g. a grammar asking for "
+                            "U+0000, which no token spells); fix the grammar")
+
     def sample_lazily(self, *args, idx=None, **kwargs):
+        check_gone()  # the client has gone: no further token
         chain = self._sampler
         g = getattr(chain, "_kgrag_grammar", None)
         if g is None: return sample(self, *args, idx=idx, **kwargs)  # no grammar: llama-cpp-python's own path
@@ -306,13 +402,53 @@ def lazy_grammar(target):  # the `llama_cpp.Llama` class (server process) or one
         llama_cpp.llama_sampler_apply(g, ctypes.byref(llama_cpp.llama_token_data_array(data=one, size=1, selected=-1, sorted=False)))
         if one[0].logit == -math.inf:  # rejected: the grammar masks every token, then the chain draws again
             arr = candidates(self, logits)
-            llama_cpp.llama_sampler_apply(g, ctypes.byref(arr))
+            mask_in_slices(g, self._kgrag_candidates)
+            if not np.isfinite(self._kgrag_candidates["logit"]).any(): raise dead_end(self, chain)
             token = draw(chain.sampler, arr)
+            if arr.data[arr.selected].logit == -math.inf: raise dead_end(self, chain)  # the chain left only masked tokens
         llama_cpp.llama_sampler_accept(g, token); llama_cpp.llama_sampler_accept(chain.sampler, token)
+        chain._kgrag_tokens.append(token)
         return token
 
     for name, fn in (("_init_sampler", init_without_grammar), ("sample", sample_lazily)):
         setattr(target, name, fn if isinstance(target, type) else types.MethodType(fn, target))
+    return target
+
+# %% ../nbs/04_serve.ipynb #13a82382
+_NOT_SAMPLING = ("seed", "stream", "model", "logprobs", "stopping_criteria")  # what does not change the draws
+
+def _plain(v):
+    "A JSON-ready stand-in for a request parameter: grammars by their text, other objects by type and plain attributes."
+    if v is None or isinstance(v, (bool, int, float, str)): return v
+    if isinstance(v, bytes): return v.decode("utf-8", errors="replace")
+    if isinstance(v, dict): return {str(k): _plain(x) for k, x in sorted(v.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(v, (list, tuple)): return [_plain(x) for x in v]
+    if hasattr(v, "_grammar"): return {"grammar": v._grammar, "root": getattr(v, "_root", "root")}  # llama_cpp.LlamaGrammar
+    attrs = {k: _plain(x) for k, x in sorted(vars(v).items()) if isinstance(x, (bool, int, float, str, type(None)))} if hasattr(v, "__dict__") else {}
+    return {"type": type(v).__qualname__, **attrs}
+
+def request_seed(prompt: str | list,  # the prompt (text, or token ids)
+                 params: dict) -> int:  # the request's other parameters (temperature, top_p, grammar, max_tokens, ...)
+    "The seed of a request that brings none: the first 31 bits of sha256 over its prompt and sampling parameters."
+    blob = json.dumps({"prompt": _plain(prompt), **{k: _plain(v) for k, v in params.items() if k not in _NOT_SAMPLING}},
+                      sort_keys=True, ensure_ascii=False, allow_nan=True)
+    return int.from_bytes(hashlib.sha256(blob.encode("utf-8")).digest()[:4], "big") & 0x7FFFFFFF
+
+def seed_from_request(target):  # the `llama_cpp.Llama` class (server process) or one `Llama` instance (tests)
+    "Give every completion without a seed `request_seed(prompt, parameters)`, so that its sampled answer does not depend"
+    " on the requests served before it."
+    import llama_cpp  # only where llama.cpp runs
+    cls = target if isinstance(target, type) else type(target)
+    create = cls.create_completion  # perhaps already wrapped (`first_token_logprobs`): defaults come from llama-cpp-python's own
+    defaults = {k: p.default for k, p in inspect.signature(llama_cpp.Llama._create_completion).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+
+    def create_seeded(self, prompt, *args, **kwargs):
+        if not args and kwargs.get("seed") is None:  # (positional parameters past the prompt: left as they are)
+            kwargs["seed"] = request_seed(prompt, {**defaults, **kwargs})  # a parameter given as its default: the same seed
+        return create(self, prompt, *args, **kwargs)
+
+    setattr(target, "create_completion", create_seeded if isinstance(target, type) else types.MethodType(create_seeded, target))
     return target
 
 # %% ../nbs/04_serve.ipynb #flp001
@@ -348,6 +484,66 @@ def first_token_logprobs(target):  # the `llama_cpp.Llama` class (server process
     for name, fn in (("create_completion", create_with_first_logprobs), ("sample", sample_and_read)):
         setattr(target, name, fn if isinstance(target, type) else types.MethodType(fn, target))
     return target
+
+# %% ../nbs/04_serve.ipynb #8914167e
+class RequestWatch:
+    "ASGI wrapper of the embedded server's app: `/v1/models` answered without the model lock, and a running completion"
+    " told (`_REQUEST_GONE`) when its client disconnects."
+    def __init__(self, app,  # llama-cpp-python's FastAPI app
+                 models=None):  # callable giving the served model ids; None = the ids of llama-cpp-python's model proxy
+        self.app, self.models = app, models
+
+    def _served(self) -> list[str] | None:
+        if self.models is not None: return list(self.models())
+        import llama_cpp.server.app as server_app  # only inside the server process
+        settings, proxy = server_app._server_settings, server_app._llama_proxy
+        if proxy is None or (settings is not None and settings.api_key): return None  # not loaded, or keyed: the app answers
+        return list(proxy)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http": return await self.app(scope, receive, send)
+        if scope["method"] == "GET" and scope["path"].rstrip("/") == "/v1/models" and (served := self._served()) is not None:
+            body = json.dumps({"object": "list", "data": [{"id": m, "object": "model", "owned_by": "me", "permissions": []}
+                                                          for m in served]}).encode()
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+            return await send({"type": "http.response.body", "body": body})
+        if scope["method"] != "POST": return await self.app(scope, receive, send)
+        pending = []
+        while True:  # the whole body first: what comes after it on this connection can only be the disconnect
+            message = await receive()
+            if message["type"] == "http.disconnect": return
+            pending.append(message)
+            if not message.get("more_body"): break
+        gone, gone_async = threading.Event(), asyncio.Event()
+
+        async def listen():
+            while (await receive())["type"] != "http.disconnect": pass
+            gone.set(); gone_async.set()
+
+        async def replay():
+            if pending: return pending.pop(0)
+            await gone_async.wait()
+            return {"type": "http.disconnect"}
+
+        token, listener = _REQUEST_GONE.set(gone), asyncio.ensure_future(listen())
+        try: await self.app(scope, replay, send)
+        finally:
+            listener.cancel(); _REQUEST_GONE.reset(token)
+
+def answer_refusals(handler):  # llama-cpp-python's `RouteErrorHandler` class (its `error_message_wrapper`)
+    "Answer `GrammarError` as HTTP 400 and `RequestCancelled` as 499, one log line each; other errors as before."
+    wrapped = handler.error_message_wrapper
+    def error_message_wrapper(self, error, body=None):
+        if isinstance(error, GrammarError):
+            print(f"kgrag: refused a grammar (HTTP 400): {error}", file=sys.stderr, flush=True)
+            return 400, {"message": str(error), "type": "invalid_request_error", "param": "grammar", "code": "invalid_grammar"}
+        if isinstance(error, RequestCancelled):
+            print(f"kgrag: stopped a completion: {error}", file=sys.stderr, flush=True)
+            return 499, {"message": str(error), "type": "client_closed_request", "param": None, "code": None}
+        return wrapped(self, error, body)
+    setattr(handler, "error_message_wrapper", error_message_wrapper)
+    return handler
 
 # %% ../nbs/04_serve.ipynb #c012
 def server_threads(n_threads: int | None = None) -> int:  # a fixed count, or None = every core
@@ -554,6 +750,20 @@ def __enter__(self: EmbeddedServer) -> EmbeddedServer:
 def __exit__(self: EmbeddedServer, *exc):  # the exception of the `with` block, if any (never suppressed)
     "`stop()` at the end of the `with` block."
     self.stop()
+
+# %% ../nbs/04_serve.ipynb #38964442
+@patch
+def wait_until_gone(self: EmbeddedServer,
+                    every_s: float = 0.5):  # seconds between checks
+    "Block while the server serves; return why it ended by itself: the death the watchdog recorded (exit code or signal,"
+    " log tail), or for a reused server, that it stopped listening (with the cause its owner recorded, if any)."
+    while True:
+        if self.died: return self.died
+        if self.reused and not port_in_use(self.host, self.port):
+            cause = local_server_death(self.url, self.cfg)
+            return f"the shared embedded server at {self.url} that this process reused stopped listening" + (f": {cause}" if cause else "")
+        if not self.reused and self.proc is None: return f"the embedded server at {self.url} was stopped"
+        time.sleep(every_s)
 
 # %% ../nbs/04_serve.ipynb #c020
 @contextmanager

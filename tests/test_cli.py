@@ -87,3 +87,30 @@ def test_bench_llm_stub_json(capsys):
     assert main(["bench", "llm", "--server", "stub", "--n", "20", "--concurrency", "4", "--json"]) == 0
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert "TEST INSTRUMENT" in r["model"] and r["warm_requests"] == 0 and r["requests"] == 20 * 10
+
+
+# --- `kgrag serve embedded` ------------------------------------------------------------------------------------------
+
+@pytest.mark.llm
+def test_kgrag_serve_embedded_exits_non_zero_naming_the_cause_when_its_server_dies(tmp_path):
+    "Defect: when the server process died (SIGABRT of a grammar llama.cpp could not follow), `kgrag serve embedded`"
+    " went on sleeping with a dead server and said nothing; now it exits 1 with the recorded death (signal, log tail)."
+    import os, signal, subprocess, sys
+    pytest.importorskip("llama_cpp.server")
+    from kgrag_nb.config import get_config
+    from kgrag_nb.serve import free_port, server_state
+    port = free_port()
+    env = dict(os.environ, KGRAG_CACHE=str(tmp_path), KGRAG_SERVER_STATE=str(tmp_path / "servers"))
+    p = subprocess.Popen([sys.executable, "-c", "import sys; from kgrag_nb.cli import main; sys.exit(main())",
+                          "serve", "embedded", "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "serving" in p.stdout.readline()
+        state = server_state(get_config(cache_dir=tmp_path, server_state_dir=tmp_path / "servers"), port)
+        os.kill(state["server_pid"], signal.SIGABRT)  # what llama.cpp's abort does to it
+        try: rc = p.wait(30)
+        except subprocess.TimeoutExpired: pytest.fail("`kgrag serve embedded` kept running with a dead server")
+        err = p.stderr.read()
+        assert rc == 1, (rc, err)
+        assert "was killed by SIGABRT" in err and f"llama_server_{port}.log" in err and "last lines" in err, err
+    finally:
+        if p.poll() is None: p.kill()

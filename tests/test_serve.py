@@ -419,3 +419,98 @@ def test_a_prompt_restored_from_its_snapshot_gets_the_bytes_a_from_scratch_evalu
     assert hits and hits[-1] > 0, "the server logged no snapshot hit"
     assert "kgrag prompt snapshots:" not in (tmp_path / "plain.log").read_text() or \
         all(" 0 hits" in l for l in (tmp_path / "plain.log").read_text().splitlines() if l.startswith("kgrag prompt snapshots:"))
+
+
+# ---- reliability: grammars the server cannot follow, abandoned requests, unseeded sampling ----------------------------
+# Raw HTTP with a `grammar` field: these pin the server's own behaviour, whatever the client sends.
+
+@pytest.fixture(scope="module")
+def own_server(tmp_path_factory):
+    "An embedded server of this module's own (a test that used to crash the server must not take the session's with it)."
+    pytest.importorskip("llama_cpp.server")
+    log = tmp_path_factory.mktemp("own_server") / "server.log"
+    with EmbeddedServer(get_config(), port=free_port(), log_path=log) as srv:
+        yield srv
+
+
+def _complete(srv, timeout=120, **body):
+    return httpx.post(f"{srv.url}/completions", timeout=timeout, json=dict(model=EMBEDDED_MODEL_ALIAS, **body))
+
+
+def _still_serving(srv):
+    r = _complete(srv, prompt="Q: What is 2+2?\nA:", max_tokens=2, temperature=0)
+    return srv.proc.poll() is None and r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+
+
+@pytest.mark.llm
+def test_a_grammar_no_token_can_follow_is_refused_with_400_and_the_server_lives(own_server):
+    "Defect: `root ::= \"\\x00\"` (no token produces U+0000) made `sample_lazily` draw from an all -inf array and accept"
+    " the rejected token; llama.cpp aborted (SIGABRT, 'Unexpected empty grammar stack after accepting piece')."
+    for grammar in ('root ::= "\\x00"', 'root ::= "a" "\\x00"'):  # a dead end at the first and at a later position
+        r = _complete(own_server, prompt="Say a:", max_tokens=4, temperature=0, grammar=grammar)
+        assert r.status_code == 400, (r.status_code, r.text[:300], own_server.died)
+        err = r.json()["error"]
+        assert err["type"] == "invalid_request_error" and "no token" in err["message"] and "grammar" in err["message"], err
+        assert _still_serving(own_server)
+
+
+@pytest.mark.llm
+@pytest.mark.parametrize("grammar, problem", [
+    ('root ::= foo', "Undefined rule identifier 'foo'"),
+    ('root ::= root "a" | "b"', "left recursion"),
+    ('root ::= ("a" | ', "expecting ')'"),
+])
+def test_a_bad_grammar_is_a_400_that_names_the_problem(own_server, grammar, problem):
+    "Defect: a grammar llama.cpp cannot parse was HTTP 500 (internal error, retried 7 times by clients) saying only"
+    " 'could not parse the grammar'."
+    r = _complete(own_server, prompt="Hi", max_tokens=4, temperature=0, grammar=grammar)
+    assert r.status_code == 400, (r.status_code, r.text[:300])
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and problem in err["message"] and "GBNF" in err["message"], err
+    assert _still_serving(own_server)
+
+
+_BIG_CHOICE = "root ::= " + " | ".join(f'" option number {i} of many"' for i in range(1000))
+
+
+@pytest.mark.llm
+@pytest.mark.slow
+def test_an_abandoned_request_stops_and_models_answer_while_one_runs(own_server):
+    "Defect: a 1,000-alternative grammar took ~21 s per request, the server kept working on it after its client had"
+    " gone, and `/v1/models` (which waited for the model lock) stopped answering meanwhile."
+    with pytest.raises(httpx.TimeoutException):
+        _complete(own_server, timeout=1.0, prompt="Pick one option:", max_tokens=12, temperature=0, grammar=_BIG_CHOICE)
+    t0 = time.perf_counter()
+    assert served_models(own_server.url, timeout=30) == [EMBEDDED_MODEL_ALIAS]
+    t_models = time.perf_counter() - t0
+    assert _still_serving(own_server)
+    t_small = time.perf_counter() - t0
+    print(f"after a client gave up at 1 s: /v1/models answered in {t_models:.2f} s, a small completion in {t_small:.2f} s")
+    assert t_models < 1.0 and t_small < 5.0, (t_models, t_small)
+    # a long request that is still wanted: /v1/models answers meanwhile, and the request completes
+    done = {}
+    worker = threading.Thread(target=lambda: done.update(r=_complete(own_server, prompt="Pick one option:", max_tokens=12,
+                                                                       temperature=0, grammar=_BIG_CHOICE)))
+    worker.start(); time.sleep(1.0)
+    t0 = time.perf_counter()
+    assert served_models(own_server.url, timeout=30) == [EMBEDDED_MODEL_ALIAS]
+    t_busy = time.perf_counter() - t0
+    worker.join(300)
+    print(f"while a big-grammar request ran: /v1/models answered in {t_busy:.2f} s")
+    assert t_busy < 1.0 and done["r"].status_code == 200 and "option number" in done["r"].json()["choices"][0]["text"]
+
+
+@pytest.mark.llm
+def test_an_unseeded_sampled_request_gets_the_same_answer_whatever_came_before(own_server, tmp_path):
+    "Defect: without a seed, llama-cpp-python drew the next seed from the previous one: request A at temperature 1 got"
+    " another answer after request B than before it."
+    a = dict(prompt="Write one sentence about the sea:", max_tokens=24, temperature=1.0)
+    b = dict(prompt="Name three fruits:", max_tokens=24, temperature=1.0)
+    ask = lambda srv, body: _complete(srv, **body).json()["choices"][0]["text"]
+    first, other, again = ask(own_server, a), ask(own_server, b), ask(own_server, a)
+    with EmbeddedServer(get_config(cache_dir=tmp_path), port=free_port(), log_path=tmp_path / "fresh.log") as fresh:
+        fresh_b, fresh_a = ask(fresh, b), ask(fresh, a)  # the other order, on a server with no history
+    assert first == again == fresh_a, (first, again, fresh_a)
+    assert other == fresh_b and other != first
+    assert ask(own_server, {**a, "seed": 7}) == ask(own_server, {**a, "seed": 7})  # a request's own seed still rules
+    assert len({ask(own_server, {**a, "seed": s}) for s in range(3)}) > 1  # and sampling still varies with it
