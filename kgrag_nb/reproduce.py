@@ -4,7 +4,7 @@
 
 # %% ../nbs/07_reproduce.ipynb #c002
 from __future__ import annotations
-import ast, fnmatch, hashlib, json, math, os, pickle, re, shutil, signal, socket, stat, subprocess, sys, tempfile, threading, time
+import ast, fnmatch, hashlib, json, math, os, pickle, re, shutil, signal, socket, stat, subprocess, sys, tempfile, threading, time, uuid
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -16,6 +16,7 @@ import pandas as pd
 import yaml
 from jupyter_client.manager import AsyncKernelManager
 from tqdm.auto import tqdm
+from traitlets import CaselessStrEnum, default
 
 from .config import PROFILES, Config, get_config
 from .datasets import dataset_checksums
@@ -28,10 +29,10 @@ __all__ = ['MAX_REGISTRY_BYTES', 'MAX_REGISTRY_NODES', 'SAFE_ID', 'RUNNER_PARAME
            'parameters_of', 'load_registry', 'load_experiments', 'experiments_for', 'select_artifacts',
            'check_study_notebooks', 'save_figure', 'markdown_table', 'save_table', 'write_json_atomic', 'code_version',
            'experiment_key', 'experiment_dir', 'ExperimentResults', 'save_result', 'peak_rss_mb', 'StudyRun',
-           'ExperimentRun', 'effective_parameters', 'llm_identity', 'plan_experiments', 'NiceKernelManager',
-           'run_notebook', 'ensure_experiment', 'check_parameter_range', 'check_overrides', 'git_sha', 'new_run_id',
-           'mark_abandoned', 'mark_abandoned_runs', 'check_run_id', 'redact_url', 'scrub_secrets', 'config_environment',
-           'check_run_options', 'reproduce']
+           'ExperimentRun', 'effective_parameters', 'llm_identity', 'plan_experiments', 'kernel_socket_dir',
+           'NiceKernelManager', 'run_notebook', 'ensure_experiment', 'check_parameter_range', 'check_overrides',
+           'git_sha', 'new_run_id', 'mark_abandoned', 'mark_abandoned_runs', 'check_run_id', 'redact_url',
+           'scrub_secrets', 'config_environment', 'check_run_options', 'reproduce']
 
 # %% ../nbs/07_reproduce.ipynb #c005
 @dataclass
@@ -701,8 +702,26 @@ CELL_TIMEOUT_S = {"tiny": 1800, "smoke": 4 * 3600, "full": 48 * 3600}  # seconds
 # the server wins a contended core and the kernels use what it leaves; their results do not depend on it.
 KERNEL_NICENESS = 10  # added to the kernels' niceness (0 = jupyter_client's own kernels)
 
+def kernel_socket_dir() -> Path:
+    "A folder only this user can enter, for the kernels' IPC sockets (created with mode 700; refused when another user owns it)."
+    d = Path(tempfile.gettempdir()) / f"kgrag-kernels-{os.getuid()}"
+    d.mkdir(mode=0o700, exist_ok=True)
+    st = d.stat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise PermissionError(f"{d} is not a private folder of this user (owner uid {st.st_uid}, mode {oct(st.st_mode & 0o777)}); "
+                              "remove it, or set TMPDIR to a folder of your own")
+    return d
+
 class NiceKernelManager(AsyncKernelManager):
-    "nbclient's kernel manager, with kernels started under `nice -n KERNEL_NICENESS` (as before when 0 or no `nice`)."
+    "nbclient's kernel manager: kernels started under `nice -n KERNEL_NICENESS` (as before when 0 or no `nice`) that talk"
+    " over IPC (unix sockets in `kernel_socket_dir`, reachable by this user only) instead of loopback TCP, on which every"
+    " kernel warned that it runs without encryption."
+    transport = CaselessStrEnum(["tcp", "ipc"], default_value="ipc", config=True)
+
+    @default("ip")
+    def _socket_prefix(self) -> str:  # IPC: the socket files are `<prefix>-<port>`, removed when the kernel is cleaned up
+        return str(kernel_socket_dir() / uuid.uuid4().hex[:12]) if self.transport == "ipc" else super()._ip_default()
+
     async def _async_launch_kernel(self, kernel_cmd: list, **kw):
         if KERNEL_NICENESS and shutil.which("nice"): kernel_cmd = ["nice", "-n", str(int(KERNEL_NICENESS)), *kernel_cmd]
         return await super()._async_launch_kernel(kernel_cmd, **kw)

@@ -816,3 +816,28 @@ def test_repository_profiles_give_decoding_only_to_notebooks_that_declare_it():
         for prof in s.profiles:
             assert ("decoding" in s.parameters(prof)) == declares, (s.id, prof)
             if declares: assert s.parameters(prof)["decoding"] == ("free" if prof == "full" else "constrained"), (s.id, prof)
+
+
+def test_kernels_talk_over_private_ipc_sockets_without_the_tcp_warning(tmp_path):
+    "The runner's kernels use unix sockets in a folder only this user enters: no 'running over TCP without encryption' warning."
+    import asyncio, os, stat
+    from kgrag_nb.reproduce import NiceKernelManager, kernel_socket_dir
+
+    async def one():
+        err = (tmp_path / "stderr").open("w+b")
+        km = NiceKernelManager(kernel_name="python3")
+        await km.start_kernel(stderr=err)
+        kc = km.client(); kc.start_channels()
+        try:
+            await kc.wait_for_ready(timeout=120)
+            reply = await kc.execute_interactive("x = 6 * 7", timeout=60)
+            live = sorted(p.name for p in kernel_socket_dir().glob(Path(km.ip).name + "-*"))
+        finally:
+            kc.stop_channels(); await km.shutdown_kernel()
+        err.seek(0)
+        return km, reply, live, err.read().decode()
+    km, reply, live, stderr = asyncio.run(one())
+    assert km.transport == "ipc" and Path(km.ip).parent == kernel_socket_dir() and reply["content"]["status"] == "ok"
+    assert live and "without encryption" not in stderr, stderr[:300]
+    assert not list(kernel_socket_dir().glob(Path(km.ip).name + "-*"))  # the sockets go with the kernel
+    assert stat.S_IMODE(kernel_socket_dir().stat().st_mode) == 0o700 and kernel_socket_dir().stat().st_uid == os.getuid()
