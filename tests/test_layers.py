@@ -332,3 +332,15 @@ def test_layer_rule_on_hand_cases():
     assert not ok("config", "kg") and not ok("kg", "retrieval") and not ok("awaken", "unseen")
     assert not ok("awaken", "brink") and not ok("rules", "cli") and not ok("kgqa", "brink_methods")
     assert ok("awaken", "baselines") and not ok("brink_methods", "baselines") and not ok("baselines", "awaken")
+
+
+def test_every_library_notebook_opens_with_a_title_and_a_summary():
+    "A library notebook's first cell is Markdown: a `# Title` line and a `> summary` (nbdev's module docstring and the docs' description)."
+    import json
+    bad = []
+    for nb in sorted((Path(__file__).resolve().parents[1] / "nbs").glob("[0-9]*.ipynb")):
+        cell = json.loads(nb.read_text())["cells"][0]
+        lines = "".join(cell["source"]).splitlines()
+        if cell["cell_type"] != "markdown" or not lines or not lines[0].startswith("# ") or not any(l.startswith("> ") for l in lines[1:4]):
+            bad.append(nb.name)
+    assert not bad, f"notebooks without a title and summary cell first: {bad}"
