@@ -402,7 +402,8 @@ async def agent_decode(client,  # kgrag_nb.llm.LLMClient
     return recs[-1]["text"], recs
 
 # %% ../nbs/17b_jcql.ipynb #c012
-def _norm(s: str) -> str: return " ".join(str(s).lower().replace("’", "'").split()).strip(" .,;:'\"`")
+# the lookup key of a name in the KB (entities, triples, paths); answers are scored by kgrag_nb.answers, not by this
+def _name_key(s: str) -> str: return " ".join(str(s).lower().replace("’", "'").split()).strip(" .,;:'\"`")
 
 def entity_names(kg: KG) -> np.ndarray:
     "Name of every entity: its label (the id when it has none), `label (id)` when several entities share the label."
@@ -446,7 +447,7 @@ class AgentKB:
         self.rel_text = kg._relation_text()
         self.by_name = {}
         for i, n in enumerate(self.names.tolist()):
-            for key in dict.fromkeys((_norm(n), _norm(re.sub(r"\s*\([^)]*\)$", "", n)))):  # 'label (mid)' also by its label
+            for key in dict.fromkeys((_name_key(n), _name_key(re.sub(r"\s*\([^)]*\)$", "", n)))):  # 'label (mid)' also by its label
                 self.by_name.setdefault(key, []).append(i)
         self._rel_bm25 = BM25Index([f"{n} {t}" for n, t in zip(self.rel_names.tolist(), self.rel_text.tolist())])
         self._ent_bm25 = None
@@ -461,7 +462,7 @@ class AgentKB:
 
     def link_entity(self, name: str, fuzzy: bool = True) -> tuple[list[int], str]:
         "(candidate entity indices, how): exact name match ('exact'), else the best BM25 name match ('fuzzy'), else ([], 'none')."
-        hit = list(dict.fromkeys(self.by_name.get(_norm(name), [])))
+        hit = list(dict.fromkeys(self.by_name.get(_name_key(name), [])))
         if hit: return hit, "exact"
         if not fuzzy: return [], "none"
         if self._ent_bm25 is None: self._ent_bm25 = BM25Index([str(n) for n in self.names.tolist()])
@@ -605,8 +606,8 @@ def parse_relation_choice(text: str,  # Prompt 4's answer ('r1, r2, r3')
                           names: Sequence[str],  # the relation names listed, in order
                           n: int = 3) -> list[int]:  # at most this many
     "Prompt 4: indices of the listed relations named in the answer, in the answer's order, at most `n` ([] = a counted fallback)."
-    by = {_norm(x): k for k, x in reversed(list(enumerate(names)))}
-    return list(dict.fromkeys(by[_norm(p)] for p in str(text).split(",") if _norm(p) in by))[:n]
+    by = {_name_key(x): k for k, x in reversed(list(enumerate(names)))}
+    return list(dict.fromkeys(by[_name_key(p)] for p in str(text).split(",") if _name_key(p) in by))[:n]
 
 @dataclass
 class _Run:
@@ -1002,12 +1003,12 @@ def bfs_path(triples: Sequence[Sequence[str]],  # G_q: (h, r, t) triples
              source: str,  # topic entity name
              target: str) -> list[int] | None:  # answer entity name
     "Indices of the triples of one shortest undirected path source → target in G_q ([] when equal, None when unreachable)."
-    src, dst = _norm(source), _norm(target)
+    src, dst = _name_key(source), _name_key(target)
     if src == dst: return []
     adj = {}
     for i, (h, _, t, *_) in enumerate(triples):
-        adj.setdefault(_norm(h), []).append((i, _norm(t)))
-        adj.setdefault(_norm(t), []).append((i, _norm(h)))
+        adj.setdefault(_name_key(h), []).append((i, _name_key(t)))
+        adj.setdefault(_name_key(t), []).append((i, _name_key(h)))
     parent, frontier = {src: None}, [src]
     while frontier and dst not in parent:
         nxt = []
@@ -1024,8 +1025,8 @@ def bfs_path(triples: Sequence[Sequence[str]],  # G_q: (h, r, t) triples
 def expand_paths(triples: Sequence[Sequence[str]],  # G_q
                  path_idx: Sequence[int]) -> list[int]:  # triples on the BFS paths
     "Path triples plus every G_q triple incident to an entity on a path, sorted indices."
-    ents = {_norm(x) for i in path_idx for x in (triples[i][0], triples[i][2])}
-    return sorted(set(path_idx) | {i for i, (h, _, t, *_) in enumerate(triples) if _norm(h) in ents or _norm(t) in ents})
+    ents = {_name_key(x) for i in path_idx for x in (triples[i][0], triples[i][2])}
+    return sorted(set(path_idx) | {i for i, (h, _, t, *_) in enumerate(triples) if _name_key(h) in ents or _name_key(t) in ents})
 
 # %% ../nbs/17b_jcql.ipynb #c031
 def _correct(a: str, gold: Sequence[str]) -> bool: return bool(kbqa_hits_at_1([a], list(gold))) if a.strip() else False
@@ -1035,9 +1036,9 @@ def parse_trajectory(pred: Prediction,  # a training-mode agent prediction (meta
     "G_q, the BFS paths from the topic entities E_q to each gold answer (the shortest) and their one-hop expansion (before the LLM filter)."
     steps = pred.meta.get("steps", [])
     wrong = [a for a in pred.ranked if not _correct(a, q.answers)]
-    bad = {_norm(a) for a in wrong}
+    bad = {_name_key(a) for a in wrong}
     obs = [tuple(t[:4]) for s in steps for t in s.get("triples", [])]
-    G = list(dict.fromkeys(t for t in obs if _norm(t[0]) not in bad and _norm(t[2]) not in bad))
+    G = list(dict.fromkeys(t for t in obs if _name_key(t[0]) not in bad and _name_key(t[2]) not in bad))
     paths = {}
     for a in q.answers:
         found = [p for s in q.topic_names if (p := bfs_path(G, s, a))]
@@ -1062,9 +1063,9 @@ async def _filter_paths(client, q: Question, parsed: dict, cfg: AgentConfig, tra
 def parse_paths(text: str,  # Prompt 7's completion after 'Related relations:'
                 known: Sequence[Sequence[str]]) -> list[tuple]:  # the known (expanded) triples it lists
     "Prompt 7: the known triples listed after 'Related triples:' (others dropped), in order, once each."
-    by = {tuple(_norm(x) for x in t[:3]): tuple(t[:3]) for t in known}
+    by = {tuple(_name_key(x) for x in t[:3]): tuple(t[:3]) for t in known}
     sel = text.split("Related triples:", 1)[1] if "Related triples:" in text else ""
-    return list(dict.fromkeys(by[k] for k in (tuple(_norm(x) for x in t) for t in parse_triples(sel.replace('"""', "", 1), 50)) if k in by))
+    return list(dict.fromkeys(by[k] for k in (tuple(_name_key(x) for x in t) for t in parse_triples(sel.replace('"""', "", 1), 50)) if k in by))
 
 # %% ../nbs/17b_jcql.ipynb #c033
 def replay_batch(path_triples: Sequence,  # P_q as triples
@@ -1085,7 +1086,7 @@ def slm_triples(kb: AgentKB,  # the KB (names -> entity ids)
     rel = {str(n): kb.relation_id(i) for i, n in enumerate(kb.rel_names.tolist())}
     out, dropped = [], 0
     for h, r, t, *_ in triples:
-        hs, ts = kb.by_name.get(_norm(h), []), kb.by_name.get(_norm(t), [])
+        hs, ts = kb.by_name.get(_name_key(h), []), kb.by_name.get(_name_key(t), [])
         if len(hs) != 1 or len(ts) != 1 or r not in rel: dropped += 1; continue
         out.append((str(kb.kg.entities[hs[0]]), rel[r], str(kb.kg.entities[ts[0]])))
     return list(dict.fromkeys(out)), dropped
@@ -1325,7 +1326,7 @@ def special_test_set(questions: Sequence[Question],  # training questions (topic
     cand = None if candidates is None else set(candidates)
     rows = []
     for q in questions:
-        srcs = ck.by_name.get(_norm(q.topic_name), [])
+        srcs = ck.by_name.get(_name_key(q.topic_name), [])
         if len(srcs) != 1: continue
         for a in q.answers:
             ends, how = ck.link_entity(a, fuzzy=False)
@@ -1358,7 +1359,7 @@ def topic_answer_path(q: Question,  # topic names in `topic_names`, answers as n
     "(topic name, answer, triple indices of `complete`) of one shortest topic → answer path over every topic of E_q; None when none."
     ck, best = ck or AgentKB.of(complete), None
     for tn in q.topic_names:
-        src = ck.by_name.get(_norm(tn), [])
+        src = ck.by_name.get(_name_key(tn), [])
         if len(src) != 1: continue
         for a in q.answers[:max_answers]:
             end, how = ck.link_entity(a, fuzzy=False)

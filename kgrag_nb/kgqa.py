@@ -359,7 +359,8 @@ def clip_lines(lines: Sequence[str],  # context lines, most relevant first
     return out
 
 # %% ../nbs/05c_kgqa.ipynb #c022
-def _norm_rel(s: str) -> str: return re.sub(r"\s+", " ", s.strip().strip(".;,:'\"`").strip().lower())
+# the lookup key of a relation label a reply names (plans, prunings); not answer matching
+def _relation_key(s: str) -> str: return re.sub(r"\s+", " ", s.strip().strip(".;,:'\"`").strip().lower())
 
 def candidate_steps(kg: KG,  # the graph
                     entities,  # entity indices (or ids)
@@ -378,10 +379,10 @@ def parse_steps(text: str,  # LLM output
                 candidates: Sequence[Step],  # the steps that were listed
                 limit: int) -> list:  # keep at most this many
     "Steps named in `text` (by label or 1-based list number), in order of mention, unique, at most `limit`."
-    by_name = {_norm_rel(step_label(kg, s)): s for s in candidates}
+    by_name = {_relation_key(step_label(kg, s)): s for s in candidates}
     out = []
     for piece in re.split(r"[;,\n]", text.split("\n\n")[0]):
-        p = _norm_rel(re.sub(r"^\s*\d+[.)]\s+", "", piece))
+        p = _relation_key(re.sub(r"^\s*\d+[.)]\s+", "", piece))
         s = by_name.get(p)
         if s is None and p.isdigit() and 1 <= int(p) <= len(candidates): s = candidates[int(p) - 1]
         if s is not None and s not in out: out.append(s)
@@ -395,10 +396,10 @@ def parse_relation_paths(text: str,  # LLM output (one path per line, relations 
     "Valid relation paths in a RoG-style plan, in order, unique: every relation must exist (label, '~' = backwards)."
     names = {}
     for r in range(kg.num_relations):
-        for fwd in (True, False): names[_norm_rel(step_label(kg, (r, fwd)))] = (r, fwd)
+        for fwd in (True, False): names[_relation_key(step_label(kg, (r, fwd)))] = (r, fwd)
     out = []
     for line in text.split("\n\n")[0].split("\n"):
-        parts = [_norm_rel(x) for x in line.split("->")]
+        parts = [_relation_key(x) for x in line.split("->")]
         if not line.strip() or not all(parts): continue
         steps = tuple(names.get(x) for x in parts)
         if None in steps or len(steps) > max_hops or steps in out: continue
@@ -411,7 +412,7 @@ def _alternation(labels: Sequence[str]) -> str: return "(?:" + "|".join(re.escap
 
 def _nameable(label: str, seps: Sequence[str], numbered: bool = False) -> bool:
     "A label a constrained reply can name: the parser reads it back as itself (not blank, no separator; `numbered`: no list-number prefix)."
-    return (bool(_norm_rel(label)) and not any(x in label for x in seps)
+    return (bool(_relation_key(label)) and not any(x in label for x in seps)
             and not (numbered and re.sub(r"^\s*\d+[.)]\s+", "", label) != label))
 
 def steps_constraint(kg: KG,  # graph (labels)
