@@ -4,7 +4,7 @@
 
 # %% ../nbs/03_llm.ipynb #c002
 from __future__ import annotations
-import asyncio, functools, hashlib, json, math, os, random, re, socket, sqlite3, ssl, sys, threading, time, uuid, warnings
+import asyncio, ctypes, functools, hashlib, json, math, os, random, re, socket, sqlite3, ssl, sys, tempfile, threading, time, uuid, warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, asdict, fields, replace
 from pathlib import Path
@@ -19,15 +19,18 @@ from .config import CACHE_MODES, Config, get_config
 from .store import SqliteStore
 
 # %% auto #0
-__all__ = ['CONSTRAINT_KINDS', 'DECODINGS', 'BACKENDS', 'VLLM_STRUCTURED_OUTPUTS_SINCE', 'VLLM_N_SEEDED_SINCE',
-           'MAX_CHARS_PER_TOKEN', 'CacheMissError', 'ModelNotServedError', 'EndpointUnreachableError',
-           'UnsupportedConstraintError', 'ServerDiedError', 'MalformedResponseError', 'public_url', 'canonical_json',
-           'request_key', 'Constraint', 'check_decoding', 'parse_regex', 'regex_to_gbnf', 'constraint_gbnf',
-           'fill_constraint', 'vllm_version_tuple', 'constraint_body', 'process_alive', 'seal_response',
-           'open_response', 'ResponseCache', 'Usage', 'run_sync', 'is_retryable', 'backoff_delay', 'retrying',
-           'replace_surrogates', 'split_tokens', 'first_top_logprobs', 'parse_choices', 'parse_response',
-           'progress_stream', 'check_sampling', 'tls_context', 'LLMClient', 'sample_runs', 'sample_groups',
-           'local_server_death', 'GroupCommit']
+__all__ = ['CONSTRAINT_KINDS', 'MAX_CHOICE_OPTIONS', 'MAX_REGEX_DEPTH', 'MAX_GRAMMAR_CHARS', 'MAX_GRAMMAR_DEPTH', 'DECODINGS',
+           'BACKENDS', 'VLLM_STRUCTURED_OUTPUTS_SINCE', 'VLLM_N_SEEDED_SINCE', 'MAX_CHARS_PER_TOKEN', 'CacheMissError',
+           'ModelNotServedError', 'EndpointUnreachableError', 'UnsupportedConstraintError', 'ConstraintTooLargeError',
+           'ConstraintRejectedError', 'ConstraintViolationWarning', 'ServerDiedError', 'MalformedResponseError',
+           'public_url', 'canonical_json', 'request_key', 'regex_depth', 'gbnf_scan', 'Constraint', 'check_decoding',
+           'parse_regex', 'simplify_regex', 'check_gbnf', 'regex_to_gbnf', 'choice_gbnf', 'constraint_gbnf',
+           'gbnf_problem', 'fill_constraint', 'vllm_version_tuple', 'constraint_body', 'check_constraint',
+           'constraint_violation', 'process_alive', 'seal_response', 'open_response', 'ResponseCache', 'Usage',
+           'run_sync', 'is_retryable', 'backoff_delay', 'retrying', 'replace_surrogates', 'split_tokens',
+           'first_top_logprobs', 'parse_choices', 'parse_response', 'progress_stream', 'check_sampling', 'tls_context',
+           'LLMClient', 'sample_runs', 'sample_groups', 'local_server_death', 'status_message', 'refuses_constraint',
+           'GroupCommit']
 
 # %% ../nbs/03_llm.ipynb #c005
 class CacheMissError(KeyError):
@@ -42,6 +45,17 @@ class EndpointUnreachableError(ConnectionError):
 
 class UnsupportedConstraintError(ValueError):
     "A decoding constraint the backend (or the regex translator, or the stub) cannot honour; raised before anything is sent."
+
+class ConstraintTooLargeError(UnsupportedConstraintError):
+    "A constraint beyond the documented bounds (regex nesting, grammar size or nesting, options of a choice); raised before anything is sent."
+
+class ConstraintRejectedError(UnsupportedConstraintError):
+    "llama.cpp's grammar parser (run in the client, or the server answering HTTP 400/422 or a grammar error) refused the"
+    " constraint; never retried (the same constraint is refused again)."
+
+class ConstraintViolationWarning(UserWarning):
+    "Answers of a call that violate its constraint: returned as they are, marked in their records (`constraint_violation`)"
+    " and counted in `Usage.constraint_violations`."
 
 class ServerDiedError(EndpointUnreachableError):
     "The local LLM server process died (its owner recorded why: exit signal, log tail, fix); never retried."
@@ -90,6 +104,129 @@ def request_key(
 # %% ../nbs/03_llm.ipynb #k001
 CONSTRAINT_KINDS = ("json", "regex", "choice", "grammar")  # vLLM's `structured_outputs` keys
 _JSON_TYPES = {"object", "array", "string", "integer", "number", "boolean", "null"}
+MAX_CHOICE_OPTIONS = 10_000  # a longer choice is refused (what a choice costs the embedded server: "GBNF for llama.cpp")
+MAX_REGEX_DEPTH = 100  # groups of a regex nested deeper than this are refused (the translator and Python's parser recurse)
+MAX_GRAMMAR_CHARS = 256_000  # a grammar sent to llama.cpp longer than this is refused (the server parses it for every request)
+MAX_GRAMMAR_DEPTH = 500  # parentheses of a grammar nested deeper than this are refused (llama.cpp's parser recurses)
+
+def _unproducible(c: str) -> bool:
+    "True for a character no token can produce: U+0000 (llama.cpp reads a token's text as a C string, which a NUL ends)"
+    " and the lone surrogates U+D800-U+DFFF (not UTF-8)."
+    return c == "\x00" or "\ud800" <= c <= "\udfff"
+
+def _only_unproducible(lo: str, hi: str) -> bool:  # a class range
+    return _unproducible(lo) and _unproducible(hi) and (lo == hi or lo >= "\ud800")
+
+def _refuse_char(ch: str, where: str):
+    raise UnsupportedConstraintError(f"{where} needs the character {ch!r}, which no token can produce (llama.cpp ends a token's "
+                                     f"text at U+0000, and lone surrogates U+D800-U+DFFF are not UTF-8): its grammar would mask "
+                                     f"every token and stop the server. Remove the character")
+
+_RX_CHAR_ESCAPE = re.compile(r"\\(?:x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8})|0([0-7]{0,2})|N\{(NULL)\})")
+
+def _regex_char(p: str, i: int) -> tuple[str | None, int]:
+    "(the character at `p[i]` of a Python regex, escapes decoded; None for a class escape such as \\d; the next index)."
+    if p[i] != "\\": return p[i], i + 1
+    m = _RX_CHAR_ESCAPE.match(p, i)
+    if m is None: return None, i + 2  # \d, \., \n, ...: not U+0000 or a surrogate
+    code = 0 if m[5] else int(m[4], 8) if m[4] is not None else int(m[1] or m[2] or m[3], 16)
+    return (chr(code) if code <= 0x10FFFF else None), m.end()
+
+def regex_depth(pattern: str) -> int:  # a Python regular expression
+    "How deep the groups of `pattern` nest (escapes and character classes skipped)."
+    depth = top = i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\": i += 2; continue
+        if c == "[":  # skip the class; a ']' right after '[' or '[^' is literal
+            i += 1 + (pattern[i + 1:i + 2] == "^"); i += pattern[i:i + 1] == "]"
+            while i < len(pattern) and pattern[i] != "]": i += 2 if pattern[i] == "\\" else 1
+        elif c == "(": depth += 1; top = max(top, depth)
+        elif c == ")": depth -= 1
+        i += 1
+    return top
+
+def _regex_unproducible(p: str) -> str | None:
+    "A character no token can produce that `p` needs: a literal one, or a class holding only such characters; else None."
+    i = 0
+    while i < len(p):
+        if p[i] != "[":
+            c, i = _regex_char(p, i)
+            if c is not None and _unproducible(c): return c
+            continue
+        i += 1; negated = p[i:i + 1] == "^"; i += negated; items, first = [], True
+        while i < len(p) and (p[i] != "]" or first):
+            first = False
+            lo, i = _regex_char(p, i); hi = lo
+            if p[i:i + 1] == "-" and p[i + 1:i + 2] not in ("]", ""): hi, i = _regex_char(p, i + 1)
+            items.append((lo, hi))
+        i += 1
+        if not negated and items and all(lo is not None and hi is not None and _only_unproducible(lo, hi) for lo, hi in items):
+            return items[0][0]
+    return None
+
+_GBNF_SCAN_ESCAPES = {"n": "\n", "t": "\t", "r": "\r"}
+
+def gbnf_scan(text: str) -> tuple[str | None, int]:  # GBNF grammar text
+    "(the first character no token can produce that a string literal or a whole character class of `text` needs, or"
+    " None; how deep its parentheses nest). Comments are skipped; escapes \\xHH, \\uHHHH, \\UHHHHHHHH are decoded."
+    bad, depth, top, i, n = None, 0, 0, 0, len(text)
+    def char(i):
+        if text[i] != "\\" or i + 1 >= n: return text[i], i + 1
+        m = re.compile(r"x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8})").match(text, i + 1)
+        if m: code = int(m[1] or m[2] or m[3], 16); return (chr(code) if code <= 0x10FFFF else "\ufffd"), m.end()
+        return _GBNF_SCAN_ESCAPES.get(text[i + 1], text[i + 1]), i + 2
+    while i < n:
+        c = text[i]
+        if c == "#":
+            i = text.find("\n", i)
+            if i < 0: break
+        elif c == '"':
+            i += 1
+            while i < n and text[i] != '"':
+                ch, i = char(i)
+                if bad is None and _unproducible(ch): bad = ch
+            i += 1
+        elif c == "[":
+            i += 1; negated = text[i:i + 1] == "^"; i += negated; items = []
+            while i < n and text[i] != "]":
+                lo, i = char(i); hi = lo
+                if text[i:i + 1] == "-" and text[i + 1:i + 2] not in ("]", ""): hi, i = char(i + 1)
+                items.append((lo, hi))
+            i += 1
+            if bad is None and not negated and items and all(_only_unproducible(lo, hi) for lo, hi in items): bad = items[0][0]
+        else:
+            if c == "(": depth += 1; top = max(top, depth)
+            elif c == ")": depth -= 1
+            i += 1
+    return bad, top
+
+def _check_schema_values(schema: dict):
+    "Refuse an empty `enum`, and characters no token can produce in `enum`/`const` values and `pattern`s (a lone"
+    " surrogate anywhere: the cache key is UTF-8)."
+    stack = [(schema, "#")]
+    while stack:  # (no recursion: a schema may nest deeply)
+        node, path = stack.pop()
+        if isinstance(node, str):
+            if (ch := next((c for c in node if "\ud800" <= c <= "\udfff"), None)): _refuse_char(ch, f"Constraint.json_schema: {path}")
+            continue
+        if isinstance(node, list): stack += [(x, f"{path}/{i}") for i, x in enumerate(node)]; continue
+        if not isinstance(node, dict): continue
+        for k, v in node.items():
+            if (ch := next((c for c in k if "\ud800" <= c <= "\udfff"), None)): _refuse_char(ch, f"Constraint.json_schema: the key {k!r} at {path}")
+            if k == "enum" and v == []:
+                raise UnsupportedConstraintError(f"Constraint.json_schema: the 'enum' at {path} is empty, so no value satisfies it; "
+                                                 f"list at least one value or drop the keyword")
+            if k in ("enum", "const"):
+                values = [v]
+                while values:
+                    x = values.pop()
+                    if isinstance(x, str) and (ch := next((c for c in x if _unproducible(c)), None)):
+                        _refuse_char(ch, f"Constraint.json_schema: the {k} value {x!r} at {path}")
+                    elif isinstance(x, (list, dict)): values += list(x) + (list(x.values()) if isinstance(x, dict) else [])
+            if k == "pattern" and isinstance(v, str) and (ch := _regex_unproducible(v)):
+                _refuse_char(ch, f"Constraint.json_schema: the pattern {v!r} at {path}")
+            stack.append((v, f"{path}/{k}"))
 
 @dataclass(frozen=True)
 class Constraint:
@@ -109,18 +246,31 @@ class Constraint:
             t = schema.get("type")
             if t is not None and not all(x in _JSON_TYPES for x in (t if isinstance(t, list) else [t])):
                 raise ValueError(f"Constraint.json_schema: 'type' {t!r} is not a JSON-schema type; use one of {sorted(_JSON_TYPES)}")
+            _check_schema_values(schema)
         elif k == "regex":
             if not isinstance(v, str) or not v: raise ValueError(f"Constraint.regex: the pattern {v!r} must be a non-empty string")
+            if (depth := regex_depth(v)) > MAX_REGEX_DEPTH:
+                raise ConstraintTooLargeError(f"Constraint.regex({v[:60]!r}...): its groups nest {depth} deep, more than MAX_REGEX_DEPTH = "
+                                              f"{MAX_REGEX_DEPTH}; flatten the pattern (drop groups that hold one item)")
             try: re.compile(v)
             except re.error as e: raise ValueError(f"Constraint.regex: {v!r} is not a valid regular expression ({e}); fix the pattern") from None
+            if (ch := _regex_unproducible(v)) is not None: _refuse_char(ch, f"Constraint.regex({v!r})")
         elif k == "choice":
             if not isinstance(v, tuple) or not v:
                 raise ValueError("Constraint.choice: the list of options is empty; pass at least one string, e.g. ['True', 'False']")
             bad = [o for o in v if not isinstance(o, str) or not o]
             if bad: raise ValueError(f"Constraint.choice: options {bad!r} are not non-empty strings")
+            if len(v) > MAX_CHOICE_OPTIONS:
+                raise ConstraintTooLargeError(f"Constraint.choice: {len(v):,} options, more than MAX_CHOICE_OPTIONS = {MAX_CHOICE_OPTIONS:,}; "
+                                              f"narrow the candidates first (e.g. retrieve the top ones), or decode in two steps")
+            for o in v:
+                if (ch := next((c for c in o if _unproducible(c)), None)) is not None: _refuse_char(ch, f"Constraint.choice: the option {o!r}")
             if len(set(v)) != len(v): raise ValueError(f"Constraint.choice: options {list(v)!r} repeat; list each option once")
         elif not isinstance(v, str) or not re.search(r"^\s*root\s*::=", v, flags=re.M):
             raise ValueError("Constraint.grammar: the GBNF text has no `root ::= ...` rule; llama.cpp starts from `root`")
+        else:
+            ch = next((c for c in v if _unproducible(c)), None) or gbnf_scan(v)[0]
+            if ch is not None: _refuse_char(ch, "Constraint.grammar")
 
     @classmethod
     def json_schema(cls, schema: dict):  # a JSON schema (dict); the output is one JSON instance of it
@@ -286,9 +436,13 @@ class _RegexParser:
 
 def parse_regex(pattern: str):  # Python regular expression (full match)
     "The tree of `pattern` for the translatable subset; raises `UnsupportedConstraintError` naming any other construct."
+    if (depth := regex_depth(pattern)) > MAX_REGEX_DEPTH:
+        raise ConstraintTooLargeError(f"regex {pattern[:60]!r}...: its groups nest {depth} deep, more than MAX_REGEX_DEPTH = "
+                                      f"{MAX_REGEX_DEPTH}; flatten the pattern (drop groups that hold one item)")
     with warnings.catch_warnings():  # Python's FutureWarning on '[[' etc.: the subset parser names the construct itself
         warnings.simplefilter("ignore", FutureWarning)
         re.compile(pattern)  # a pattern Python rejects is an error of the pattern, not of the subset
+    if (ch := _regex_unproducible(pattern)) is not None: _refuse_char(ch, f"regex {pattern!r}")
     return _RegexParser(pattern).parse()
 
 _GBNF_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}  # the escapes llama.cpp's GBNF parser knows, and \xHH
@@ -302,39 +456,164 @@ def _gbnf_char(c: str, in_class: bool = False) -> str:
 
 def _gbnf_literal(s: str) -> str: return '"' + "".join(_gbnf_char(c) for c in s) + '"'
 
-
-def _gbnf(node) -> str:
-    "GBNF expression of a regex tree (repetitions written out with `?`, `*` and `+`, which every llama.cpp version reads)."
+def _nullable(node) -> bool:
+    "True when the regex tree `node` matches the empty string."
     kind = node[0]
-    if kind == "lit": return _gbnf_literal(node[1])
-    if kind == "set":
-        body = "".join(_gbnf_char(lo, True) + ("" if lo == hi else "-" + _gbnf_char(hi, True)) for lo, hi in node[2])
-        return f"[{'^' if node[1] else ''}{body}]"
-    if kind == "alt": return "(" + " | ".join(_gbnf(b) or '""' for b in node[1]) + ")"
+    if kind in ("lit", "set"): return False
+    if kind == "seq": return all(_nullable(x) for x in node[1])
+    if kind == "alt": return any(_nullable(x) for x in node[1])
+    return node[2] == 0 or _nullable(node[1])
+
+def _one(kind: str, items: list):
+    "A sequence or alternation of `items`, or the item itself when there is one."
+    return items[0] if len(items) == 1 else (kind, items)
+
+def _nonempty(node):
+    "A tree of the non-empty strings of `node` (None when it matches only the empty string)."
+    if not _nullable(node): return node
+    kind = node[0]
+    if kind == "seq":  # every item is nullable: (A\{""}) B... | (B...\{""})
+        items = node[1]
+        if not items: return None
+        head, rest = _nonempty(items[0]), _nonempty(_one("seq", items[1:])) if len(items) > 1 else None
+        branches = ([_one("seq", [head] + items[1:])] if head is not None else []) + ([rest] if rest is not None else [])
+        return _one("alt", branches) if branches else None
+    if kind == "alt":
+        branches = [b for b in map(_nonempty, node[1]) if b is not None]
+        return _one("alt", branches) if branches else None
+    _, sub, lo, hi = node  # a nullable x{lo,hi} is x'{0,hi} (x' = x without ""), so its non-empty strings are x'{1,hi}
+    inner = _nonempty(sub) if hi != 0 else None
+    return None if inner is None else inner if hi == 1 else ("rep", inner, 1, hi)
+
+def _loop_body(node):
+    "Inside x* (or x{m,}), y+ and y* may loop once: (y+ | z)* = (y | z)*."
+    if node[0] == "rep" and node[3] is None and node[2] <= 1: return node[1]
+    if node[0] == "alt": return ("alt", [_loop_body(b) for b in node[1]])
+    return node
+
+def simplify_regex(node):  # a tree of `parse_regex`
+    "The same language with no repetition of a nullable body (llama.cpp refuses `x*` when x can be empty: a left"
+    " recursion; a nullable x{m,n} is x'{0,n}, x' = x without the empty string) and no one-item sequences."
+    kind = node[0]
+    if kind in ("lit", "set"): return node
     if kind == "seq":
-        parts, lits = [], ""
-        for item in node[1]:  # merge runs of literal characters into one string literal
-            if item[0] == "lit": lits += item[1]; continue
-            if lits: parts.append(_gbnf_literal(lits)); lits = ""
-            parts.append(_gbnf(item))
-        if lits: parts.append(_gbnf_literal(lits))
-        return " ".join(parts) if parts else '""'
+        items = [y for y in map(simplify_regex, node[1]) if y != ("seq", [])]
+        return _one("seq", items) if items else ("seq", [])
+    if kind == "alt": return ("alt", [simplify_regex(b) for b in node[1]])
     _, sub, lo, hi = node
-    x = _gbnf(sub)
-    if sub[0] not in ("set", "lit", "alt"): x = f"({x})"  # an alternation is already in parentheses
-    if (lo, hi) == (0, 1): return f"{x}?"
-    if (lo, hi) == (0, None): return f"{x}*"
-    if hi is None: return " ".join([x] * (lo - 1) + [f"{x}+"])
-    out = " ".join([x] * lo)
-    if hi > lo:  # x{0,k} = (x (x (...)?)?)?
-        opt = f"{x}?"
-        for _ in range(hi - lo - 1): opt = f"({x} {opt})?"
-        out = f"{out} {opt}".strip()
-    return out or '""'
+    sub = simplify_regex(sub)
+    if _nullable(sub):
+        sub, lo = _nonempty(sub), 0
+        if sub is None: return ("seq", [])
+    if hi is None: sub = _loop_body(sub)
+    if hi == 0: return ("seq", [])
+    return sub if (lo, hi) == (1, 1) else ("rep", sub, lo, hi)
+
+_JSON_SHORT = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}  # how a JSON string spells them
+_JSON_EXCLUDED = [(0, 0x1F), (0x22, 0x22), (0x5C, 0x5C)]  # never raw inside a JSON string
+
+def _subtract(ranges: list, cut: list) -> list:
+    "Code-point `ranges` [(lo, hi)] without the ranges `cut`."
+    out = []
+    for lo, hi in ranges:
+        for a, b in sorted(cut):
+            if b < lo or a > hi: continue
+            if a > lo: out.append((lo, a - 1))
+            lo = b + 1
+            if lo > hi: break
+        if lo <= hi: out.append((lo, hi))
+    return out
+
+class _GbnfWriter:
+    "GBNF expressions of (simplified) regex trees. A repeated sub-expression becomes a rule (its copies are names, so"
+    " nested bounded repeats add up rather than multiply), and x{m,n} with a long optional tail becomes a chain of rules"
+    " (not n - m nested groups). `add_rule(body) -> name` (default: rules r1, r2, ... kept in `rules`); `json_string`:"
+    " the expression spells a JSON string's contents (each character as JSON writes it: `\\\"`, `\\\\`, `\\n`, ...)."
+    INLINE_TAIL = 16  # an optional tail of at most this many copies is written as nested groups
+
+    def __init__(self, add_rule=None, json_string: bool = False):
+        self.rules, self.json_string, self.size = {}, json_string, 0
+        self.add_rule = add_rule or self._own_rule
+
+    def _own_rule(self, body: str) -> str:
+        if body not in self.rules: self.rules[body] = f"r{len(self.rules) + 1}"
+        return self.rules[body]
+
+    def _grow(self, chars: int, what):
+        self.size += chars
+        if self.size > MAX_GRAMMAR_CHARS:
+            raise ConstraintTooLargeError(f"the grammar of {what} would exceed {MAX_GRAMMAR_CHARS:,} characters (MAX_GRAMMAR_CHARS): "
+                                          f"its bounded repeats are written out; lower the bounds (e.g. x{{0,1000}} -> x*) or constrain less")
+
+    def literal(self, s: str) -> str:
+        if self.json_string: s = "".join(_JSON_SHORT.get(c) or (f"\\u{ord(c):04x}" if ord(c) < 32 else c) for c in s)
+        return _gbnf_literal(s)
+
+    def char_set(self, negated: bool, ranges: list) -> str:
+        cls = lambda neg, rs: f"[{'^' if neg else ''}" + "".join(
+            _gbnf_char(chr(lo), True) + ("" if lo == hi else "-" + _gbnf_char(chr(hi), True)) for lo, hi in rs) + "]"
+        codes = [(ord(lo), ord(hi)) for lo, hi in ranges]
+        if not self.json_string: return cls(negated, codes)
+        inside = lambda c: any(lo <= ord(c) <= hi for lo, hi in codes) != negated
+        rest = codes + _JSON_EXCLUDED if negated else _subtract(codes, _JSON_EXCLUDED)
+        items = ([cls(negated, rest)] if rest or negated else []) + [_gbnf_literal(_JSON_SHORT[c]) for c in _JSON_SHORT if inside(c)]
+        if not items:  # (control characters other than newline, tab and carriage return are left out of a JSON string)
+            raise UnsupportedConstraintError(f"the class {cls(negated, codes)} holds only control characters, which a JSON string "
+                                             f"spells as \\u escapes this translation leaves out; widen the class")
+        return items[0] if len(items) == 1 else "(" + " | ".join(items) + ")"
+
+    def expr(self, node, what: str = "the regex") -> str:
+        "The GBNF expression of the tree `node` (`what` names it in errors)."
+        kind = node[0]
+        if kind == "lit": return self.literal(node[1])
+        if kind == "set": return self.char_set(node[1], node[2])
+        if kind == "alt": return "(" + " | ".join(self.expr(b, what) for b in node[1]) + ")"
+        if kind == "seq":
+            parts, lits = [], ""
+            for item in node[1]:  # runs of literal characters become one string literal
+                if item[0] == "lit": lits += item[1]; continue
+                if lits: parts.append(self.literal(lits)); lits = ""
+                parts.append(self.expr(item, what))
+            if lits: parts.append(self.literal(lits))
+            return " ".join(parts) if parts else '""'
+        _, sub, lo, hi = node
+        body = self.expr(sub, what)
+        copies = max(lo, 1) if hi is None else hi
+        if copies > 1 and not re.fullmatch(r'[\w-]+|"[^"\\ ]{1,4}"|\[[^\]\\]{1,6}\]', body): x = self.add_rule(body)
+        else: x = body if sub[0] in ("set", "lit", "alt") or re.fullmatch(r"[\w-]+", body) else f"({body})"
+        if (lo, hi) == (0, 1): return f"{x}?"
+        if (lo, hi) == (0, None): return f"{x}*"
+        self._grow(copies * (len(x) + 8), what)  # before writing the copies out
+        if hi is None: return " ".join([x] * (lo - 1) + [f"{x}+"])
+        out, k = [x] * lo, hi - lo
+        if 0 < k <= self.INLINE_TAIL:  # x{0,k} = (x (x (...)?)?)?
+            opt = f"{x}?"
+            for _ in range(k - 1): opt = f"({x} {opt})?"
+            out.append(opt)
+        elif k:  # t1 = x, t(j) ::= x t(j-1)?, then t(k)?: a chain of rules, no nesting however long the tail
+            t = x
+            for _ in range(k - 1): t = self.add_rule(f"{x} {t}?")
+            out.append(f"{t}?")
+        return " ".join(out) or '""'
+
+def check_gbnf(grammar: str,  # GBNF text about to be sent to llama.cpp
+               what: str) -> str:  # what it was made from (named in the error)
+    "`grammar`, unless it is longer than `MAX_GRAMMAR_CHARS` or its parentheses nest deeper than `MAX_GRAMMAR_DEPTH`"
+    " (then `ConstraintTooLargeError`)."
+    if len(grammar) > MAX_GRAMMAR_CHARS:
+        raise ConstraintTooLargeError(f"the grammar of {what} has {len(grammar):,} characters, more than MAX_GRAMMAR_CHARS = "
+                                      f"{MAX_GRAMMAR_CHARS:,} (llama.cpp parses it for every request); constrain less, or narrow the options first")
+    if (depth := gbnf_scan(grammar)[1]) > MAX_GRAMMAR_DEPTH:
+        raise ConstraintTooLargeError(f"the grammar of {what} nests {depth} parentheses deep, more than MAX_GRAMMAR_DEPTH = "
+                                      f"{MAX_GRAMMAR_DEPTH} (llama.cpp's parser recurses); flatten it into rules")
+    return grammar
 
 def regex_to_gbnf(pattern: str) -> str:  # Python regular expression (full match), in the translatable subset
-    "A llama.cpp GBNF grammar whose language is `pattern`'s (ASCII for \\d \\w \\s); loud on constructs outside the subset."
-    return f"root ::= {_gbnf(parse_regex(pattern))}\n"
+    "A llama.cpp GBNF grammar whose language is `pattern`'s (ASCII for \\d \\w \\s); loud on constructs outside the subset,"
+    " on nesting deeper than `MAX_REGEX_DEPTH` and on a grammar beyond `check_gbnf`'s bounds."
+    w, what = _GbnfWriter(), f"regex {pattern[:60]!r}"
+    root = w.expr(simplify_regex(parse_regex(pattern)), what)
+    return check_gbnf(f"root ::= {root}\n" + "".join(f"{name} ::= {body}\n" for body, name in w.rules.items()), what)
 
 def _fill_regex(node) -> str:
     "The shortest string of a regex tree (first alternative, fewest repetitions, first character of a class)."
@@ -349,17 +628,118 @@ def _fill_regex(node) -> str:
     return _fill_regex(node[1]) * node[2]
 
 # %% ../nbs/03_llm.ipynb #k007
+def choice_gbnf(options) -> str:  # the options of a choice (non-empty, distinct strings)
+    "GBNF of a choice as a character trie: options that share a prefix share its literal (`root ::= \"a\" (\"b\" | \"c\")`),"
+    " so llama.cpp follows one alternative per distinct next character rather than one per option."
+    kids, end = [{}], [False]  # node i: its children {character: node} and whether an option ends there
+    for o in options:
+        n = 0
+        for ch in o:
+            if ch not in kids[n]: kids.append({}); end.append(False); kids[n][ch] = len(kids) - 1
+            n = kids[n][ch]
+        end[n] = True
+    expr = [""] * len(kids)
+    for n in reversed(range(len(kids))):  # a child is made after its parent: bottom-up without recursion
+        alts = []
+        for ch, m in kids[n].items():
+            s = ch
+            while not end[m] and len(kids[m]) == 1: (c2, m), = kids[m].items(); s += c2  # a chain: one literal
+            alts.append((_gbnf_literal(s) + (" " + expr[m] if kids[m] else ""), not kids[m]))
+        if len(alts) == 1:
+            e, single = alts[0]
+            expr[n] = (e + "?" if single else f"({e})?") if end[n] else e
+        elif alts: expr[n] = "(" + " | ".join(e for e, _ in alts) + ")" + ("?" if end[n] else "")
+    return f"root ::= {expr[0]}\n"
+
+# keywords llama-cpp-python's schema converter ignores: the grammar would not enforce them
+_LLAMA_IGNORED = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "not", "if", "then", "else",
+                  "uniqueItems", "minProperties", "maxProperties", "patternProperties", "propertyNames", "contains",
+                  "minContains", "maxContains", "dependentRequired", "dependentSchemas", "dependencies",
+                  "unevaluatedProperties", "unevaluatedItems")
+_LLAMA_FORMATS = ("date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5")
+
+def _refuse_ignored_keywords(schema: dict, what: str):
+    "Refuse the schema keywords llama-cpp-python's converter would drop (`_LLAMA_IGNORED`, an `allOf` that is not a merge"
+    " of object properties, a `pattern` beside `minLength`/`maxLength`, an unknown `format`)."
+    stack = [(schema, "#")]
+    while stack:
+        s, path = stack.pop()
+        if not isinstance(s, dict): continue
+        def refuse(kw, why="the grammar would not enforce it"):
+            raise UnsupportedConstraintError(f"llama.cpp: llama-cpp-python's schema converter ignores {kw!r} at {path} of {what} ({why}); "
+                                             f"drop it (every answer is checked against the whole schema, and a violation is marked), "
+                                             f"express it another way (e.g. an enum of the allowed values), or use a vLLM server")
+        if (kw := next((k for k in _LLAMA_IGNORED if k in s), None)): refuse(kw)
+        if "allOf" in s and not all(isinstance(p, dict) and ("properties" in p or "$ref" in p or "anyOf" in p) for p in s["allOf"]):
+            refuse("allOf", "it keeps only the properties of object parts, so other parts are lost")
+        if "pattern" in s and (kw := next((k for k in ("minLength", "maxLength") if k in s), None)):
+            refuse(kw, "a pattern takes its place; put the length in the pattern, e.g. ^[a-z]{1,8}$")
+        if "format" in s and s["format"] not in _LLAMA_FORMATS: refuse("format", f"it knows only {', '.join(_LLAMA_FORMATS)}")
+        for k in ("properties", "$defs", "definitions"):
+            if isinstance(s.get(k), dict): stack += [(v, f"{path}/{k}/{n}") for n, v in s[k].items()]
+        for k in ("items", "additionalProperties"):
+            if isinstance(s.get(k), dict): stack.append((s[k], f"{path}/{k}"))
+        for k in ("anyOf", "oneOf", "allOf", "prefixItems", "items"):
+            if isinstance(s.get(k), list): stack += [(v, f"{path}/{k}/{i}") for i, v in enumerate(s[k])]
+
+@functools.cache
+def _schema_converter():
+    "llama-cpp-python's JSON-schema converter with its `pattern` translation replaced by `_GbnfWriter` (JSON string mode)."
+    from llama_cpp.llama_grammar import SchemaConverter  # optional (the `cpu` extra): only a llama.cpp backend needs it
+    class Converter(SchemaConverter):
+        def _visit_pattern(self, pattern, name):
+            if not (pattern.startswith("^") and pattern.endswith("$")):
+                raise UnsupportedConstraintError(f"llama.cpp: the JSON-schema pattern {pattern!r} is not anchored; write it "
+                                                 f"'^...$' (the grammar spells whole strings)")
+            w = _GbnfWriter(add_rule=lambda body: self._add_rule(f"{name}-r", body), json_string=True)
+            return self._add_rule(name, '"\\"" ' + w.expr(simplify_regex(parse_regex(pattern)), f"pattern {pattern!r}") + ' "\\"" space')
+    return Converter
+
 def constraint_gbnf(c: Constraint) -> str:  # the constraint to translate
-    "The llama.cpp GBNF grammar of `c`: llama-cpp-python's JSON-schema converter for a schema, an alternation of string"
-    " literals for a choice, `regex_to_gbnf` for a regex, and a raw grammar as it is."
-    if c.kind == "grammar": return c.value
-    if c.kind == "choice": return "root ::= (" + " | ".join(_gbnf_literal(o) for o in c.value) + ")\n"
+    "The llama.cpp GBNF grammar of `c`: llama-cpp-python's JSON-schema converter for a schema (its patterns translated by"
+    " `regex_to_gbnf`'s writer; keywords it would ignore refused), a character trie for a choice (`choice_gbnf`),"
+    " `regex_to_gbnf` for a regex, and a raw grammar as it is; bounded by `check_gbnf`."
+    if c.kind == "grammar": return check_gbnf(c.value, repr(c))
+    if c.kind == "choice": return check_gbnf(choice_gbnf(c.value), repr(c))
     if c.kind == "regex": return regex_to_gbnf(c.value)
-    from llama_cpp.llama_grammar import json_schema_to_gbnf  # optional (the `cpu` extra): only a llama.cpp backend needs it
-    try: return json_schema_to_gbnf(c.value)
+    schema = c.schema
+    _refuse_ignored_keywords(schema, repr(c))
+    try:
+        conv = _schema_converter()(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+        conv.visit(conv.resolve_refs(schema, "stdin"), "")  # (what llama_cpp.llama_grammar.json_schema_to_gbnf does)
+        return check_gbnf(conv.format_grammar(), repr(c))
+    except UnsupportedConstraintError: raise
     except (AssertionError, ValueError, KeyError, TypeError, RecursionError) as e:
         raise UnsupportedConstraintError(f"llama.cpp: llama-cpp-python cannot convert the JSON schema {c.value[:120]} to a "
                                          f"grammar ({type(e).__name__}: {e}); simplify the schema or pass Constraint.grammar(...)") from None
+
+_LLAMA_LOG = threading.Lock()
+
+def gbnf_problem(grammar: str) -> str | None:  # GBNF text
+    "Why llama.cpp's own grammar parser refuses `grammar` (its error: an undefined rule, a left recursion, a syntax"
+    " error), or None when it accepts it, or when llama_cpp is not installed here (the server's answer then says it)."
+    try: import llama_cpp  # optional (the `cpu` extra); loaded already where a schema was converted
+    except (ImportError, OSError): return None  # (not installed, or its library does not load here)
+    lines = []
+    @llama_cpp.llama_log_callback
+    def keep(level, text, user_data): lines.append(text.decode("utf-8", errors="replace"))
+    with _LLAMA_LOG, tempfile.TemporaryFile() as err:  # llama.cpp logs the reason and prints the parse error on stderr:
+        if sys.stderr is not None: sys.stderr.flush()  # read both (for the error message) instead
+        try: saved = os.dup(2); os.dup2(err.fileno(), 2)
+        except OSError: saved = None  # (no stderr to borrow: the reason is then what llama.cpp logs)
+        llama_cpp.llama_log_set(keep, ctypes.c_void_p(0))
+        try: g = llama_cpp.llama_sampler_init_grammar(None, grammar.encode("utf-8"), b"root")  # no model: parses and checks only
+        finally:
+            if saved is not None: os.dup2(saved, 2); os.close(saved)
+            from llama_cpp import _logger  # llama-cpp-python's own log callback, installed again
+            llama_cpp.llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
+        err.seek(0); printed = err.read().decode("utf-8", errors="replace")
+    if g:
+        llama_cpp.llama_sampler_free(g)
+        if printed: os.write(2, printed.encode())  # (another thread's output in those microseconds: passed on)
+        return None
+    said = [l.strip() for l in printed.split("\n\n")[0].splitlines() + "".join(lines).splitlines() if l.strip()]
+    return "; ".join(dict.fromkeys(said))[:400] or "llama.cpp's grammar parser refused it"
 
 # %% ../nbs/03_llm.ipynb #k010
 def _fill_schema(s: dict, seed: int, defs: dict, depth: int = 0):
@@ -431,9 +811,16 @@ def constraint_body(c: Constraint,  # the constraint
                     kind: str = "completion",  # "completion" or "chat"
                     vllm_version: str | None = None) -> dict:  # the served vLLM's version (backend "vllm" only)
     "The extra request-body fields that make `backend` honour `c` (see the table above); raises"
-    " `UnsupportedConstraintError` when it cannot, so that nothing is sent."
+    " `UnsupportedConstraintError` when it cannot, so that nothing is sent (for llama.cpp, `ConstraintRejectedError` when"
+    " llama.cpp's own grammar parser, run here by `gbnf_problem`, refuses the grammar)."
     if not isinstance(c, Constraint): raise TypeError(f"constraint={c!r}: pass a Constraint, e.g. Constraint.choice(['True', 'False'])")
-    if backend == "llama.cpp": return {"grammar": constraint_gbnf(c)}
+    if backend == "llama.cpp":
+        g = constraint_gbnf(c)
+        if (problem := gbnf_problem(g)) is not None:
+            raise ConstraintRejectedError(f"llama.cpp: its grammar parser refuses the grammar of {c!r}: {problem}. Nothing was sent; "
+                                          f"fix the constraint (a raw grammar: define every rule it names, and no rule may start "
+                                          f"with itself or repeat something that can be empty)")
+        return {"grammar": g}
     if backend == "stub":
         if c.kind == "grammar": raise UnsupportedConstraintError("stub: the stub cannot fill a raw grammar; it supports JSON schema, regex and choice")
         if c.kind == "regex": parse_regex(c.value)  # the subset `fill_constraint` can fill: fail here, not at the server
@@ -450,6 +837,50 @@ def constraint_body(c: Constraint,  # the constraint
                                              f"not {c.kind}; use Constraint.json_schema, or a llama.cpp / vLLM server for regex, choice and grammar")
         return {"response_format": {"type": "json_schema", "json_schema": {"name": "constraint", "schema": c.schema, "strict": True}}}
     raise ValueError(f"backend={backend!r}: use one of {BACKENDS[1:]} (detect 'auto' with the client first)")
+
+# %% ../nbs/03_llm.ipynb #b1bb0306
+@functools.lru_cache(maxsize=256)
+def _schema_validator(schema_text: str):
+    "The jsonschema validator of a canonical schema text, made once per schema after checking the schema itself."
+    import jsonschema  # heavy (about 2 s: it loads rfc3987_syntax); only calls with a JSON-schema constraint need it
+    schema = json.loads(schema_text)
+    cls = jsonschema.validators.validator_for(schema)
+    try: cls.check_schema(schema)
+    except jsonschema.SchemaError as e:
+        at = "/".join(map(str, e.absolute_path))
+        raise UnsupportedConstraintError(f"Constraint.json_schema: {schema_text[:120]} is not a valid JSON schema ({e.message}"
+                                         f"{f' at {at}' if at else ''}); fix the schema") from None
+    return cls(schema)
+
+def check_constraint(c: Constraint) -> Constraint:  # the constraint of a call
+    "`c`, once its answers can be checked: a JSON schema must be valid under its metaschema (else `UnsupportedConstraintError`)."
+    if c.kind == "json": _schema_validator(c.value)
+    return c
+
+def constraint_violation(c: Constraint,  # the constraint the answer was decoded under
+                         text: str,  # the answer
+                         finish_reason: str | None = None,  # "length": cut by max_tokens (said in the reason)
+                         max_tokens: int | None = None) -> str | None:  # the request's budget (said in the reason)
+    "Why `text` violates `c`, or None when it satisfies it: not one of a choice's options, no `re.fullmatch` of a regex,"
+    " not one JSON value valid under a schema. A raw grammar is not checked (None)."
+    if c.kind == "grammar": return None
+    if c.kind == "choice":
+        if text in c.value: return None
+        why = f"{text[:80]!r} is not one of the {len(c.value)} options"
+    elif c.kind == "regex":
+        if re.fullmatch(c.value, text): return None
+        why = f"{text[:80]!r} does not match the regex {c.value[:80]!r}"
+    else:
+        try: value = json.loads(text)
+        except ValueError as e: why = f"{text[:80]!r} is not one JSON value ({e})"
+        else:
+            import jsonschema  # (loaded by `_schema_validator` already)
+            err = jsonschema.exceptions.best_match(_schema_validator(c.value).iter_errors(value))
+            if err is None: return None
+            at = "/".join(map(str, err.absolute_path))
+            why = f"{text[:80]!r} does not fit the schema: {err.message[:200]}{f' (at {at})' if at else ''}"
+    if finish_reason == "length": why = f"cut by max_tokens{'' if max_tokens is None else f'={max_tokens}'} before the output was complete: {why}"
+    return why
 
 # %% ../nbs/03_llm.ipynb #c010
 def _proc_stat(pid: int) -> tuple[str, str] | None:
@@ -652,6 +1083,7 @@ class Usage:
     claims_taken_over: int = 0  # stale claims (dead or timed-out owner) taken over
     malformed: int = 0  # attempts answered with a malformed body
     surrogates_replaced: int = 0  # lone surrogates in answers replaced by U+FFFD
+    constraint_violations: int = 0  # constrained answers (fresh or cached) that violate their constraint (marked in their records)
     wall_s: float = 0.0  # seconds spent in complete/chat calls
 
     def as_dict(self) -> dict:
@@ -920,6 +1352,9 @@ class LLMClient:
             except Exception as e: warnings.warn(f"LLMClient.on_usage callback {f!r} failed: {type(e).__name__}: {e}")
 
     def _unreachable(self, err) -> EndpointUnreachableError:
+        "The error for a connection that failed after the retries: `ServerDiedError` with the cause its owner recorded when"
+        " the local server behind the endpoint has died (`local_server_death`), else `EndpointUnreachableError`."
+        if not isinstance(err, openai.APITimeoutError) and (death := local_server_death(self.base_url)): return ServerDiedError(death)
         return EndpointUnreachableError(
             f"cannot reach the LLM endpoint {self.endpoint} ({type(err).__name__}: {err}) after {self.max_retries + 1} "
             f"attempt(s); start the embedded server with `kgrag serve embedded`, or check --llm-url / KGRAG_LLM_URL")
@@ -929,7 +1364,11 @@ class LLMClient:
 async def _resolve_model(self: LLMClient, api) -> str:
     "The model id for cache keys, checked against the server's `/v1/models` (asked once per client)."
     if self._served is None:
-        async def models(): return await api.models.list()  # (an awaitable page, not a coroutine function)
+        async def models():
+            try: return await api.models.list()  # (an awaitable page, not a coroutine function)
+            except openai.APIConnectionError as e:  # a client made after the local server died: its recorded cause, at once
+                if not isinstance(e, openai.APITimeoutError) and (death := local_server_death(self.base_url)): raise ServerDiedError(death) from e
+                raise
         try:
             listed = (await retrying(self.max_retries, self.backoff)(models)).data
             self._served, self._owners = [m.id for m in listed], [getattr(m, "owned_by", None) for m in listed]
@@ -1041,13 +1480,30 @@ def local_server_death(base_url: str | None,  # the client's endpoint
                     f"rerun to resume")
         time.sleep(0.05)  # the owner's watchdog records the exit signal within milliseconds of the death
 
+def status_message(err: openai.APIStatusError) -> str:
+    "The server's own message in an HTTP error (`error.message` of an OpenAI-style body, FastAPI's `detail`), else the SDK's."
+    body = err.body
+    if isinstance(body, dict):
+        inner = body["error"] if isinstance(body.get("error"), dict) else {}
+        msg = body.get("message") or inner.get("message") or body.get("detail")
+        if msg: return str(msg)
+    return str(err.message)
+
+def refuses_constraint(err: openai.APIStatusError) -> bool:
+    "True when a constrained request's HTTP error says the constraint itself is refused: 400 or 422 (the request is"
+    " invalid: a retry gets the same), or a 5xx whose message names the grammar (llama-cpp-python's server answers 500"
+    " when llama.cpp cannot parse it)."
+    return err.status_code in (400, 422) or (err.status_code >= 500 and "grammar" in status_message(err).lower())
+
 @patch
 async def _send(self: LLMClient, api, kind: str, model: str, payload, params: dict,
                 extra: dict | None = None,  # extra body fields (a translated constraint: `constraint_body`)
-                n: int = 1) -> list[dict]:  # samples in this one request (body field `n`, sent only when > 1)
+                n: int = 1,  # samples in this one request (body field `n`, sent only when > 1)
+                constraint: Constraint | None = None) -> list[dict]:  # the constraint `extra` translates (named in errors)
     "One generation request, every attempt made by the one retry policy (`retrying`); the body is checked by"
     " `parse_choices`; returns its `n` records in sample order. A refused connection to a local server that has died"
-    " ends the request at once with `ServerDiedError`."
+    " ends the request at once with `ServerDiedError`; a server refusing the constraint (`refuses_constraint`) with"
+    " `ConstraintRejectedError`."
     attempts, path = 0, "completions" if kind == "completion" else "chat/completions"
     kw = {**params, **({"n": n} if n > 1 else {}), **({"extra_body": extra} if extra else {})}
     async def attempt():
@@ -1067,6 +1523,14 @@ async def _send(self: LLMClient, api, kind: str, model: str, payload, params: di
                                                  f"longer than {budget} tokens can be ({MAX_CHARS_PER_TOKEN} characters per token at most)")
             return recs, replaced
         except MalformedResponseError: self._count(errors=1, malformed=1); raise
+        except openai.APIStatusError as e:
+            self._count(errors=1)
+            if constraint is not None and refuses_constraint(e):  # the same constraint is refused again: no retry
+                raise ConstraintRejectedError(
+                    f"{self.endpoint} refused the constraint {constraint!r} with HTTP {e.status_code}: {status_message(e)[:300]!r}. "
+                    f"Nothing was cached and the request was not retried; fix the constraint (a grammar: check it with "
+                    f"kgrag_nb.llm.gbnf_problem), or send it to a backend that supports it") from e
+            raise
         except openai.APIConnectionError as e:
             self._count(errors=1)
             if not isinstance(e, openai.APITimeoutError) and (death := local_server_death(self.base_url)):
@@ -1113,6 +1577,16 @@ class GroupCommit:
             else: fut.set_exception(err)
 
 @patch
+def _checked(self: LLMClient, constraint: Constraint | None, rec: dict, max_tokens: int | None = None) -> dict:
+    "`rec` (fresh or cached) with `constraint_violation` saying why its text violates `constraint`, counted in"
+    " `Usage.constraint_violations`; without the field when it satisfies it (or there is no constraint)."
+    if constraint is None: return rec
+    why = constraint_violation(constraint, rec["text"], rec.get("finish_reason"), max_tokens)
+    rec = {k: v for k, v in rec.items() if k != "constraint_violation"}  # (a stored mark is recomputed, never trusted)
+    if why is not None: rec["constraint_violation"] = why; self._count(constraint_violations=1)
+    return rec
+
+@patch
 async def _fetch(self: LLMClient, api, sem, failed: asyncio.Event, owner: str,
                  keys: list[str],  # missed keys of one prompt: one sample, or a run of samples sent as one `n` request
                  jobs: dict,  # the call's key -> (payload, params, sample index)
@@ -1138,13 +1612,14 @@ async def _fetch(self: LLMClient, api, sem, failed: asyncio.Event, owner: str,
                     recs = {}
                     for run in runs:
                         payload, prm, _ = jobs[run[0]]
-                        recs.update(zip(run, await self._send(api, kind, model, payload, prm, extra, n=len(run))))
+                        recs.update(zip(run, await self._send(api, kind, model, payload, prm, extra, n=len(run), constraint=constraint)))
                 except BaseException:
                     if share:
                         for k in mine: self.cache.release(k, owner)
                     raise
-        if mine:  # the answers are stored before they are returned (outside the semaphore: the next request goes
-            if self.cache is not None:  # out while the write waits for its group commit)
+        if mine:  # the answers are checked and stored before they are returned (outside the semaphore: the next request
+            recs = {k: self._checked(constraint, rec, jobs[k][1].get("max_tokens")) for k, rec in recs.items()}  # goes out
+            if self.cache is not None:  # while the write waits for its group commit); a violation is stored with its mark
                 writes = []
                 for k, rec in recs.items():
                     payload, prm, s = jobs[k]
@@ -1156,7 +1631,8 @@ async def _fetch(self: LLMClient, api, sem, failed: asyncio.Event, owner: str,
                 self._count(answers_cached=len(recs))
             out.update({k: {**rec, "cached": False} for k, rec in recs.items()})
         for k, (state, hit) in zip(todo, states):
-            if state == "answered": self._count(inflight_waits=1); out[k] = {**hit, "cached": True}
+            if state == "answered":
+                self._count(inflight_waits=1); out[k] = {**self._checked(constraint, hit, jobs[k][1].get("max_tokens")), "cached": True}
         todo = [k for k, (state, _) in zip(todo, states) if state == "busy"]
         if todo: await asyncio.sleep(wait * random.uniform(0.8, 1.2)); wait = min(0.5, wait * 1.5)  # poll the cache
     return out
@@ -1171,6 +1647,7 @@ async def _generate(self: LLMClient, kind, payloads, n, temperature, params, des
     if n < 1: raise ValueError(f"n={n}: ask for 1 or more samples")
     if constraint is not None and not isinstance(constraint, Constraint):
         raise TypeError(f"constraint={constraint!r}: pass a Constraint, e.g. Constraint.json_schema({{...}}) or Constraint.choice([...])")
+    if constraint is not None: check_constraint(constraint)  # its answers can be checked (a schema is valid), before any I/O
     payloads = list(payloads)
     temps = _per_item(temperature, len(payloads), "temperature")
     check_sampling(params, temps)  # a value the server would refuse (or loop on) fails here, not after five retries
@@ -1201,7 +1678,7 @@ async def _generate(self: LLMClient, kind, payloads, n, temperature, params, des
                           f"move it away and rerun (every answer is asked again)")
         for key, (payload, prm, s) in jobs.items():
             hit = stored.get(key)
-            if hit is not None: results[key] = {**hit, "cached": True}
+            if hit is not None: results[key] = {**self._checked(constraint, hit, prm.get("max_tokens")), "cached": True}
             elif self.mode == "replay":
                 raise CacheMissError(f"replay mode: no cached {kind} for model {model!r}, prompt {_prompt_start(kind, payload)!r} "
                                      f"(params {prm}, sample {s}); run once with KGRAG_LLM_CACHE_MODE=live to record it")
@@ -1237,6 +1714,10 @@ async def _generate(self: LLMClient, kind, payloads, n, temperature, params, des
         if api is not None: await api.close()
         self._count(wall_s=time.perf_counter() - t0)
         self._notify(force=True)
+    if constraint is not None and (bad := [results[k]["constraint_violation"] for k in jobs if "constraint_violation" in results[k]]):
+        warnings.warn(f"{len(bad)} of {len(jobs)} answers violate the constraint {constraint!r} (e.g. {bad[0]}). They are returned "
+                      f"as they are, marked in their records ('constraint_violation', return_records=True) and counted in "
+                      f"Usage.constraint_violations; the cache keeps them marked, so a rerun gives the same", ConstraintViolationWarning, stacklevel=2)
     texts = [[results[k]["text"] for k in row] for row in rows]
     if not return_records: return texts
     return texts, [[{**results[k], "key": k} for k in row] for row in rows]

@@ -179,6 +179,24 @@ def test_unreachable_endpoint_fails_fast():
     assert url in str(e.value) and "kgrag serve embedded" in str(e.value) and "--llm-url" in str(e.value)
 
 
+def test_a_client_made_after_the_server_died_names_the_recorded_death(tmp_path, monkeypatch):
+    "A client created after the embedded server died asked /v1/models first, and that path said 'cannot reach the LLM"
+    " endpoint ... start the embedded server' without reading the death its owner had recorded (signal, log, rebuild)."
+    from kgrag_nb.llm import ServerDiedError
+    port, dead = free_port(), subprocess.Popen(["true"])
+    dead.wait()
+    monkeypatch.setenv("KGRAG_SERVER_STATE", str(tmp_path / "servers"))
+    (tmp_path / "servers").mkdir()
+    died = ("the embedded llama.cpp server http://127.0.0.1:%d/v1 (pid %d) was killed by SIGILL (an instruction this CPU "
+            "lacks); Log /x/server.log\nRebuild llama-cpp-python with portable flags: python tools/llama_wheel.py --install" % (port, dead.pid))
+    (tmp_path / "servers" / f"{port}.json").write_text(json.dumps({"server_pid": dead.pid, "died": died}))
+    client = LLMClient(f"http://127.0.0.1:{port}/v1", max_retries=1, backoff=0.01, progress=False)
+    t0 = time.perf_counter()
+    with pytest.raises(ServerDiedError) as e: client.complete(["hi"])
+    assert "SIGILL" in str(e.value) and "tools/llama_wheel.py --install" in str(e.value) and time.perf_counter() - t0 < 5
+    with pytest.raises(ServerDiedError, match="SIGILL"): client.resolve_model()
+
+
 def test_503_is_retried_with_backoff(fake):
     srv = fake(statuses=[503, 503])
     client = LLMClient(srv.url, model="fake-model", max_retries=3, backoff=0.05, progress=False)
