@@ -15,22 +15,22 @@ from fastcore.basics import patch
 from tenacity import AsyncRetrying, Retrying, retry_if_exception, retry_if_exception_type, stop_after_attempt, wait_random
 from tqdm import tqdm
 
-from .config import CACHE_MODES, Config, get_config
+from .config import CACHE_MODES, EMBEDDED_MODEL_ALIAS, Config, get_config
 from .store import SqliteStore
 
 # %% auto #0
-__all__ = ['CONSTRAINT_KINDS', 'MAX_CHOICE_OPTIONS', 'MAX_REGEX_DEPTH', 'MAX_GRAMMAR_CHARS', 'MAX_GRAMMAR_DEPTH', 'DECODINGS',
-           'BACKENDS', 'VLLM_STRUCTURED_OUTPUTS_SINCE', 'VLLM_N_SEEDED_SINCE', 'MAX_CHARS_PER_TOKEN', 'CacheMissError',
-           'ModelNotServedError', 'EndpointUnreachableError', 'UnsupportedConstraintError', 'ConstraintTooLargeError',
-           'ConstraintRejectedError', 'ConstraintViolationWarning', 'ServerDiedError', 'MalformedResponseError',
-           'public_url', 'canonical_json', 'request_key', 'regex_depth', 'gbnf_scan', 'Constraint', 'check_decoding',
-           'parse_regex', 'simplify_regex', 'check_gbnf', 'regex_to_gbnf', 'choice_gbnf', 'constraint_gbnf',
-           'gbnf_problem', 'fill_constraint', 'vllm_version_tuple', 'constraint_body', 'check_constraint',
-           'constraint_violation', 'process_alive', 'seal_response', 'open_response', 'ResponseCache', 'Usage',
-           'run_sync', 'is_retryable', 'backoff_delay', 'retrying', 'replace_surrogates', 'split_tokens',
-           'first_top_logprobs', 'parse_choices', 'parse_response', 'progress_stream', 'check_sampling', 'tls_context',
-           'LLMClient', 'sample_runs', 'sample_groups', 'local_server_death', 'status_message', 'refuses_constraint',
-           'GroupCommit']
+__all__ = ['SAMPLER_LAZY', 'CONSTRAINT_KINDS', 'MAX_CHOICE_OPTIONS', 'MAX_REGEX_DEPTH', 'MAX_GRAMMAR_CHARS', 'MAX_GRAMMAR_DEPTH',
+           'DECODINGS', 'BACKENDS', 'VLLM_STRUCTURED_OUTPUTS_SINCE', 'VLLM_N_SEEDED_SINCE', 'MAX_CHARS_PER_TOKEN',
+           'CacheMissError', 'ModelNotServedError', 'EndpointUnreachableError', 'UnsupportedConstraintError',
+           'ConstraintTooLargeError', 'ConstraintRejectedError', 'ConstraintViolationWarning', 'ServerDiedError',
+           'MalformedResponseError', 'public_url', 'canonical_json', 'request_key', 'regex_depth', 'gbnf_scan',
+           'Constraint', 'check_decoding', 'parse_regex', 'simplify_regex', 'check_gbnf', 'regex_to_gbnf',
+           'choice_gbnf', 'constraint_gbnf', 'gbnf_problem', 'fill_constraint', 'vllm_version_tuple', 'constraint_body',
+           'check_constraint', 'constraint_violation', 'process_alive', 'seal_response', 'open_response',
+           'ResponseCache', 'Usage', 'run_sync', 'is_retryable', 'backoff_delay', 'retrying', 'replace_surrogates',
+           'split_tokens', 'first_top_logprobs', 'parse_choices', 'parse_response', 'progress_stream', 'check_sampling',
+           'tls_context', 'LLMClient', 'sample_runs', 'sample_groups', 'local_server_death', 'status_message',
+           'refuses_constraint', 'GroupCommit']
 
 # %% ../nbs/03_llm.ipynb #c005
 class CacheMissError(KeyError):
@@ -91,6 +91,7 @@ def request_key(
     params: dict,  # every sampling parameter (temperature, max_tokens, stop, seed, top_p, ...)
     sample_index: int = 0,  # which of the n samples of this request
     constraint=None,  # a `Constraint` (or its `spec()` dict); None = unconstrained, the key is as before constraints existed
+    sampler: str | None = None,  # how a constrained sample at temperature > 0 is drawn (`SAMPLER_LAZY`); None = eager masking
 ) -> str:
     "sha256 of the canonical JSON of one request; no URL, no API key."
     if kind not in ("completion", "chat"): raise ValueError(f"kind={kind!r}: use 'completion' or 'chat'")
@@ -98,8 +99,15 @@ def request_key(
     body = {"kind": kind, "model": model, "payload": payload, "sample_index": int(sample_index),
             "params": {k: v for k, v in params.items() if v is not None}}
     if constraint is not None:  # only then: every unconstrained key (and cache) stays valid
-        body["constraint"] = (constraint if isinstance(constraint, Constraint) else Constraint.from_spec(constraint)).spec()
+        body["constraint"] = (constraint if isinstance(constraint, Constraint) else Constraint.from_spec(constraint)).key_spec()
+    if sampler is not None: body["sampler"] = sampler  # only then: every eagerly masked key stays valid
     return hashlib.sha256(canonical_json(body).encode()).hexdigest()
+
+# The embedded server samples a constrained token lazily (draw from the full distribution, then check the grammar, and
+# mask only when the draw is rejected); vLLM and llama.cpp's own sampler mask first. Greedy decoding gives the same token
+# either way, but a seeded sample at temperature > 0 differs, so such a request's key names the lazy sampler and the two
+# never share a cache row.
+SAMPLER_LAZY = "lazy-grammar"
 
 # %% ../nbs/03_llm.ipynb #k001
 CONSTRAINT_KINDS = ("json", "regex", "choice", "grammar")  # vLLM's `structured_outputs` keys
@@ -233,7 +241,7 @@ class Constraint:
     "One decoding constraint: a JSON schema, a regular expression (full match), a choice among strings, or a raw"
     " llama.cpp GBNF grammar. Build it with `Constraint.json_schema/regex/choice/grammar`; it is hashable and immutable."
     kind: str  # one of CONSTRAINT_KINDS
-    value: str | tuple  # the schema as canonical JSON, the pattern, the options (a tuple), or the grammar text
+    value: str | tuple  # the schema as compact JSON in the order written, the pattern, the options (a tuple), or the grammar text
 
     def __post_init__(self):
         k, v = self.kind, self.value
@@ -277,9 +285,15 @@ class Constraint:
         "The output is a JSON document valid under `schema`."
         if not isinstance(schema, dict):
             raise ValueError(f"Constraint.json_schema: the schema is a {type(schema).__name__}, not a dict; pass the schema itself")
-        try: text = canonical_json(schema)
+        try: text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False, allow_nan=False)  # in the order written
         except (TypeError, ValueError) as e: raise ValueError(f"Constraint.json_schema: the schema is not plain JSON ({e})") from None
         return cls("json", text)
+
+    def key_spec(self) -> dict:
+        "What a cache key holds: `spec()`, except a JSON schema whose keys are not in sorted order, which is kept as its JSON"
+        " text in the order written (the grammar writes an object's fields in that order, so the order changes the output)."
+        if self.kind == "json" and self.value != canonical_json(self.schema): return {"json": self.value}
+        return self.spec()
 
     @classmethod
     def regex(cls, pattern: str):  # Python regular expression the whole output must match (re.fullmatch)
@@ -1421,6 +1435,17 @@ async def _backend_of(self: LLMClient, api) -> tuple[str, str | None]:
         self.served_backend = (backend, version)
     return self.served_backend
 
+@patch
+async def _samples_lazily(self: LLMClient, api, model: str) -> bool:
+    "True when the endpoint draws constrained samples lazily: the embedded server (a llama.cpp backend serving"
+    " `EMBEDDED_MODEL_ALIAS`, whose sampler `serve.lazy_grammar` patches). In replay mode (api None: no server is asked) the"
+    " model's name decides, unless `backend` names another server."
+    if model != EMBEDDED_MODEL_ALIAS: return False
+    if api is None: return self.backend in ("auto", "llama.cpp")
+    try: backend, _ = await self._backend_of(api)
+    except UnsupportedConstraintError: return False
+    return backend == "llama.cpp"
+
 # %% ../nbs/03_llm.ipynb #ns1
 VLLM_N_SEEDED_SINCE = (0, 11, 0)  # V1 (sample i of a seeded `n` request gets seed + i) is vLLM's only engine from here
 
@@ -1658,13 +1683,14 @@ async def _generate(self: LLMClient, kind, payloads, n, temperature, params, des
         if self.mode != "replay":
             api = self._api()
             if model is None or self.mode == "record": model = await self._resolve_model(api)
+        lazy = constraint is not None and any(t > 0 for t in temps) and await self._samples_lazily(api, model)
         jobs, rows = {}, []  # key -> (payload, params); per prompt: its n keys
         for payload, temp in zip(payloads, temps):
             row = []
             for s in range(n):
                 seed = params.get("seed")
                 prm = {k: v for k, v in {**params, "temperature": temp, "seed": None if seed is None else seed + s}.items() if v is not None}
-                key = request_key(kind, model, payload, prm, s, constraint)
+                key = request_key(kind, model, payload, prm, s, constraint, SAMPLER_LAZY if lazy and temp > 0 else None)
                 jobs.setdefault(key, (payload, prm, s)); row.append(key)
             rows.append(row)
         if self.key_log is not None:  # every key this call needs (hits too): `kgrag plan` prices a run from these

@@ -696,3 +696,52 @@ def test_real_server_answers_a_large_choice_from_its_options(embedded_server):
     out = c.complete(["The capital of France is"], max_tokens=8, constraint=Constraint.choice(opts))[0][0]
     print(f"choice of {len(opts)} options: {time.perf_counter() - t:.2f} s")
     assert out in opts
+
+
+# ------------------------------------------------------------------------------------------ what changes what is measured
+def test_a_schema_is_written_in_the_order_given():
+    "The grammar writes an object's fields in the schema's order (MisK's Fig. 5 puts `thought` before `judge`), not sorted."
+    from kgrag_nb.llm import constraint_gbnf
+    c = Constraint.json_schema({"type": "object", "required": ["thought", "judge"],
+                                "properties": {"thought": {"type": "string"}, "judge": {"type": "boolean"}}})
+    root = next(l for l in constraint_gbnf(c).splitlines() if l.startswith("root ::="))
+    assert root.index("thought") < root.index("judge"), root
+    assert list(c.schema["properties"]) == ["thought", "judge"] and list(c.spec()["json"]) == ["type", "required", "properties"]
+
+
+def test_the_key_keeps_the_schema_order_and_sorted_schemas_keep_their_keys():
+    "Two orders are two requests; a schema already in sorted order keys as before (its dict spec, sorted)."
+    import hashlib
+    from kgrag_nb.llm import canonical_json, request_key
+    a = Constraint.json_schema({"properties": {"b": {"type": "string"}, "a": {"type": "string"}}, "type": "object"})
+    b = Constraint.json_schema({"properties": {"a": {"type": "string"}, "b": {"type": "string"}}, "type": "object"})
+    ka, kb = (request_key("completion", "m", "p", {"max_tokens": 4}, 0, c) for c in (a, b))
+    assert ka != kb
+    old = {"kind": "completion", "model": "m", "payload": "p", "sample_index": 0, "params": {"max_tokens": 4}, "constraint": b.spec()}
+    assert kb == hashlib.sha256(canonical_json(old).encode()).hexdigest()  # the key a sorted schema had before
+
+
+def test_the_sampler_is_part_of_a_sampled_constrained_key():
+    "A constrained sample drawn lazily (the embedded server) and one drawn with eager masking never share a key."
+    from kgrag_nb.llm import SAMPLER_LAZY, request_key
+    c = Constraint.choice([" yes", " no"])
+    eager = request_key("completion", "m", "p", {"temperature": 0.7, "seed": 1}, 0, c)
+    lazy = request_key("completion", "m", "p", {"temperature": 0.7, "seed": 1}, 0, c, SAMPLER_LAZY)
+    assert eager != lazy and eager == request_key("completion", "m", "p", {"temperature": 0.7, "seed": 1}, 0, c, None)
+
+
+@pytest.mark.llm
+def test_the_embedded_server_keys_its_sampled_constrained_requests_as_lazy(embedded_server, tmp_path):
+    "On the embedded server: temperature > 0 under a constraint is keyed with the lazy sampler; greedy and free requests are not."
+    from kgrag_nb.llm import LLMClient, SAMPLER_LAZY, request_key
+    cl = LLMClient(embedded_server.url, cache=tmp_path / "c.sqlite", progress=False)
+    cl.key_log = tmp_path / "keys"
+    c = Constraint.choice([" yes", " no"])
+    for t in (0.0, 0.7):
+        cl.complete(["Is Paris in France? Answer:"], temperature=t, max_tokens=2, seed=3, constraint=c)
+    cl.complete(["Is Paris in France? Answer:"], temperature=0.7, max_tokens=2, seed=3)
+    keys = cl.key_log.read_text().split()
+    m, p = cl.resolve_model(), "Is Paris in France? Answer:"
+    assert keys == [request_key("completion", m, p, {"max_tokens": 2, "seed": 3, "temperature": 0.0}, 0, c),
+                    request_key("completion", m, p, {"max_tokens": 2, "seed": 3, "temperature": 0.7}, 0, c, SAMPLER_LAZY),
+                    request_key("completion", m, p, {"max_tokens": 2, "seed": 3, "temperature": 0.7}, 0)]

@@ -1,6 +1,6 @@
 """Tests of kgrag_nb.missing (missing_knowledge_rag.txt): verbatim prompt lines, the JSON parser (hand cases and
 hypothesis fuzzing), multi-KB rules, no leakage, hand-computed metrics, and one `llm` pipeline run on the embedded server."""
-import json
+import json, re
 from pathlib import Path
 
 import pandas as pd
@@ -191,17 +191,123 @@ def test_calibrate_tau_by_hand():
     assert M.calibrate_tau(pairs, "en", grid=(0.3, 0.4, 0.5, 0.75))["tau"] == 0.4  # three ties: the middle one
     with pytest.raises(ValueError, match="positive and negative"):
         M.calibrate_tau(pairs[pairs["label"]], "en")
-    cp = M.calibration_pairs(["One. Two. Three.", "Four."], ["kb one", "kb two", "Four."], "en", seed=0)
+    cp = M.verbatim_pairs(["One. Two. Three.", "Four."], ["kb one", "kb two", "Four."], "en", seed=0)
     assert cp["label"].tolist() == [True, False, True, False]
     assert set(cp.loc[~cp["label"], "context"]) <= {"kb one", "kb two", "Four."} and cp["context"].iloc[3] != "Four."
     assert cp["context"].iloc[2].startswith("Four. ")  # the positive states the item, then a KB chunk
 
 
-def test_tau_constants_are_the_calibration_on_the_data():
-    # the named constants are what calibrate_tau finds on labelled pairs from the mirror (seed 0, 100 items per language)
-    for lang, agreement in (("en", 1.0), ("zh", 0.97)):
+# ---------------------------------------------------------------- tau calibration: intervals and pairs not verbatim
+def test_agreement_ci_is_the_exact_interval_by_hand():
+    """The agreement interval is Clopper-Pearson (scipy's binomtest), not a hand-written or normal interval."""
+    from scipy.stats import beta
+    # k = n: (alpha/2)^(1/n) .. 1; k = 0: 0 .. 1 - (alpha/2)^(1/n)  (closed forms of the exact interval)
+    p, lo, hi = M.agreement_ci([True] * 10)
+    assert p == 1.0 and hi == 1.0 and lo == pytest.approx(0.025 ** (1 / 10), abs=1e-9)  # 0.6915
+    p, lo, hi = M.agreement_ci([False] * 20)
+    assert p == 0.0 and lo == 0.0 and hi == pytest.approx(1 - 0.025 ** (1 / 20), abs=1e-9)  # 0.1684
+    # 9 of 10: beta quantiles Beta(0.025; 9, 2) and Beta(0.975; 10, 1) = 0.975^(1/10)
+    p, lo, hi = M.agreement_ci([True] * 9 + [False])
+    assert p == 0.9 and lo == pytest.approx(beta.ppf(0.025, 9, 2), abs=1e-9) and hi == pytest.approx(0.975 ** 0.1, abs=1e-9)
+    assert round(lo, 4) == 0.5550
+    with pytest.raises(ValueError, match="empty"):
+        M.agreement_ci([])
+
+
+def test_balanced_accuracy_ci_stratified_bootstrap_by_hand():
+    """Balanced accuracy resamples positives and negatives separately (scipy.stats.bootstrap), seeded."""
+    pred, label = [True, True, True, True, False], [True, True, True, False, False]
+    # TPR = 3/3 always; TNR resampled from [wrong, right] is 0, 1/2 or 1, so BA is 0.5, 0.75 or 1: the 95% interval 0.5..1
+    ba, lo, hi = M.balanced_accuracy_ci(pred, label, seed=0)
+    assert (ba, lo, hi) == (0.75, 0.5, 1.0)
+    assert M.balanced_accuracy_ci(pred, label, seed=0) == M.balanced_accuracy_ci(pred, label, seed=0)  # deterministic
+    assert M.balanced_accuracy_ci([True, True, False, False], [True, True, False, False]) == (1.0, 1.0, 1.0)
+    with pytest.raises(ValueError, match="positive and negative"):
+        M.balanced_accuracy_ci([True, False], [True, True])
+
+
+def test_tau_table_by_hand():
+    pairs = pd.DataFrame(dict(gt=["alpha beta gamma delta"] * 4, label=[True, True, False, False],
+                              context=["alpha beta gamma delta x", "alpha beta y", "alpha z", "w"],
+                              kind=["window", "reordered", "random", "same_topic"]))
+    t = M.tau_table(pairs, "en", taus=(0.25, 0.5)).set_index("tau")
+    # tau 0.25: predictions T, T, T, F -> 3 of 4 agree, BA 0.75; tau 0.5: all agree
+    assert t.loc[0.25, "agreement"] == 0.75 and t.loc[0.5, "agreement"] == 1.0 and t.loc[0.25, "balanced_accuracy"] == 0.75
+    assert (t.loc[0.5, "agreement_low"], t.loc[0.5, "agreement_high"]) == M.agreement_ci([True] * 4)[1:]
+    assert t["n"].tolist() == [4, 4]
+    k = M.kind_table(pairs, "en", taus=(0.25,)).set_index("kind")
+    assert k.loc["random", "correct"] == 0.0 and k.loc["window", "correct"] == 1.0 and k.loc["window", "label"]
+
+
+def _sentences_verbatim(row, lang):
+    return any(s in row["context"] for s in M.sentences(row["gt"], lang) if len(s) > 1)
+
+
+def test_hard_pairs_by_hand():
+    """Positives are partial (a window cut at any word, clauses reordered and dropped) and state the answer; negatives
+    never state the item or its answer; the QA-pair form is a diagnostic kind."""
+    gt = "Alpha beta gamma, delta epsilon. Zeta eta theta, kappa lambda mu. Nu xi omicron, pi rho sigma."
+    items = [dict(gt=gt, answers=("kappa lambda",), qa="Q: which? A: kappa lambda", same_topic=["Alpha sigma tau upsilon."])]
+    kb = ["phi chi psi", "omega one two", "kappa lambda three", gt]
+    p = M.hard_pairs(items, kb, "en", seed=0)
+    assert p.set_index("kind")["label"].to_dict() == dict(window=True, reordered=True, qa_pair=True, random=False,
+                                                           same_topic=False)
+    pos = p[p["label"]]
+    assert pos["context"].map(lambda c: "kappa lambda" in c).all()  # every positive states the answer
+    neg = p[~p["label"]]
+    assert not neg["context"].str.contains("kappa lambda").any() and gt not in set(neg["context"])
+    assert p.loc[p["kind"] == "same_topic", "context"].item() == "Alpha sigma tau upsilon."
+    r = p.loc[p["kind"] == "reordered", "context"].item()
+    assert r != gt and set(M.clauses(r)) <= set(M.clauses(gt))  # the item's clauses, some dropped, in another order
+    assert p.equals(M.hard_pairs(items, kb, "en", seed=0))  # seeded
+    # Chinese: the whole reference answer is the answer; clauses split at Chinese punctuation
+    zh = M.hard_pairs([dict(gt="高血压可以吃党参，注意休息。多喝水，少吃盐。", same_topic=["Q: 高血压头痛 A: 多休息"])],
+                      ["Q: 感冒 A: 多喝水", "糖尿病：症状：多饮"], "zh", seed=0)
+    assert zh["kind"].tolist() == ["window", "reordered", "random", "same_topic"] and zh["label"].tolist() == [True, True, False, False]
+    assert M.clauses("高血压可以吃党参，注意休息。多喝水", "zh") == ["高血压可以吃党参，", "注意休息。", "多喝水"]
+
+
+@pytest.fixture(scope="module")
+def tau_pairs():
+    return {(lang, c): M.tau_pairs(lang, c) for lang in ("en", "zh") for c in ("verbatim", "hard")}
+
+
+def test_tau_calibration_pairs_are_not_verbatim_by_construction(tau_pairs):
+    """Before, every calibration positive held half of the GT item's sentences verbatim (agreement guaranteed by
+    construction); the calibration now has partial / reordered positives and same-topic hard negatives."""
+    for lang in ("en", "zh"):
+        old, new = tau_pairs[(lang, "verbatim")], tau_pairs[(lang, "hard")]
+        # the old construction: a positive holds its sampled sentences verbatim (short of a one-character "sentence")
+        assert old[old["label"]].apply(_sentences_verbatim, axis=1, lang=lang).mean() >= 0.99
+        cal = new[new["kind"].isin(M.CALIBRATION_KINDS)]
+        pos = cal[cal["label"]]
+        no_verbatim = ~pos.apply(_sentences_verbatim, axis=1, lang=lang)
+        assert no_verbatim.mean() >= 0.3, (lang, no_verbatim.mean())
+        assert set(cal["kind"]) == set(M.CALIBRATION_KINDS) and cal["label"].any() and (~cal["label"]).any()
+        assert (cal["kind"] == "same_topic").sum() >= 90  # a same-article / same-subject negative for (nearly) every item
+    assert set(tau_pairs[("en", "hard")]["kind"]) - set(M.CALIBRATION_KINDS) == {"qa_pair"}
+
+
+def test_tau_constants_are_the_calibration_on_the_data(tau_pairs):
+    # the named constants are what calibrate_tau finds on the hard pairs from the mirror (seed 0, 100 items per language)
+    for lang in ("en", "zh"):
         c = M.tau_calibration(lang)
-        assert c["tau"] == M.TAU[lang] and round(c["agreement"], 3) == agreement and c["n_pos"] == c["n_neg"] == 100
+        assert c["tau"] == M.TAU[lang] and c["n_pos"] >= 180 and c["n_neg"] >= 180
+        cal = tau_pairs[(lang, "hard")]
+        assert c == M.calibrate_tau(cal[cal["kind"].isin(M.CALIBRATION_KINDS)], lang)
+    ba = M.tau_before_after(taus=(M.TAU_EN,), pairs=tau_pairs)
+    assert set(ba["pairs"]) == {"verbatim", "hard"} and set(ba["lang"]) == {"en", "zh"} and len(ba) == 4
+    assert (ba["agreement_low"] <= ba["agreement"]).all() and (ba["balanced_accuracy"] <= ba["balanced_accuracy_high"]).all()
+    lines = M.calibration_lines({"en": M.TAU_EN, "zh": M.TAU_ZH}, pairs=tau_pairs)
+    assert len(lines) == 2 and lines[0].startswith("token-recall judge, en: tau=0.35") and "95% CI" in lines[0]
+    assert "qa_pair credited" in lines[0] and "qa_pair" not in lines[1]  # the diagnostic kind, reported beside
+
+    class Run:  # what an artefact passes: anything with record_note
+        notes = []
+        def record_note(self, text): self.notes.append(text)
+    run = Run()
+    got = M.record_calibration(run, {"tau": 0.5}, ("en",), pairs=tau_pairs)  # a profile's scalar tau
+    assert run.notes == got and len(got) == 1 and got[0].startswith("token-recall judge, en: tau=0.5, agreement")
 
 
 def test_judges_labelled_llm_under_paper_headers():
@@ -501,3 +607,43 @@ class _Recorder(_StubClient):
     def complete(self, prompts, **kw):
         self.prompts.append(list(prompts))
         return super().complete(prompts, **kw)
+
+
+_TYPED_FIGURE = re.compile(r"\d+\.\d+\s?%|\b\d+\s+(?:NQ |medical )?pairs\b|agreement\s+\d")
+
+
+def _recall_section_prose(cells):
+    "Markdown and code comments of the context-recall section (its heading to the next `## ` heading)."
+    out, on = [], False
+    for c in cells:
+        s = "".join(c["source"])
+        if c["cell_type"] == "markdown" and s.startswith("## "): on = s.startswith("## Context recall")
+        if not on: continue
+        out += [s] if c["cell_type"] == "markdown" else [l.split("#", 1)[1] for l in s.splitlines() if "#" in l]
+    return out
+
+
+def test_no_typed_calibration_figures_in_prose():
+    """The tau comments and the prose around them cited hand-typed agreement figures ("agreement 100.0% on 200 NQ
+    pairs"); the figures are cell outputs now (`tau_before_after`, `kind_table`, `calibration_lines`)."""
+    root = Path(__file__).resolve().parents[1]
+    cells = json.loads((root / "nbs" / "18_missing.ipynb").read_text(encoding="utf-8"))["cells"]
+    prose = _recall_section_prose(cells)
+    assert prose and any("TAU_EN" in p or "tau" in p for p in prose)
+    assert not [m.group(0) for p in prose for m in _TYPED_FIGURE.finditer(p)]
+    tau_lines = [l for c in cells for l in "".join(c["source"]).splitlines() if l.startswith(("TAU_EN =", "TAU_ZH ="))]
+    assert len(tau_lines) == 2 and not any(re.search(r"\d", l.split("#", 1)[1]) for l in tau_lines)
+    for name in ("misk_fig3", "misk_table3", "misk_table4"):
+        nb = json.loads((root / "nbs" / "studies" / f"{name}.ipynb").read_text(encoding="utf-8"))
+        md = [m for c in nb["cells"] if c["cell_type"] == "markdown" for m in _TYPED_FIGURE.findall("".join(c["source"]))]
+        code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+        assert not md and "misk.record_calibration(run, settings" in code, name  # the calibration computed in the artefact
+
+
+def test_the_missing_knowledge_block_is_written_in_fig5_order():
+    "The constrained block writes `thought` first, as Fig. 5 prints it (the grammar follows the schema's order, not sorted keys)."
+    from kgrag_nb.llm import constraint_gbnf
+    g = constraint_gbnf(M.MISSING_JSON)
+    rule = next(l for l in g.splitlines() if "thought-kv" in l and "judge-kv" in l)
+    assert rule.index("thought-kv") < rule.index("judge-kv") < rule.index("missing-knowledge-kv") < rule.index("query-kv"), rule
+    assert "alphabetical" not in M.DECODING_DEVIATIONS["constrained"]
