@@ -408,14 +408,19 @@ def _run_env(cfg, root) -> dict:
     return env
 
 
+def _sleeper_project(tmp_path, body: str):
+    "A project of one artefact notebook `sleeper` whose cell is `body`; (root, config)."
+    root = tmp_path / "proj"
+    _notebook(root / "nbs/studies/sleeper.ipynb", [("code", PARAMS, ["parameters"]), ("code", body, [])])
+    (root / "studies.yaml").write_text("artifacts:\n  sleeper: {paper: p, title: t, notebook: nbs/studies/sleeper.ipynb, profiles: {smoke: {n: 1}}}\n")
+    return root, _tmp_cfg(tmp_path, root=root)
+
+
 @pytest.mark.parametrize("how", ["cli-sigterm", "api-sigterm", "api-sigint"])
 def test_an_interrupted_run_is_recorded_as_interrupted_with_the_usage_so_far(tmp_path, how):
     "A real `kgrag reproduce` (or `reproduce()`) process stopped by SIGTERM or Ctrl-C mid-notebook: the manifest says"
     " `interrupted`, with the usage the notebook recorded and the wall time, the kernel is stopped, the CLI exits 143."
-    root = tmp_path / "proj"
-    _notebook(root / "nbs/studies/sleeper.ipynb", [("code", PARAMS, ["parameters"]), ("code", _SLEEPER, [])])
-    (root / "studies.yaml").write_text("artifacts:\n  sleeper: {paper: p, title: t, notebook: nbs/studies/sleeper.ipynb, profiles: {smoke: {n: 1}}}\n")
-    cfg = _tmp_cfg(tmp_path, root=root)
+    root, cfg = _sleeper_project(tmp_path, _SLEEPER)
     if how.startswith("cli"):
         argv = [sys.executable, "-c", "import sys; from kgrag_nb.cli import main; sys.exit(main(sys.argv[1:]))",
                 "reproduce", "--profile", "smoke", "--run-id", "r1"]
@@ -714,10 +719,7 @@ def test_a_sigkilled_run_is_marked_abandoned_by_the_next_run_and_the_runs_listin
     " runner's pid and start time; the next run (any id, and the same id, which it refuses) and the runs listing mark it"
     " `abandoned` once that process is gone."
     from kgrag_nb.report import list_runs
-    root = tmp_path / "proj"
-    _notebook(root / "nbs/studies/sleeper.ipynb", [("code", PARAMS, ["parameters"]), ("code", _KILLED, [])])
-    (root / "studies.yaml").write_text("artifacts:\n  sleeper: {paper: p, title: t, notebook: nbs/studies/sleeper.ipynb, profiles: {smoke: {n: 1}}}\n")
-    cfg = _tmp_cfg(tmp_path, root=root)
+    root, cfg = _sleeper_project(tmp_path, _KILLED)
     argv = [sys.executable, "-c", "from kgrag_nb.reproduce import reproduce; reproduce(profile='smoke', run_id='r1', progress=False)"]
     proc = subprocess.Popen(argv, env=_run_env(cfg, root), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     started = cfg.runs_dir / "r1" / "started.txt"
