@@ -12,7 +12,7 @@ from .metrics import acc_r, percent_cis
 import zlib
 from .baselines import (closed_book, no_rag_prompt, parse_short_answer, SHORT_ANSWER, DECODINGS, REFORMAT_SHORT,
                                 check_decoding)
-from .decoding import Restatement, decode
+from .decoding import SAMPLER_NOTE, Restatement, decode
 from .datasets import load_qa, load_kg, topic_in_kg, mid_to_fb15k
 from .retrieval import embed
 from .backends import LocalBackend, bench_relation_retrieval
@@ -744,7 +744,7 @@ DECODING_DEVIATION = {  # listed by `study_deviations` only when the run did not
                    "formats (Step 1 and QA-probing: a non-empty one-line short answer, `SHORT_ANSWER`; NLI: the choice ' True' / "
                    "' False', `PROBE_VERDICT`), a llama.cpp grammar on the embedded model; the paper decodes freely "
                    "(`decoding = \"free\"`, the full profile). The ten No-RAG samples and the awakening answers are decoded freely "
-                   "in every mode, so the No-RAG and knowledge rows of Hits@k are decoded alike.",
+                   "in every mode, so the No-RAG and knowledge rows of Hits@k are decoded alike." + " " + SAMPLER_NOTE,
     "decoupled": "Decoding: decoupled. Each Step 1 and probing answer is generated freely as in the paper, then a second, greedy "
                  "pass bound by the declared format (`SHORT_ANSWER`, `PROBE_VERDICT`) restates it after the prompt, the free answer "
                  "and one line asking for the format (`REFORMAT`); its restatement is parsed. The paper decodes freely; the ten "

@@ -53,7 +53,7 @@ SHORT_ANSWER = Constraint.regex(r" ?[^ \t\n\r][^\n]*\n?")
 
 # %% ../nbs/09_baselines.ipynb #b104
 from .llm import DECODINGS, check_decoding  # one list of decodings and one check for every study
-from .decoding import Restatement, decode  # one decode for every study: free, constrained, decoupled
+from .decoding import SAMPLER_NOTE, Restatement, decode  # one decode for every study: free, constrained, decoupled
 # decoupled's second pass for a short answer (ours): one line after the free answer asking to restate it in the format
 REFORMAT_SHORT = Restatement("\n- Restate the short answer above on one line:")
 
@@ -135,7 +135,7 @@ DEVIATIONS = [  # of the closed-book protocol from awakening_unseen_entity_kgqa.
 DECODING_DEVIATION = {  # listed by `closed_book_deviations` only when Step 1 was not decoded freely
     "constrained": "Decoding: constrained. Step 1's three closed-book answers (Eq. 6) are decoded under their declared format "
                    "(a non-empty one-line short answer, `SHORT_ANSWER`), a llama.cpp grammar on the embedded model; the paper "
-                   "decodes freely (`decoding = \"free\"`). The ten Hits@k samples are decoded freely in every mode.",
+                   "decodes freely (`decoding = \"free\"`). The ten Hits@k samples are decoded freely in every mode." + " " + SAMPLER_NOTE,
     "decoupled": "Decoding: decoupled. Each Step 1 answer is generated freely as in the paper, then a second, greedy pass bound "
                  "by `SHORT_ANSWER` restates it after the prompt, the free answer and `REFORMAT_SHORT`; its restatement is "
                  "parsed. The paper decodes freely; the ten Hits@k samples are decoded freely in every mode.",

@@ -310,7 +310,7 @@ def sentence_spans(text: str) -> list[str]:  # knowledge text
 VERDICT_TOKENS, FEATURE_TOKENS, RELATION_TOKENS = 3, 48, 64  # ours: generation budgets (completion model)
 
 from .llm import DECODINGS, check_decoding  # one list of decodings and one check for every study
-from .decoding import Restatement, decode  # one decode for every study
+from .decoding import SAMPLER_NOTE, Restatement, decode  # one decode for every study
 
 # ours (decoupled decoding): appended to original prompt + free output (after a newline), then the constrained continuation
 REFORMAT = {k: Restatement("\n" + line) for k, line in {
@@ -967,8 +967,9 @@ DECODING_DEVIATION = ("Decoding ({decoding}): the paper decodes freely; here the
     "The feature formats cap nothing App. A admits (any number of keywords and relations, two keywords per relation).")
 
 def deviations(decoding: str = "free") -> list[str]:  # the run's decoding (run_info['decoding'])
-    "`DEVIATIONS`, plus the decoding line when `decoding` is not free."
-    return DEVIATIONS + ([DECODING_DEVIATION.format(decoding=check_decoding(decoding))] if decoding != "free" else [])
+    "`DEVIATIONS`, plus the decoding line when `decoding` is not free (constrained: the judges sample, `SAMPLER_NOTE`)."
+    line = DECODING_DEVIATION.format(decoding=check_decoding(decoding)) + (" " + SAMPLER_NOTE if decoding == "constrained" else "")
+    return DEVIATIONS + ([line] if decoding != "free" else [])
 
 
 # %% ../nbs/19_coe.ipynb #rl01

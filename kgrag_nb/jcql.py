@@ -331,7 +331,7 @@ def parse_step(text: str,  # the completion after 'Thought i:'
 # "constrained" restricts each parsed output to its format (a `Constraint` next to its parser); "decoupled" decodes
 # freely first, then a second, constrained call only restates the free text in the required format.
 from .llm import DECODINGS, check_decoding  # one list of decodings and one check for every study
-from .decoding import Restatement, adecode, decode  # one decode for every study
+from .decoding import SAMPLER_NOTE, Restatement, adecode, decode  # one decode for every study
 # ours (decoupled): the restatement line, then the label the output follows ('Thought 3:', 'Answers:', 'Related relations:', '1.')
 REFORMAT = Restatement("\n\nRestate the text above in the format of the example, without changing its content.\n", repeat_label=True)
 
@@ -1258,7 +1258,7 @@ DEVIATIONS = [  # of the agent side of JCQL (jcql_joint_kbc_kbqa.txt §3.2-3.4, 
     "A step without a valid action gets ReAct's 'Invalid action' observation and counts as a parse failure; a trajectory without Finish within L steps has no answer (Hits@1 = 0).",
     "IO, CoT, SC and ToG prompts are ours (the paper prints none); SC votes over 5 CoT samples; the ToG row is a ToG-style beam explorer of the KG-QA layer (depth 2, width 3), not ToG's code.",
     "Parse: 'filter the incorrect predicted answers with the corresponding observations' is read as dropping every observed triple that mentions a wrong predicted answer; BFS is undirected with neighbours in triple order and starts from every topic entity of E_q (the shortest path per answer is kept); P_q falls back to the BFS path triples when Prompt 7 selects no known triple (counted).",
-    "Algorithm 1 runs on a few training questions whose topic entity is in the KB slice: first those with a topic → answer path of at most `path_hops` triples in the complete slice ('Setting Details' guarantees a path; `path_questions`), then the rest of a seeded pool, each group with Fig. 2 special triples first; the KBQA test then uses the fine-tuned SLM (§3.4). Taking short-path questions first is our choice, not the paper's (its data guarantees a path of any length and it trains in the data's order): at smoke (`path_hops` 1) it favours the easiest questions, so P_q and Fig. 5 lean optimistic.",
+    "Algorithm 1 runs on a few training questions whose topic entity is in the KB slice: first those with a topic → answer path of at most `path_hops` triples in the complete slice ('Setting Details' guarantees a path; `path_questions`), then the rest of a seeded pool, each group with Fig. 2 special triples first; the KBQA test then uses the fine-tuned SLM (§3.4). Taking short-path questions first is our choice, not the paper's (its data guarantees a path of any length and it trains in the data's order): at smoke (`path_hops` 1) it favours the easiest questions, so P_q and Fig. 5 lean optimistic; `--set path_hops=0` trains in the paper's order.",
     "Fig. 2 adds an 'oracle paths' row (the SLM fine-tuned on the special triples themselves) and Fig. 5 uses those oracle paths when the agent's P_q are empty (recorded in `paths_from`).",
     "IncFineTune fine-tunes on path triples whose head and tail are KB entities (others, e.g. generated names outside the KB, are dropped and counted); replay triples are drawn without replacement within one update.",
     "The agent's L is the paper's 10 only in the full profile; tiny and smoke cap it (the experiment's `max_steps` parameter, shown with every table).",
@@ -1266,7 +1266,7 @@ DEVIATIONS = [  # of the agent side of JCQL (jcql_joint_kbc_kbqa.txt §3.2-3.4, 
 ]
 # listed only when the run's decoding is not the paper's free decoding
 DECODING_DEVIATION = {
-    "constrained": "Decoding is constrained (tiny/smoke): every parsed output (each ReAct step, with only the enabled actions, Prompts 3-7, the CoT/IO answers) is restricted to its format by a llama.cpp grammar, while the paper decodes freely.",
+    "constrained": "Decoding is constrained (tiny/smoke): every parsed output (each ReAct step, with only the enabled actions, Prompts 3-7, the CoT/IO answers) is restricted to its format by a llama.cpp grammar, while the paper decodes freely. " + SAMPLER_NOTE,
     "decoupled": "Decoding is decoupled: each parsed output is decoded freely, then a second, constrained call restates the free text in the required format (the paper decodes freely, once).",
 }
 
