@@ -600,3 +600,10 @@ def test_scopecoe_reports_what_phase_1_kept_of_the_pool():
     rows = coe.answer_usability(ByPrompt(" Delhi"), ByPrompt(" Delhi"), jobs, seeds=[0])
     t = coe.usability_table(rows.assign(model="m")).set_index("method")
     assert t.loc["RAG+ScopeCoE", "phase1_kept"] == 4 and t.loc["RAG+ScopeCoE", "pool"] == 3.5 and pd.isna(t.loc["RAG", "phase1_kept"])
+
+
+def test_constrained_deviation_states_the_lowercase_yes_no():
+    "The yes/no formats admit lower case only while the authors' judge rule is case-insensitive: the deviation says so."
+    line = coe.deviations("constrained")[-1]
+    assert "lower case only" in line and "any case" in line and coe.VERDICT.value == (" yes", " no")
+    assert coe.judge_verdict(" Yes") and coe.judge_verdict(" yes")  # the authors' rule (coe_upstream_prompts.txt §5)
