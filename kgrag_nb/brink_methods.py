@@ -31,7 +31,7 @@ from .papers import compare, paper_claims, paper_numbers
 from .rules import APP_A2, mine_rules_cached
 from .brink import Benchmark, evaluate, failure_analysis, load_benchmark, build_benchmark, BRINK_TAU, DECODINGS, check_decoding
 from .llm import Constraint
-from .decoding import SAMPLER_NOTE, Restatement
+from .decoding import Restatement
 
 # %% auto #0
 __all__ = ['BRINK_METHODS', 'BRINK_SETTINGS', 'METHOD_FAMILIES', 'BENCHMARK_DEVIATIONS', 'DEVIATIONS', 'LLM_ONLY_PROMPT',
@@ -728,7 +728,7 @@ def decoding_note(setup: dict) -> str:  # the experiment's setup (`decoding` abs
            "under their formats (ANSWER_LIST, relation_paths_constraint, steps_constraint) by a second, greedy request")
     return (f" Decoding: {dec} ({how}); BRINK decodes freely. A plan or pruning that names no listed relation cannot occur, so "
             "the retrieval failures App. J analyses (and Fig. 3's retrieval step) are those of a model held to the listed "
-            "relations: run `--set decoding=free` for App. J as the paper measures it." + (" " + SAMPLER_NOTE if dec == "constrained" else ""))
+            "relations: run `--set decoding=free` for App. J as the paper measures it.")
 
 SETTING_COLORS = {"complete": "#d62728", "incomplete": "#1f77b4"}  # BRINK Fig. 1-2: complete red, incomplete blue
 

@@ -143,13 +143,14 @@ def test_restatement_plans_are_pure():
 
 
 def test_studies_whose_constrained_steps_sample_name_the_sampler():
-    "Awakening (Step 1 and probing at drawn temperatures), JCQL (0.7), CoE (the judges at 0.1) and BRINK say, when constrained,"
-    " that their sampled constrained answers come from the embedded server's lazy sampler."
+    "Awakening (Step 1 and probing at drawn temperatures), JCQL (0.7) and CoE (the judges at 0.1) say, when constrained, that"
+    " their sampled constrained answers come from the embedded server's lazy sampler; BRINK decodes at temperature 0 (App. F)."
     from kgrag_nb.decoding import SAMPLER_NOTE
     lines = {"awakening Step 1": baselines.closed_book_deviations("constrained"),
              "awakening": awaken.study_deviations({"params": {"decoding": "constrained"}}),
              "jcql": jcql.deviations({"decoding": "constrained"}),
-             "coe": coe.deviations("constrained"), "brink": [brink_methods.decoding_note(dict(decoding="constrained"))]}
+             "coe": coe.deviations("constrained")}
     missing = [k for k, v in lines.items() if not any(SAMPLER_NOTE in x for x in v)]
     assert not missing, missing
     assert not any(SAMPLER_NOTE in x for x in coe.deviations("decoupled"))  # restatements are greedy: nothing sampled
+    assert SAMPLER_NOTE not in brink_methods.decoding_note(dict(decoding="constrained"))  # greedy: nothing sampled
