@@ -8,17 +8,15 @@ import ast, gzip, json, pickle, random, re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
-from urllib.parse import urlparse
 
 import jieba, pyCMeKG
 from sacrebleu.metrics import BLEU
 import numpy as np, pandas as pd
 from matplotlib.figure import Figure
 
-from .config import EMBEDDED_MODEL_ALIAS, Config, get_config
+from .config import Config, get_config
 from .datasets import fetch, load_corpus, read_json_records
 from .llm import LLMClient, Constraint
-from .serve import LOOPBACK, free_port, served_models
 from . import papers
 from .reproduce import StudyRun
 from .stats import judge_signal
@@ -1399,15 +1397,9 @@ def fig3_data(preds: pd.DataFrame) -> pd.DataFrame:
 def generator(run,  # an ExperimentRun / StudyRun
               n_ctx: int,  # context window of the embedded server (ignored for an external endpoint)
              ):
-    "The run's LLM client; an embedded server is started with `n_ctx` tokens of context (also when the runner's"
-    " embedded server, started with the configured `embedded_n_ctx`, has another window); other endpoints are used as given."
-    url = run.llm_url
-    if url and urlparse(url).hostname in LOOPBACK and EMBEDDED_MODEL_ALIAS in (served_models(url) or []) \
-            and run.cfg.embedded_n_ctx != int(n_ctx):
-        run.llm_url = None  # the runner's embedded server has the config's window, not ours: start our own
-    if run.llm_url is None and getattr(run, "_server", None) is None:
-        run.cfg = replace(run.cfg, embedded_n_ctx=int(n_ctx), embedded_port=free_port())
-    return run.llm()
+    "The run's LLM client; an embedded server has `n_ctx` tokens of context (the run starts one when the runner's"
+    " embedded server has another window: `StudyRun.llm`); other endpoints are used as given."
+    return run.llm(n_ctx=int(n_ctx))
 
 def judge_client(run, gen_client, judge_url: str | None, judge_model: str | None, profile: str):
     "(client, description) of the context-recall judge: its own endpoint when given; the generator only below `full`."

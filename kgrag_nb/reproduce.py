@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast, fnmatch, hashlib, json, math, os, pickle, re, shutil, signal, socket, stat, subprocess, sys, tempfile, threading, time, uuid
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -18,10 +18,10 @@ from jupyter_client.manager import AsyncKernelManager
 from tqdm.auto import tqdm
 from traitlets import CaselessStrEnum, default
 
-from .config import PROFILES, Config, get_config
+from .config import EMBEDDED_MODEL_ALIAS, PROFILES, Config, get_config
 from .datasets import dataset_checksums
 from .llm import LLMClient, _own_start_time, check_decoding, process_alive
-from .serve import STUB_MODEL, STUB_NOTE, EmbeddedServer
+from .serve import LOOPBACK, STUB_MODEL, STUB_NOTE, EmbeddedServer, free_port, served_models
 
 # %% auto #0
 __all__ = ['MAX_REGISTRY_BYTES', 'MAX_REGISTRY_NODES', 'SAFE_ID', 'RUNNER_PARAMETERS', 'STUDY_PARAMETERS', 'FIXED_PDF_METADATA',
@@ -472,8 +472,13 @@ class StudyRun:
                    model=g.get("model"), seed=int(params.get("seed", 0) or 0), cfg=cfg,
                    experiment_dirs=g.get("experiment_dirs"), profile=params["profile"])
 
-    def llm(self, **kwargs):
+    def llm(self,
+            n_ctx: int | None = None,  # the embedded server's context window (None: the configured `embedded_n_ctx`)
+            **kwargs):  # `LLMClient.from_config` arguments
         "An `LLMClient` on this run's endpoint (starting the embedded server when none is given), with the shared cache."
+        " With `n_ctx`, an embedded server of that window: the runner's embedded server, started with the configured"
+        " window, is not used when the windows differ (one is started on a free port)."
+        if n_ctx is not None: self._embedded_window(int(n_ctx))
         url = self.llm_url
         if url is None:
             self._server = self._server or EmbeddedServer(self.cfg).start()
@@ -487,6 +492,15 @@ class StudyRun:
         self._hook_usage()
         if self.run_dir: client.on_usage.append(lambda _: self._write_usage())  # also while a cell runs: a killed kernel keeps its count
         return client
+
+    def _embedded_window(self, n_ctx: int):
+        "Use an embedded server with `n_ctx` tokens of context: drop a loopback embedded endpoint of another window."
+        url = self.llm_url
+        if (url and urlsplit(url).hostname in LOOPBACK and EMBEDDED_MODEL_ALIAS in (served_models(url) or [])
+                and self.cfg.embedded_n_ctx != n_ctx):
+            self.llm_url = None  # the runner's embedded server has the config's window, not this one
+        if self.llm_url is None and self._server is None:
+            self.cfg = replace(self.cfg, embedded_n_ctx=n_ctx, embedded_port=free_port())
 
     def _hook_usage(self):
         "Inside a kernel of a reproduction run, write the LLM usage after every cell (a failing cell included)."

@@ -345,3 +345,10 @@ def test_every_library_notebook_opens_with_a_title_and_a_summary():
         if cell["cell_type"] != "markdown" or not lines or not lines[0].startswith("# ") or not any(l.startswith("> ") for l in lines[1:4]):
             bad.append(nb.name)
     assert not bad, f"notebooks without a title and summary cell first: {bad}"
+
+
+def test_no_study_module_imports_the_server_layer():
+    "A study asks for its client through the run (`StudyRun.llm`, `n_ctx` included), never through `serve`."
+    studies = next(layer for layer in LAYERS if isinstance(layer, dict))
+    bad = [(m, line) for mods in studies.values() for m in mods for name, _, line in IMPORTS[m] if _internal(name) == "serve"]
+    assert not bad, f"study modules importing kgrag_nb.serve (module, line): {bad}"

@@ -843,3 +843,19 @@ def test_kernels_talk_over_private_ipc_sockets_without_the_tcp_warning(tmp_path)
     assert live and "without encryption" not in stderr, stderr[:300]
     assert not list(kernel_socket_dir().glob(Path(km.ip).name + "-*"))  # the sockets go with the kernel
     assert stat.S_IMODE(kernel_socket_dir().stat().st_mode) == 0o700 and kernel_socket_dir().stat().st_uid == os.getuid()
+
+
+@pytest.mark.llm
+def test_a_run_asks_for_an_embedded_window_through_its_own_llm(tmp_path, embedded_server):
+    "`StudyRun.llm(n_ctx=...)`: the runner's embedded server is used when its window is the one asked for; another window"
+    " drops it and starts one of that window on a free port (what MisK's generator needs, without a study importing `serve`)."
+    from kgrag_nb.config import get_config
+    from kgrag_nb.reproduce import StudyRun
+    cfg = get_config(figures_dir=tmp_path / "figures")
+    same = StudyRun("art", params={"profile": "smoke"}, llm_url=embedded_server.url, cfg=cfg)
+    same._embedded_window(cfg.embedded_n_ctx)
+    assert same.llm_url == embedded_server.url and same.cfg.embedded_n_ctx == cfg.embedded_n_ctx
+    other = StudyRun("art", params={"profile": "smoke"}, llm_url=embedded_server.url, cfg=cfg)
+    other._embedded_window(cfg.embedded_n_ctx * 2)
+    assert other.llm_url is None and other.cfg.embedded_n_ctx == cfg.embedded_n_ctx * 2
+    assert other.cfg.embedded_port != cfg.embedded_port
