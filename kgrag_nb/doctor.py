@@ -17,6 +17,7 @@ from .config import Config, get_config
 from .datasets import _MIRROR, cached_sha256
 from .hooks import subcommand
 from .llm import LLMClient
+from .reproduce import redact_url, url_secrets
 from .serve import LOOPBACK, EmbeddedServer, free_port
 
 # %% auto #0
@@ -46,21 +47,22 @@ _AUTH_SCHEME = re.compile(r"\b(Basic|Bearer)\s+[A-Za-z0-9+/=._~-]{6,}", re.I)
 _B64 = re.compile(r"[A-Za-z0-9+/_-]{8,}={0,2}")
 
 def redact_url_all(url: str | None) -> str | None:
-    "`url` without `user:password@` and with the value of every query (and fragment) parameter replaced by `***`."
+    "`url` without `user:password@` (`reproduce.redact_url`) and with the value of every query (and fragment) parameter"
+    " replaced by `***`."
     if not url: return url
     hide = lambda s: re.sub(r"=[^&;#]*", "=***", s)
+    url = redact_url(url)
     try: parts = urlsplit(url)
-    except ValueError:  # e.g. an unclosed `[` of an IPv6 host: cut the userinfo by hand, hide every value
-        return hide(re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*:)?//[^/?#]*@", r"\1//", url))
-    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1], query=hide(parts.query), fragment=hide(parts.fragment)))
+    except ValueError: return hide(url)  # e.g. an unclosed `[` of an IPv6 host: hide every value
+    return urlunsplit(parts._replace(query=hide(parts.query), fragment=hide(parts.fragment)))
 
 def _url_secrets(value: str) -> list[str]:
-    "The userinfo, password and query values of every URL in `value`."
+    "The userinfo and password (`reproduce.url_secrets`) and the query values of every URL in `value`."
     out = []
     for m in _URL.finditer(value):
+        out += url_secrets(m.group(0))
         try: parts = urlsplit(m.group(0))
         except ValueError: continue
-        if "@" in parts.netloc: out += [parts.netloc.rsplit("@", 1)[0], parts.password or ""]
         out += [v for _, v in parse_qsl(parts.query, keep_blank_values=True)] + [v for _, v in parse_qsl(parts.fragment)]
     return out
 

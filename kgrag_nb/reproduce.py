@@ -32,7 +32,7 @@ __all__ = ['MAX_REGISTRY_BYTES', 'MAX_REGISTRY_NODES', 'SAFE_ID', 'RUNNER_PARAME
            'ExperimentRun', 'effective_parameters', 'llm_identity', 'plan_experiments', 'kernel_socket_dir',
            'NiceKernelManager', 'run_notebook', 'ensure_experiment', 'check_parameter_range', 'check_overrides',
            'git_sha', 'new_run_id', 'mark_abandoned', 'mark_abandoned_runs', 'check_run_id', 'redact_url',
-           'scrub_secrets', 'config_environment', 'check_run_options', 'reproduce']
+           'url_secrets', 'scrub_secrets', 'config_environment', 'check_run_options', 'reproduce']
 
 # %% ../nbs/07_reproduce.ipynb #c005
 @dataclass
@@ -902,7 +902,7 @@ def redact_url(url: str | None) -> str | None:
     if "@" not in parts.netloc: return url
     return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
 
-def _url_secrets(url: str | None) -> list[str]:
+def url_secrets(url: str | None) -> list[str]:
     "What a URL's userinfo holds, for scrubbing written files: `user:password` whole, the password, and its percent-decoded form."
     if not url: return []
     try: parts = urlsplit(url)
@@ -1266,7 +1266,7 @@ def reproduce(profile: str | None = None,  # `tiny`, `smoke` or `full` (default:
     manifest = _new_manifest(run_id, profile, only, jobs, llm_url, overrides, applies, cfg)
     write_json_atomic(run_dir / "manifest.json", manifest)  # a killed run still names its profile
     t0 = time.time()
-    secrets = [os.environ.get(cfg.api_key_env, ""), *_url_secrets(llm_url)]
+    secrets = [os.environ.get(cfg.api_key_env, ""), *url_secrets(llm_url)]
     st = _Run(cfg, profile, run_dir, cell_timeout, overrides, plan, jobs,
               server=EmbeddedServer(cfg) if needs_llm and not llm_url else None)  # owned: its watchdog reports a death
     signals = []  # SIGTERMs received

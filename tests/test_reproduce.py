@@ -384,7 +384,7 @@ def test_a_server_killed_with_sigill_stops_the_run_names_the_signal_and_a_rerun_
 import re, signal, subprocess, sys, time
 from urllib.parse import quote
 import kgrag_nb.reproduce as rp
-from kgrag_nb.reproduce import _url_secrets, write_json_atomic
+from kgrag_nb.reproduce import url_secrets, write_json_atomic
 
 _SLEEPER = '''import json, os, time
 from pathlib import Path
@@ -494,14 +494,14 @@ def test_endpoint_and_model_are_checked_before_the_run_folder_is_made(tmp_path):
        raw=st.booleans())
 def test_redact_url_drops_a_password_holding_at_colon_slash_percent(user, core, raw):
     "The userinfo ends at the last `@`: whatever the password holds, it never shows in the redacted URL, and scrubbing"
-    " a file with `_url_secrets` removes it."
+    " a file with `url_secrets` removes it."
     password = "Q" + core + "Q"  # `Q` is in no part of the bare URL, so `password in ...` cannot hold by accident
     written = quote(password, safe="@:%") if raw else quote(password, safe="")  # raw `@ : %` as users type them, or encoded
     url = f"http://{quote(user, safe='')}:{written}@127.0.0.1:9/v1"
     red = redact_url(url)
     assert red == "http://127.0.0.1:9/v1", (url, red)
     assert password not in red and written not in red
-    assert written in _url_secrets(url)
+    assert written in url_secrets(url)
 
 
 def test_a_password_holding_at_never_reaches_the_run_folder(tmp_path, monkeypatch):
