@@ -78,6 +78,7 @@ LAYERS = [
     ["bench", "doctor"],
     ["plan"],
     ["claims"],
+    ["export", "bundle"],
     ["cli"],
 ]
 
