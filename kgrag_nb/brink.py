@@ -251,6 +251,7 @@ QUESTION_LINE = Constraint.regex(r"(?:[^\n?]{0,80}\n){0,4}Output:\n[A-Z0-9][^\n?
 # %% ../nbs/12_brink.ipynb #c032b
 from .llm import DECODINGS, check_decoding  # one list of decodings and one check for every study
 from .decoding import Restatement, decode  # one decode for every study
+from .store import read_jsonl, write_jsonl
 # decoupled's second pass (ours): one line after the free output asking to restate it in the format `QUESTION_LINE` enforces
 QG_REFORMAT = Restatement("\nRestate the question above.\n")
 
@@ -421,9 +422,7 @@ def build_benchmark(kg: KG,  # the complete KG
                             columns=["index", "type", "rule", "support", "head_coverage", "std_confidence", "pca_confidence"]),
                out / "rules.tsv", header=True)
     for s in SPLITS:
-        with open(out / f"{s}.jsonl", "w", encoding="utf-8") as fh:
-            for r in recs:
-                if r["split"] == s: fh.write(json.dumps(r, ensure_ascii=False) + "\n")
+        write_jsonl(out / f"{s}.jsonl", [r for r in recs if r["split"] == s])
     files = ["complete_kg.tsv", "incomplete_kg.tsv", "removed_triples.tsv", "entities.tsv", "relations.tsv", "rules.tsv",
              *[f"{s}.jsonl" for s in SPLITS]]
     gen = [r for r in recs if r.get("question")]
@@ -455,21 +454,6 @@ def build_benchmark(kg: KG,  # the complete KG
 # %% ../nbs/12_brink.ipynb #c045
 BENCHMARK_FILES = ("complete_kg.tsv", "incomplete_kg.tsv", "entities.tsv", "relations.tsv", "datasheet.json")
 
-def _read_jsonl(path: Path, what: str = "record") -> list[dict]:
-    "Records of a JSONL file; errors name the file and line number."
-    out = []
-    with open(path, encoding="utf-8") as fh:
-        for i, line in enumerate(fh, 1):
-            if not line.strip(): continue
-            try: rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: line {i} is not valid JSON ({e.msg}); each line must be one JSON object") from None
-            if not isinstance(rec, dict):
-                raise ValueError(f"{path}: line {i} is a JSON {type(rec).__name__}, not an object; write one {what} object per line")
-            rec["_line"] = i
-            out.append(rec)
-    return out
-
 def _check_questions(recs: list[dict], where: str) -> list[dict]:
     "Question records with str ids and non-empty answers; errors name `where` and the line (or position)."
     out = []
@@ -494,9 +478,9 @@ def load_questions(path) -> list[dict]:  # benchmark folder, or one JSONL file o
         files = [path / f"{s}.jsonl" for s in SPLITS]
         if not any(f.exists() for f in files):
             raise FileNotFoundError(f"{path} holds no train/valid/test.jsonl; pass a folder written by build_benchmark or a questions JSONL file")
-        recs = [r for f in files if f.exists() for r in _check_questions(_read_jsonl(f, "question"), str(f))]
+        recs = [r for f in files if f.exists() for r in _check_questions(read_jsonl(f, "question", line_key="_line"), str(f))]
         return sorted(recs, key=lambda r: r["id"])  # build order (ids are zero-padded)
-    if path.exists(): return _check_questions(_read_jsonl(path, "question"), str(path))
+    if path.exists(): return _check_questions(read_jsonl(path, "question", line_key="_line"), str(path))
     raise FileNotFoundError(f"dataset {path} does not exist; pass a benchmark folder or a questions JSONL file")
 
 def load_benchmark(out_dir) -> Benchmark:  # folder written by `build_benchmark`

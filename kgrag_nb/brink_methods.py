@@ -20,6 +20,7 @@ from .config import get_config
 from .kg import KG
 from .datasets import load_kg
 from .retrieval import embed
+from .store import write_jsonl
 from .answers import brink_normalize, first_line, split_answers
 from .metrics import bootstrap_ci, bootstrap_ratio_ci, brink_per_question
 from .kgqa import (BaseMethod, Question, Prediction, TraceWriter, complete_traced, get_method, register_method,
@@ -354,9 +355,7 @@ def run_methods(bench: Benchmark,  # benchmark (complete and incomplete KG, trai
                              retrieved_paths_shown=p.meta["retrieved_paths_shown"], llm_calls=p.n_llm_calls, prompt=p.prompt))
     df = pd.DataFrame(rows)
     if out_path is not None:
-        out_path = Path(out_path); out_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(out_path, "w", encoding="utf-8") as fh:
-            for rec in rows: fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        write_jsonl(out_path, rows)
     return df
 
 # %% ../nbs/13_brink_methods.ipynb #c036

@@ -16,6 +16,7 @@ from .hooks import same_definition
 from .kg import KG
 from .llm import Constraint
 from .decoding import Restatement, decode
+from .store import append_jsonl, read_jsonl
 
 # %% auto #0
 __all__ = ['METHODS', 'Step', 'PRUNE_REFORMAT', 'PLAN_REFORMAT', 'Question', 'Prediction', 'Method', 'BaseMethod',
@@ -185,7 +186,7 @@ class TraceWriter:
         self.n += 1
         if self.keep: self.records.append(rec)
         if self.path is not None:
-            with open(self.path, "a", encoding="utf-8") as fh: fh.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
+            append_jsonl(self.path, rec)
         return rec
 
     def of(self, trace_id: str) -> list[dict]:
@@ -195,7 +196,7 @@ class TraceWriter:
     @staticmethod
     def read(path: Path | str) -> list[dict]:
         "Records of a trace file."
-        return [json.loads(l) for l in Path(path).read_text(encoding="utf-8").splitlines() if l.strip()]
+        return read_jsonl(path, "trace record")
 
 def complete_traced(client,  # `kgrag_nb.llm.LLMClient`
                     prompts: Sequence[str],  # one prompt per question

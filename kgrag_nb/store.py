@@ -4,7 +4,7 @@
 
 # %% ../nbs/00c_store.ipynb #c003
 from __future__ import annotations
-import os, sqlite3, threading
+import json, os, sqlite3, stat, tempfile, threading
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -12,7 +12,8 @@ from fastcore.basics import patch
 from tenacity import Retrying, retry_if_exception, retry_if_exception_type, stop_after_attempt, wait_random
 
 # %% auto #0
-__all__ = ['DEFAULT_BUSY_TIMEOUT_S', 'DISK_HINT', 'is_locked', 'SqliteStore']
+__all__ = ['DEFAULT_BUSY_TIMEOUT_S', 'DISK_HINT', 'is_locked', 'SqliteStore', 'write_text_atomic', 'write_json_atomic',
+           'JSONLError', 'jsonl_line', 'write_jsonl', 'append_jsonl', 'read_jsonl']
 
 # %% ../nbs/00c_store.ipynb #c006
 DEFAULT_BUSY_TIMEOUT_S = 60.0  # how long a statement waits for a lock another connection holds
@@ -131,3 +132,66 @@ def write_many(self: SqliteStore,
     "`executemany` of one statement in one atomic write transaction."
     rows = list(rows)  # an iterator would be spent by a first, locked attempt
     self.transaction(lambda conn: conn.executemany(sql, rows))
+
+# %% ../nbs/00c_store.ipynb #86459ad0
+def write_text_atomic(path: str | Path,  # the file to (re)write; its folder must exist
+                      text: str,  # the whole new content
+                      durable: bool = True) -> Path:  # fsync before the rename (False for files rewritten very often)
+    "Write `text` to `path` through a temporary file in the same folder and `os.replace` (flushed to disk first when `durable`)."
+    path = Path(path)
+    mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o644  # mkstemp's 0600 would hide the file from other readers
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text); f.flush()
+            if durable: os.fsync(f.fileno())
+        os.chmod(tmp, mode); os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True); raise
+    return path
+
+def write_json_atomic(path: str | Path,  # the file to (re)write; its folder must exist
+                      obj,  # a JSON value (other objects are written with `str`)
+                      durable: bool = True,  # fsync before the rename (False for files rewritten after every request)
+                      **dumps_kw) -> Path:  # `json.dumps` options; default `indent=1, default=str`
+    "Write `obj` as JSON to `path` so that a reader, a kill or a full disk sees the old file or the new one, never half of one."
+    return write_text_atomic(Path(path), json.dumps(obj, **({"indent": 1, "default": str} | dumps_kw)) + "\n", durable)
+
+# %% ../nbs/00c_store.ipynb #5c01badb
+class JSONLError(ValueError):
+    "A line of a JSONL file is not a JSON object."
+
+def jsonl_line(record) -> str:
+    "One JSONL line (with its newline): UTF-8 text as is, values JSON cannot hold written with `str`."
+    return json.dumps(record, ensure_ascii=False, default=str) + "\n"
+
+def write_jsonl(path: str | Path,  # the file to (re)write; its folder is made
+                records: Iterable,  # JSON objects, one per line
+                durable: bool = True) -> Path:  # fsync before the rename
+    "Write `records` as JSON Lines to `path`, atomically."
+    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    return write_text_atomic(path, "".join(jsonl_line(r) for r in records), durable)
+
+def append_jsonl(path: str | Path,  # the trace file; made (with its folder) on the first record
+                 record) -> None:  # one JSON object
+    "Append one record to a JSONL file (a growing trace)."
+    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as fh: fh.write(jsonl_line(record))
+
+def read_jsonl(path: str | Path,  # a JSONL file
+               what: str = "record",  # what a line holds, for the error message
+               line_key: str | None = None) -> list[dict]:  # store each record's line number under this key (None = do not)
+    "The records of a JSONL file (blank lines skipped); a line that is not a JSON object raises `JSONLError` naming file and line."
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for i, line in enumerate(fh, 1):
+            if not line.strip(): continue
+            try: rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise JSONLError(f"{path}, line {i}: not JSON ({e.msg}); each line must be one {what} as a JSON object "
+                                 f"(a run interrupted mid-write leaves a cut last line: delete that line or rerun)") from None
+            if not isinstance(rec, dict):
+                raise JSONLError(f"{path}, line {i}: a {type(rec).__name__}, not a JSON object; each line must be one {what}")
+            if line_key is not None: rec[line_key] = i
+            out.append(rec)
+    return out

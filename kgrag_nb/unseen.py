@@ -23,6 +23,7 @@ from .llm import Constraint
 from .answers import first_line
 from .awaken import AWAKENING_MAX_SUBGRAPH_TRIPLES, awakening_prompt, check_decoding
 from .decoding import Restatement, decode
+from .store import write_jsonl
 
 # %% auto #0
 __all__ = ['EXTRACTION_TEMPLATE', 'EXTRACTION_FORMAT', 'EXTRACTION_RESTATE', 'DISAMBIGUATION_TEMPLATE', 'DISAMBIGUATION_RESTATE',
@@ -618,9 +619,7 @@ def run_unseen_entity_qa(records: list,  # QARecords (those without a topic enti
     frame = pd.DataFrame(rows)
     frame.attrs["trace"], frame.attrs["decoding"] = trace, decoding
     if trace_dir is not None:
-        p = Path(trace_dir); p.mkdir(parents=True, exist_ok=True)
-        (p / "trace.jsonl").write_text("".join(json.dumps(t, default=str) + "\n" for t in trace))
-        (p / "per_method.jsonl").write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
+        write_jsonl(Path(trace_dir) / "trace.jsonl", trace); write_jsonl(Path(trace_dir) / "per_method.jsonl", rows)
     return frame
 
 # %% ../nbs/15_unseen.ipynb #c038
