@@ -17,7 +17,6 @@ import httpx
 import numpy as np
 import pyoxigraph as ox
 from fastcore.basics import patch
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 from tqdm.auto import tqdm
 
 from .config import Config, get_config
@@ -25,6 +24,7 @@ from .store import SqliteStore  # the package's one SQLite rule (WAL, busy timeo
 from .kg import KG
 from .datasets import load_kg, load_qa, mid_to_fb15k
 from .retrieval import DEFAULT_NPROBE, DenseIndex, embed, load_embedder
+from .llm import retry_after_seconds, retry_policy  # the package's one HTTP retry policy
 
 # %% auto #0
 __all__ = ['RDFS_LABEL', 'RDF_TYPE', 'WD', 'WDT', 'FB', 'WIKIDATA_ENDPOINT', 'DIALECTS', 'DEFAULT_BASE_IRI', 'DIRECTIONS',
@@ -377,14 +377,6 @@ class _Retry(Exception):
     "A retryable SPARQL failure (timeout, transport error, 429/5xx): `args[0]` says what, `retry_after` the server's wait."
     def __init__(self, problem: str, retry_after: float | None = None): super().__init__(problem); self.retry_after = retry_after
 
-def _retry_after(value: str | None) -> float | None:
-    "Seconds to wait from a `Retry-After` header (delta-seconds or an HTTP date), None when absent or unreadable."
-    if not value: return None
-    try: return max(0.0, float(value))
-    except ValueError: pass
-    try: return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
-    except (TypeError, ValueError): return None
-
 def _sparql_literal(text: str, lang: str | None = None) -> str:
     "A SPARQL string literal (escaped), language-tagged when `lang` is given."
     esc = (text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t"))
@@ -473,13 +465,12 @@ def _request(self: SparqlBackend, query: str) -> dict:
                 raise SparqlQueryError(f"{self.url} answered HTTP {r.status_code} {r.reason_phrase} to the query starting "
                                        f"{_query_start(query)!r}: {' '.join(r.text.split())[:500]!r}. Fix the query (or the "
                                        f"ids in it); retrying will not help")
-            raise _Retry(f"HTTP {r.status_code} {r.reason_phrase}", _retry_after(r.headers.get("Retry-After")))
-    def wait(rs):
-        after = rs.outcome.exception().retry_after
-        return min(self.max_backoff_s, after if after is not None else self.backoff_s * 2 ** (rs.attempt_number - 1))
+            raise _Retry(f"HTTP {r.status_code} {r.reason_phrase}", retry_after_seconds(r.headers.get("Retry-After")))
     def count(rs): self.stats["retries"] += 1
-    try: return Retrying(retry=retry_if_exception_type(_Retry), stop=stop_after_attempt(self.max_retries + 1), wait=wait,
-                         before_sleep=count, reraise=True)(attempt)
+    # the package's one HTTP retry policy (`kgrag_nb.llm.retry_policy`); no jitter: one request at a time, rate-limited
+    policy = retry_policy(lambda e: isinstance(e, _Retry), self.max_retries, self.backoff_s, self.max_backoff_s,
+                          retry_after=lambda e: e.retry_after, jitter=False, on_retry=count)
+    try: return policy(attempt)
     except _Retry as e: problem = e.args[0]
     raise SparqlUnavailableError(f"{self.url}: {problem} on all {self.max_retries + 1} attempts for the query starting "
                                  f"{_query_start(query)!r}. The endpoint is down, overloaded or unreachable: try later, "

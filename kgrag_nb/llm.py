@@ -4,7 +4,7 @@
 
 # %% ../nbs/03_llm.ipynb #c002
 from __future__ import annotations
-import asyncio, ctypes, functools, hashlib, json, math, os, random, re, socket, sqlite3, ssl, sys, tempfile, threading, time, uuid, warnings
+import asyncio, ctypes, email.utils, functools, hashlib, json, math, os, random, re, socket, sqlite3, ssl, sys, tempfile, threading, time, uuid, warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, asdict, fields, replace
 from pathlib import Path
@@ -27,10 +27,10 @@ __all__ = ['SAMPLER_LAZY', 'CONSTRAINT_KINDS', 'MAX_CHOICE_OPTIONS', 'MAX_REGEX_
            'Constraint', 'check_decoding', 'parse_regex', 'simplify_regex', 'check_gbnf', 'regex_to_gbnf',
            'choice_gbnf', 'constraint_gbnf', 'gbnf_problem', 'fill_constraint', 'vllm_version_tuple', 'constraint_body',
            'check_constraint', 'constraint_violation', 'process_alive', 'seal_response', 'open_response',
-           'ResponseCache', 'Usage', 'run_sync', 'is_retryable', 'backoff_delay', 'retrying', 'replace_surrogates',
-           'split_tokens', 'first_top_logprobs', 'parse_choices', 'parse_response', 'progress_stream', 'check_sampling',
-           'tls_context', 'LLMClient', 'sample_runs', 'sample_groups', 'local_server_death', 'status_message',
-           'refuses_constraint', 'GroupCommit']
+           'ResponseCache', 'Usage', 'run_sync', 'is_retryable', 'retry_after_seconds', 'backoff_delay', 'retry_policy',
+           'retrying', 'replace_surrogates', 'split_tokens', 'first_top_logprobs', 'parse_choices', 'parse_response',
+           'progress_stream', 'check_sampling', 'tls_context', 'LLMClient', 'sample_runs', 'sample_groups',
+           'local_server_death', 'status_message', 'refuses_constraint', 'GroupCommit']
 
 # %% ../nbs/03_llm.ipynb #c005
 class CacheMissError(KeyError):
@@ -1124,24 +1124,49 @@ def is_retryable(err: BaseException) -> bool:
     if isinstance(err, openai.APIStatusError): return err.status_code == 429 or err.status_code >= 500
     return False
 
-def backoff_delay(attempt: int, base: float = 0.5, cap: float = 30.0, err: BaseException | None = None) -> float:
-    "Seconds to wait before retry number `attempt` (0-based): exponential with jitter, or the server's Retry-After."
-    delay = min(cap, base * 2 ** attempt) * random.uniform(0.5, 1.5)
+def retry_after_seconds(value: str | None) -> float | None:
+    "Seconds to wait from a `Retry-After` header (delta-seconds or an HTTP date), None when absent or unreadable."
+    if not value: return None
+    try: return max(0.0, float(value))
+    except ValueError: pass
+    try: return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError): return None
+
+def _header_retry_after(err: BaseException | None) -> float | None:
+    "The `Retry-After` of the HTTP response an error carries (openai's status errors), None when there is none."
     resp = getattr(err, "response", None)
-    if resp is not None and getattr(resp, "status_code", None) == 429:
-        try: delay = max(delay, min(cap, float(resp.headers.get("retry-after", 0))))
-        except (TypeError, ValueError): pass
-    return delay
+    headers = getattr(resp, "headers", None)
+    return retry_after_seconds(headers.get("retry-after")) if headers is not None else None
+
+def backoff_delay(attempt: int,  # 0-based: the wait before retry number `attempt + 1`
+                  base: float = 0.5,  # the first wait in seconds; it doubles per retry
+                  cap: float = 30.0,  # the longest single wait (a server's Retry-After included)
+                  retry_after: float | None = None,  # the server's Retry-After in seconds (`retry_after_seconds`)
+                  jitter: bool = True) -> float:  # times U(0.5, 1.5): concurrent clients do not retry in lockstep
+    "Seconds to wait before a retry: `base * 2**attempt` (jittered), at most `cap`, and at least the server's Retry-After (capped)."
+    delay = min(cap, base * 2 ** attempt) * (random.uniform(0.5, 1.5) if jitter else 1.0)
+    return delay if retry_after is None else max(delay, min(cap, retry_after))
+
+def retry_policy(retryable,  # exception -> bool: retry it?
+                 max_retries: int,  # retries after the first attempt
+                 base: float = 0.5,  # first wait in seconds (`backoff_delay`)
+                 cap: float = 30.0,  # longest single wait
+                 retry_after=_header_retry_after,  # exception -> the server's Retry-After seconds or None
+                 jitter: bool = True,  # jitter the waits (`backoff_delay`)
+                 on_retry=None,  # called with tenacity's retry state before each wait (e.g. to count retries)
+                 asynchronous: bool = False):  # AsyncRetrying (the LLM client) instead of Retrying (the SPARQL backend)
+    "The package's one HTTP retry policy as a tenacity `Retrying`/`AsyncRetrying`: `retryable` errors retried with"
+    " `backoff_delay` waits that honour the server's Retry-After, the last error re-raised. Every attempt goes through it."
+    wait = lambda rs: backoff_delay(rs.attempt_number - 1, base, cap, retry_after(rs.outcome.exception()), jitter)
+    return (AsyncRetrying if asynchronous else Retrying)(retry=retry_if_exception(retryable), stop=stop_after_attempt(max_retries + 1),
+                                                         wait=wait, before_sleep=on_retry, reraise=True)
 
 def retrying(max_retries: int,  # retries after the first attempt
              backoff: float = 0.5,  # first delay in seconds (see `backoff_delay`)
              on_retry=None,  # called with tenacity's retry state before each wait (e.g. to count retries)
             ) -> AsyncRetrying:
-    "The client's retry policy as a tenacity `AsyncRetrying`: `is_retryable` errors, `backoff_delay` waits, last error"
-    " re-raised. Every attempt of a request goes through it, the first one included."
-    return AsyncRetrying(retry=retry_if_exception(is_retryable), stop=stop_after_attempt(max_retries + 1),
-                         wait=lambda rs: backoff_delay(rs.attempt_number - 1, backoff, err=rs.outcome.exception()),
-                         before_sleep=on_retry, reraise=True)
+    "The LLM client's use of `retry_policy`: `is_retryable` errors, jittered waits from `backoff` capped at 30 s, Retry-After honoured."
+    return retry_policy(is_retryable, max_retries, backoff, 30.0, on_retry=on_retry, asynchronous=True)
 
 # %% ../nbs/03_llm.ipynb #c020x
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")

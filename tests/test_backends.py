@@ -5,6 +5,7 @@ served over HTTP on 127.0.0.1 by `OxigraphEndpoint`; every answer is compared wi
 Relation retrieval uses the real offline MiniLM and real FAISS.
 """
 import email.utils, time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +16,8 @@ from kgrag_nb.datasets import load_kg
 from kgrag_nb.backends import (SparqlDialect, kg_to_rdf, kg_to_store, LocalBackend, SparqlBackend, OxigraphEndpoint,
                                SparqlCache, SparqlError, SparqlQueryError, SparqlUnavailableError, DIRECTIONS, FB, WD,
                                WDT, RDFS_LABEL, CountingEncoder, RelationRetriever, RELATION_MODES, cwq_relation_queries,
-                               bench_relation_retrieval, _retry_after)
+                               bench_relation_retrieval)
+from kgrag_nb.llm import retry_after_seconds as _retry_after
 # the awakening paper's App. C settings, which the study passes to this general layer (issue 24: no paper defaults here)
 from kgrag_nb.awaken import AWAKENING_IVF, AWAKENING_MAX_SUBGRAPH_TRIPLES
 
@@ -308,6 +310,14 @@ def test_retry_after_parsing():
     later = email.utils.formatdate(time.time() + 30, usegmt=True)
     assert 27 <= _retry_after(later) <= 30
     assert _retry_after(email.utils.formatdate(time.time() - 30, usegmt=True)) == 0.0
+
+
+def test_the_sparql_backend_and_the_llm_client_share_one_retry_policy():
+    "One HTTP retry policy (llm.retry_policy): the backend builds no tenacity loop and parses no Retry-After itself."
+    import kgrag_nb.backends as B, kgrag_nb.llm as L
+    backends, llm = Path(B.__file__).read_text(), Path(L.__file__).read_text()
+    assert "Retrying" not in backends and "parsedate_to_datetime" not in backends and "retry_policy(" in backends
+    assert "def retry_policy(" in llm and llm.count("parsedate_to_datetime") == 1 and "return retry_policy(" in llm
 
 
 def test_exhausted_retries_raise_unavailable(store):
