@@ -5,7 +5,9 @@
 # %% ../nbs/14_awaken.ipynb #c002
 from __future__ import annotations
 import json, re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Sequence
 import numpy as np, pandas as pd
 from .answers import first_line
 from .metrics import acc_r, percent_cis
@@ -28,14 +30,14 @@ __all__ = ['AWAKENING_MAX_SUBGRAPH_TRIPLES', 'AWAKENING_IVF', 'AWAKENING_TEMPLAT
            'gold_relations', 'relation_parts', 'relation_matches', 'find_gold_path', 'knowledge_candidates',
            'verbalize_knowledge', 'relation_text', 'type_label', 'qa_probe_question', 'leaks_answer', 'distances_to',
            'knowledge_distance', 'minilm_scorer', 'make_scorer', 'ranking_query', 'rank_top1', 'extract_knowledge',
-           'rule_of', 'probe_rule', 'item_temperatures', 'probe', 'awaken', 'task1_data', 'save_run', 'run_awakening',
-           'intersect_ids', 'passing_ids', 'base_ids', 'hits_row', 'awakening_table', 'filter_counts', 'distance_table',
-           'probe_counts', 'step1_counts', 'paper_rows', 'plot_comparison', 'decoding_of', 'decoding_note',
-           'probing_rule_counts', 'study_deviations', 'save_task1', 'task1_models', 'load_task1', 'knowledge_label',
-           'setting_of', 'task1_table', 'report_counts', 'paper_select', 'plot_panels', 'report_vs_paper',
-           'task1_artefact', 'probing_table', 'temperature_sweep', 'sweep_summary', 'size_table', 'mean_over_types',
-           'selected_knowledge', 'changed_by_query', 'distance_rows', 'plot_sweep', 'format_tax_items',
-           'format_tax_arm']
+           'rule_of', 'probe_rule', 'item_temperatures', 'probe', 'awaken', 'task1_data', 'save_run', 'AwakeningConfig',
+           'run_awakening', 'intersect_ids', 'passing_ids', 'base_ids', 'hits_row', 'awakening_table', 'filter_counts',
+           'distance_table', 'probe_counts', 'step1_counts', 'paper_rows', 'plot_comparison', 'decoding_of',
+           'decoding_note', 'probing_rule_counts', 'study_deviations', 'save_task1', 'task1_models', 'load_task1',
+           'knowledge_label', 'setting_of', 'task1_table', 'report_counts', 'paper_select', 'plot_panels',
+           'report_vs_paper', 'task1_artefact', 'probing_table', 'temperature_sweep', 'sweep_summary', 'size_table',
+           'mean_over_types', 'selected_knowledge', 'changed_by_query', 'distance_rows', 'plot_sweep',
+           'format_tax_items', 'format_tax_arm']
 
 # %% ../nbs/14_awaken.ipynb #p001
 # awakening_unseen_entity_kgqa.txt App. C: "capping the number of triples retrieved for constructing two-hop subgraphs to 40,000"
@@ -486,26 +488,35 @@ def save_run(result: dict,  # from `run_awakening`
         paths.append(p)
     return paths
 
+@dataclass(frozen=True)
+class AwakeningConfig:
+    "The knobs of one Task 1 run (`run_awakening`); an experiment notebook builds it from its parameters."
+    n_questions: int | None = None  # stop after this many questions with a gold path (None = all)
+    map_id: Any = None  # topic-entity id -> backend id (CWQ on FB15k-237: `mid_to_fb15k`)
+    types: Sequence[str] = tuple(KNOWLEDGE_TYPES)  # knowledge types (Table 1)
+    query_modes: Sequence[str] = ("triple",)  # "triple" (§4.2) and/or "head_relation" (App. B.8)
+    probing: Sequence[str] = ("nli",)  # "nli" (Eq. 7, App. E True/False) and/or "qa" (App. B.4)
+    temperatures: Sequence[float] = (0.7,)  # awakening temperatures (App. C: 0.7; Fig. 7 sweeps)
+    n_step1: int = 3  # Step 1 answers per question (§4.2)
+    n_probe: int = 3  # probing repetitions (Eq. 7)
+    min_true: int | None = None  # None = Eq. 7 (all True); k = at least k of n_probe True (relaxation)
+    n_samples: int = 10  # answers per question for Hits@10
+    max_tokens: int = 24  # short answers
+    scorer: Any = None  # reranker; None = `minilm_scorer`
+    seed: int = 0
+    decoding: str = "free"  # Step 1 and probing answers: "free" (the paper's) | "constrained" | "decoupled"
+
 def run_awakening(records: list,  # QA records (CWQ: `load_qa('cwq')`, topic entities in the KG)
                   backend,  # a `KGBackend`
                   client,  # `kgrag_nb.llm.LLMClient`
-                  n_questions: int | None = None,  # stop after this many questions with a gold path (None = all)
-                  map_id=None,  # topic-entity id -> backend id (CWQ on FB15k-237: `mid_to_fb15k`)
-                  types=tuple(KNOWLEDGE_TYPES),  # knowledge types (Table 1)
-                  query_modes=("triple",),  # "triple" (§4.2) and/or "head_relation" (App. B.8)
-                  probing=("nli",),  # "nli" (Eq. 7, App. E True/False) and/or "qa" (App. B.4)
-                  temperatures=(0.7,),  # awakening temperatures (App. C: 0.7; Fig. 7 sweeps)
-                  n_step1: int = 3,  # Step 1 answers per question (§4.2)
-                  n_probe: int = 3,  # probing repetitions (Eq. 7)
-                  min_true: int | None = None,  # None = Eq. 7 (all True); k = at least k of n_probe True (relaxation)
-                  n_samples: int = 10,  # answers per question for Hits@10
-                  max_tokens: int = 24,  # short answers
-                  scorer=None,  # reranker; None = `minilm_scorer`
-                  seed: int = 0,
-                  out_dir=None,  # save the tables here (JSONL) when given
-                  decoding: str = "free") -> dict:  # Step 1 and probing answers: "free" (the paper's) | "constrained" | "decoupled"
+                  config: AwakeningConfig | None = None,  # the run's knobs (None = the paper's defaults)
+                  out_dir=None) -> dict:  # save the tables here (JSONL) when given
     "Task 1 end to end: `{'questions', 'candidates', 'knowledge', 'answers'}` DataFrames (see `save_run`)."
-    check_decoding(decoding)
+    c = config or AwakeningConfig()
+    check_decoding(c.decoding)
+    (n_questions, map_id, types, query_modes, probing, temperatures, n_step1, n_probe, min_true, n_samples, max_tokens,
+     scorer, seed, decoding) = (c.n_questions, c.map_id, c.types, c.query_modes, c.probing, c.temperatures, c.n_step1,
+                                c.n_probe, c.min_true, c.n_samples, c.max_tokens, c.scorer, c.seed, c.decoding)
     qs, cands, know, kept = [], [], [], []
     for r in records:
         if n_questions is not None and len(kept) >= n_questions: break

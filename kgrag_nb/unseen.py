@@ -5,7 +5,7 @@
 # %% ../nbs/15_unseen.ipynb #c002
 from __future__ import annotations
 import json, re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -576,28 +576,15 @@ _register_ours()
 def run_unseen_entity_qa(records: list,  # QARecords (those without a topic entity in `inc` are skipped)
                          inc: IncompleteKG,  # from `build_incomplete_kg`
                          client,  # `kgrag_nb.llm.LLMClient` (completions endpoint)
+                         config: UnseenConfig | None = None,  # the run's knobs (None = the paper's defaults); never changed here
                          methods: Sequence[str] = METHODS,  # Table 3 rows to run
-                         relation_mode: str = "distinct",  # RelationRetriever mode: "distinct" or "faithful"
-                         k_relations: int = 3,  # nearest relations whose triples are candidates
-                         per_relation: int = 3,  # candidate triples per relation
-                         difar_k: int = 3,  # triples DiFaR retrieves per query
-                         n_samples: int = 10,  # answers per question and method (Hits@10 needs 10)
-                         temperature: float = 0.7,  # answer temperature (App. C)
-                         max_tokens: int = 24,  # short answers
-                         types: Sequence[str] = TOP_LEVEL_TYPES,  # T4 types
-                         embedder=None,  # sentence embedder (None = all-MiniLM-L6-v2)
-                         retriever: RelationRetriever | None = None,  # prebuilt relation retriever over inc.kg
-                         difar: DiFaR | None = None,  # prebuilt DiFaR over inc.kg
-                         seed: int = 0,  # sampling and candidate seed
                          trace_dir: Path | str | None = None,  # write trace.jsonl, per_method.jsonl and llm_calls.jsonl here
-                         progress: bool = True,
-                         decoding: str = "free",  # extraction + disambiguation: "free" (the paper's) | "constrained" | "decoupled"
                         ) -> pd.DataFrame:
     "Table 3's methods on each question: one row per (question, method) with answers and Hits@1/Hits@10; trace in `.attrs`."
     bad = [m for m in methods if m not in METHODS]
     if bad: raise ValueError(f"unknown methods {bad}; choose from {list(METHODS)}")
-    cfg = UnseenConfig(relation_mode, k_relations, per_relation, difar_k, n_samples, temperature, max_tokens, types, seed, progress,
-                       embedder, retriever, difar, decoding)
+    # a copy with fresh shared state: the caller's config can serve the next KG (its retriever and DiFaR are built per KG)
+    cfg = replace(config or UnseenConfig(), state={})
     recs = [r for r in records if r.id in inc.topics and r.answers]
     if not recs: raise ValueError("run_unseen_entity_qa: no record has answers and a topic entity in inc.topics")
     cfg.emb()
@@ -617,7 +604,7 @@ def run_unseen_entity_qa(records: list,  # QARecords (those without a topic enti
                              no_knowledge=m != "No RAG" and not k, samples=ans, correct=ok,
                              hits1=hits_at_k(ans, t["gold"], 1), hits10=hits_at_k(ans, t["gold"], 10)))
     frame = pd.DataFrame(rows)
-    frame.attrs["trace"], frame.attrs["decoding"] = trace, decoding
+    frame.attrs["trace"], frame.attrs["decoding"] = trace, cfg.decoding
     if trace_dir is not None:
         write_jsonl(Path(trace_dir) / "trace.jsonl", trace); write_jsonl(Path(trace_dir) / "per_method.jsonl", rows)
     return frame

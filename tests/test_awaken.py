@@ -13,7 +13,7 @@ import pytest
 from _fake import with_records
 from hypothesis import given, settings, strategies as st
 
-from kgrag_nb.awaken import (AWAKENING_TEMPLATE, KNOWLEDGE_TYPES, MAIN_TYPES, PROBE_TEMPLATE, awakening_prompt, awakening_table, paper_rows,
+from kgrag_nb.awaken import (AwakeningConfig, AWAKENING_TEMPLATE, KNOWLEDGE_TYPES, MAIN_TYPES, PROBE_TEMPLATE, awakening_prompt, awakening_table, paper_rows,
                              distances_to, extract_knowledge, filter_counts, find_gold_path, gold_relations,
                              intersect_ids, item_temperatures, knowledge_candidates, knowledge_distance, leaks_answer,
                              parse_awakening_answer, parse_probe, passing_ids, probe_prompt, probe_rule,
@@ -422,8 +422,8 @@ def test_run_awakening_two_questions_embedded(embedded_server, tmp_path):
     from kgrag_nb.llm import LLMClient
     records, backend, map_id = task1_data("cwq")
     client = LLMClient(embedded_server.url, cache=tmp_path / "llm.sqlite", progress=False)
-    res = run_awakening(records, backend, client, n_questions=2, map_id=map_id, types=["T1", "T5"], min_true=1,
-                        out_dir=tmp_path / "trace")
+    config = AwakeningConfig(n_questions=2, map_id=map_id, types=["T1", "T5"], min_true=1)
+    res = run_awakening(records, backend, client, config, out_dir=tmp_path / "trace")
     q, k, a = res["questions"], res["knowledge"], res["answers"]
     assert (q["status"] == "ok").sum() == 2 and q.loc[q["status"] == "ok", "answerable"].isin([0, 1]).all()
     assert (a["type"] == "No RAG").sum() == 2 and a["samples"].map(len).eq(10).all()
@@ -436,7 +436,7 @@ def test_run_awakening_two_questions_embedded(embedded_server, tmp_path):
         lines = (tmp_path / "trace" / f"awaken_{name}.jsonl").read_text().splitlines()
         assert len(lines) == len(res[name]) and all(json.loads(x) for x in lines)
     n = client.usage.requests  # the cache makes a second run free
-    run_awakening(records, backend, client, n_questions=2, map_id=map_id, types=["T1", "T5"], min_true=1)
+    run_awakening(records, backend, client, config)
     assert client.usage.requests == n
 
 

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from kgrag_nb.backends import LocalBackend, RelationRetriever
 from kgrag_nb.kg import KG
-from kgrag_nb.unseen import (DiFaR, KNOWLEDGE_SETS, METHODS, TOP_LEVEL_TYPES, build_incomplete_kg,
+from kgrag_nb.unseen import (UnseenConfig, DiFaR, KNOWLEDGE_SETS, METHODS, TOP_LEVEL_TYPES, build_incomplete_kg,
                              build_knowledge, decomposition_prompt, disambiguation_prompt, entity_queries,
                              extraction_prompt, kg_stats, knowledge_sets, merge_hits, paper_table3, parse_choice,
                              nearest_type, parse_decomposition, parse_extraction, parse_type, question_topics, relation_candidates,
@@ -287,7 +287,7 @@ def test_run_rejects_bad_arguments():
     qs = [rec("a", "What follows One?", ["Two"], ("e1", "One"))]
     inc = build_incomplete_kg(qs, LocalBackend(CHAIN), map_id=str)
     with pytest.raises(ValueError, match="unknown methods"): run_unseen_entity_qa(qs, inc, None, methods=["GraphRAG"])
-    with pytest.raises(ValueError, match="n_samples"): run_unseen_entity_qa(qs, inc, None, n_samples=3)
+    with pytest.raises(ValueError, match="n_samples"): run_unseen_entity_qa(qs, inc, None, UnseenConfig(n_samples=3))
     with pytest.raises(ValueError, match="no record"): run_unseen_entity_qa([rec("z", "q", ["x"], ("e1", "One"))], inc, None)
 
 
@@ -300,7 +300,7 @@ def test_pipeline_embedded(embedded_server, tmp_path, emb):
           rec("b", "Who is the spouse of the person linked to Ten?", ["e13"], ("e10", "Ten"))]
     inc = build_incomplete_kg(qs, LocalBackend(CHAIN), map_id=str)
     client = LLMClient(embedded_server.url, cache=tmp_path / "llm.sqlite", progress=False)
-    out = run_unseen_entity_qa(qs, inc, client, embedder=emb, trace_dir=tmp_path / "trace", progress=False)
+    out = run_unseen_entity_qa(qs, inc, client, UnseenConfig(embedder=emb, progress=False), trace_dir=tmp_path / "trace")
     assert len(out) == 2 * len(METHODS) and set(out["method"]) == set(METHODS)
     assert out["samples"].map(len).eq(10).all() and out["hits1"].le(out["hits10"]).all()
     trace = [json.loads(l) for l in (tmp_path / "trace" / "trace.jsonl").read_text().splitlines()]
@@ -314,7 +314,7 @@ def test_pipeline_embedded(embedded_server, tmp_path, emb):
     assert ours["knowledge"].map(len).eq(3).all() and not ours["no_knowledge"].any()
     # the cache answers a second run without new requests
     n = client.usage.requests
-    again = run_unseen_entity_qa(qs, inc, client, embedder=emb, progress=False)
+    again = run_unseen_entity_qa(qs, inc, client, UnseenConfig(embedder=emb, progress=False))
     assert client.usage.requests == n and again["samples"].tolist() == out["samples"].tolist()
     s = summarize_unseen(out)
     assert s["F"].eq(2).all() and len(s) == len(METHODS)
@@ -375,7 +375,7 @@ def test_decoding_arms_on_the_stub(stub, tmp_path, emb, decoding):
     cache = ResponseCache(tmp_path / "llm.sqlite")
     client = LLMClient(stub.url, cache=cache, progress=False)
     model = client.resolve_model()
-    out = run_unseen_entity_qa(qs, inc, client, methods=["Ours (T7)"], embedder=emb, progress=False, decoding=decoding)
+    out = run_unseen_entity_qa(qs, inc, client, UnseenConfig(embedder=emb, progress=False, decoding=decoding), methods=["Ours (T7)"])
     trace = out.attrs["trace"]
     assert out.attrs["decoding"] == decoding and all(t["extraction"]["decoding"] == decoding for t in trace)
     # the paper's extraction request, keyed as before constraints existed
