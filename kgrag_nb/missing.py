@@ -45,10 +45,10 @@ __all__ = ['DEVIATIONS', 'DECODING_DEVIATIONS', 'NQ_MISSING_PROMPT', 'MED_MISSIN
            'calibration_lines', 'parse_facts', 'parse_attribution', 'add_recall', 'llm_judge', 'containment_em',
            'JiebaTokenizer', 'nq_scores', 'med_scores', 'corpus_bleu', 'bleu_resamples', 'table1', 'table3', 'table4',
            'fig3_data', 'generator', 'judge_client', 'generator_models', 'generator_clients', 'judge_clients',
-           'format_rates', 'gold_recall', 'run_settings', 'run_nq', 'run_med', 'setting_label', 'vs_paper',
-           'table2_vs_paper', 'table4_vs_paper', 'fig3_figure', 'settings_lines', 'open_artefact',
-           'recall_judge_signal', 'judge_notes', 'record_calibration', 'caption', 'deviations', 'generator_of',
-           'generator_deviation', 'load_predictions', 'save_predictions', 'format_tax_arm']
+           'format_rates', 'gold_recall', 'run_settings', 'NQRunConfig', 'run_nq', 'MedRunConfig', 'run_med',
+           'setting_label', 'vs_paper', 'table2_vs_paper', 'table4_vs_paper', 'fig3_figure', 'settings_lines',
+           'open_artefact', 'recall_judge_signal', 'judge_notes', 'record_calibration', 'caption', 'deviations',
+           'generator_of', 'generator_deviation', 'load_predictions', 'save_predictions', 'format_tax_arm']
 
 # %% ../nbs/18_missing.ipynb #m005
 DEVIATIONS = [
@@ -1508,18 +1508,36 @@ def run_settings(n_ctx, topks, tau, chars_per_token_en=3.0, chars_per_token_zh=0
                 decoding=decoding)
 
 # %% ../nbs/18_missing.ipynb #m044p2
+@dataclass(frozen=True)
+class NQRunConfig:
+    "The knobs of one NQ run (`run_nq`); the `misk_runs` experiment builds it from its parameters."
+    n_nq: int = 24  # evaluated questions
+    n_pool_nq: int = 200  # NQ-open dev questions the KBs are built from (the evaluated ones excluded from the QA-pairs KB)
+    n_distractors: int = 300  # Wikipedia passages besides the pool's gold passages (`nq_wiki="sample"`)
+    n_pseudo: int | None = None  # gold passages the generator writes pseudo QA pairs from (None = every evaluated one)
+    topks: Sequence[int] = (2, 4)  # TopK values (Fig. 3)
+    n_ctx: int = 4096  # the generator's context window (chunks are clipped to fit; clips counted)
+    max_tokens_nq: int = 24  # answer budget
+    max_tokens_missing: int = 192  # Fig. 4 JSON budget
+    llm_judge_questions: int = 4  # questions whose context recall the LLM judge scores
+    tau: float | None = None  # the deterministic judge's threshold (None = `TAU[lang]`)
+    embedder_en: str | None = None  # English embedder (None = the bundled MiniLM)
+    chars_per_token_en: float = 3.0  # characters per token when clipping English chunks
+    seed: int = 0
+    nq_wiki: str = "sample"  # Wiki KB: "mirror" (every Wikipedia passage of the mirror) or "sample" (pool + distractors)
+    decoding: str = "free"  # parsed calls (Fig. 4 JSON, judge verdicts): "free" (the paper), "constrained", "decoupled"
+
 def run_nq(client,  # generator LLMClient
            judge,  # judge LLMClient (may be the generator below full)
-           cfg: Config | None = None,
-           n_nq: int = 24, n_pool_nq: int = 200, n_distractors: int = 300, n_pseudo: int | None = None,
-           topks: Sequence[int] = (2, 4), n_ctx: int = 4096, max_tokens_nq: int = 24, max_tokens_missing: int = 192,
-           llm_judge_questions: int = 4, tau: float | None = None, embedder_en: str | None = None,
-           chars_per_token_en: float = 3.0, seed: int = 0,
-           nq_wiki: str = "sample",  # Wiki KB: "mirror" (every Wikipedia passage of the mirror) or "sample" (pool + distractors)
-           decoding: str = "free",  # parsed calls (Fig. 4 JSON, judge verdicts): "free" (the paper), "constrained", "decoupled"
+           cfg: Config | None = None,  # paths (None = `get_config()`)
+           config: NQRunConfig | None = None,  # the run's knobs (None = the defaults above)
           ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     "NQ end to end (§3.1, §3.3): (predictions with recall columns, KB statistics, settings); both record the generator."
-    cfg = cfg or get_config()
+    cfg, c = cfg or get_config(), config or NQRunConfig()
+    (n_nq, n_pool_nq, n_distractors, n_pseudo, topks, n_ctx, max_tokens_nq, max_tokens_missing, llm_judge_questions, tau,
+     embedder_en, chars_per_token_en, seed, nq_wiki, decoding) = (
+        c.n_nq, c.n_pool_nq, c.n_distractors, c.n_pseudo, c.topks, c.n_ctx, c.max_tokens_nq, c.max_tokens_missing,
+        c.llm_judge_questions, c.tau, c.embedder_en, c.chars_per_token_en, c.seed, c.nq_wiki, c.decoding)
     if nq_wiki not in NQ_WIKI_KBS: raise ValueError(f"nq_wiki={nq_wiki!r}: use one of {NQ_WIKI_KBS}")
     # Wiki = every mirror passage, or pool gold passages + distractors; QA = other pool QA pairs + pseudo QA pairs
     mirror = nq_wiki == "mirror"
@@ -1549,15 +1567,35 @@ def run_nq(client,  # generator LLMClient
     return preds, kb_statistics(kbs.values(), "NQ"), settings
 
 # %% ../nbs/18_missing.ipynb #m044p3
-def run_med(client, judge, cfg: Config | None = None,
-            n_med: int = 16, n_qa_med: int = 600, n_wiki_subjects: int = 60, topks: Sequence[int] = (2, 4),
-            n_ctx: int = 4096, max_tokens_med: int = 96, max_tokens_missing: int = 192, llm_judge_questions: int = 4,
-            tau: float | None = None, zh_backend: str = "bm25", embedder_zh: str | None = None,
-            chars_per_token_zh: float = 0.8, seed: int = 0,
-            decoding: str = "free",  # parsed calls (Fig. 5 JSON, judge verdicts): "free" (the paper), "constrained", "decoupled"
+@dataclass(frozen=True)
+class MedRunConfig:
+    "The knobs of one medical-set run (`run_med`); the `misk_runs` experiment builds it from its parameters."
+    n_med: int = 16  # evaluated consultations
+    n_qa_med: int = 600  # history consultations in the QA-pairs KB (test ones removed)
+    n_wiki_subjects: int = 60  # CMeKG subjects whose encyclopedia chunks form the Wiki KB
+    topks: Sequence[int] = (2, 4)  # TopK values
+    n_ctx: int = 4096  # the generator's context window
+    max_tokens_med: int = 96  # answer budget
+    max_tokens_missing: int = 192  # Fig. 5 JSON budget
+    llm_judge_questions: int = 4  # questions whose context recall the LLM judge scores
+    tau: float | None = None  # the deterministic judge's threshold (None = `TAU[lang]`)
+    zh_backend: str = "bm25"  # Chinese retrieval: "bm25" (jieba words) or "dense"
+    embedder_zh: str | None = None  # Chinese embedder when `zh_backend="dense"`
+    chars_per_token_zh: float = 0.8  # characters per token when clipping Chinese chunks
+    seed: int = 0
+    decoding: str = "free"  # parsed calls (Fig. 5 JSON, judge verdicts): "free" (the paper), "constrained", "decoupled"
+
+def run_med(client,  # generator LLMClient
+            judge,  # judge LLMClient (may be the generator below full)
+            cfg: Config | None = None,  # paths (None = `get_config()`)
+            config: MedRunConfig | None = None,  # the run's knobs (None = the defaults above)
            ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     "The medical set end to end (§3.4): (predictions with recall columns, KB statistics, settings); both record the generator."
-    cfg = cfg or get_config()
+    cfg, c = cfg or get_config(), config or MedRunConfig()
+    (n_med, n_qa_med, n_wiki_subjects, topks, n_ctx, max_tokens_med, max_tokens_missing, llm_judge_questions, tau, zh_backend,
+     embedder_zh, chars_per_token_zh, seed, decoding) = (
+        c.n_med, c.n_qa_med, c.n_wiki_subjects, c.topks, c.n_ctx, c.max_tokens_med, c.max_tokens_missing,
+        c.llm_judge_questions, c.tau, c.zh_backend, c.embedder_zh, c.chars_per_token_zh, c.seed, c.decoding)
     # history QA (test questions and answers removed) + CMeKG encyclopedia chunks
     m = medical_setup(load_medical(cfg), n_med, n_qa_med, n_wiki_subjects, cmekg_subjects(), seed)
     assert not leaks(m["qa"], m["forbidden"]), "a test consultation reached the history-QA KB"
