@@ -19,11 +19,12 @@ from .serve import STUB_MODEL
 
 # %% auto #0
 __all__ = ['DEFAULT_PLAN_MODEL', 'DEFAULT_THROUGHPUT', 'EXACT_PROMPTS', 'H100_BF16_FLOPS', 'PREFILL_MFU', 'CLASS_LIMITS',
-           'SIZE_CLASSES', 'MOE_SHARED', 'KNOWN_SIZES', 'PREFILL_RULE', 'RECORD_COLUMNS', 'RECORD_COUNTS',
+           'SIZE_CLASSES', 'MOE_SHARED', 'KNOWN_SIZES', 'PREFILL_RULE', 'RECORD_COLUMNS', 'RECORD_COUNTS', 'RECORD_MIN',
            'RECORDS_FIX', 'STAND_IN_KEYS', 'COUNTS', 'TOKENS', 'GROWTH_FORMS', 'gpu_hours', 'ModelSize',
            'UnknownModelSize', 'parse_params', 'config_params', 'find_config', 'model_size', 'model_rates',
-           'size_class', 'phase_hours', 'throughput_model', 'rehearsal_records', 'prompt_id', 'price_keys',
-           'RecordsError', 'read_records', 'shipped_records', 'plan', 'rehearsal_table', 'fit_growth']
+           'size_class', 'phase_hours', 'throughput_model', 'rehearsal_records', 'chunked_trie_tokens', 'trie_tokens',
+           'stub_pieces', 'prompt_id', 'price_keys', 'RecordsError', 'read_records', 'shipped_records', 'plan',
+           'rehearsal_table', 'fit_growth']
 
 # %% ../nbs/20_plan.ipynb #p004
 DEFAULT_PLAN_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -243,9 +244,62 @@ def rehearsal_records(profile: str, cfg: Config | None = None) -> dict:
                                   keys=d / f"{sid}.keys", cache=cache, record=rec, overrides=sets)
     return found
 
+# %% ../nbs/20_plan.ipynb #1c482616
+def _block(block) -> int:
+    "`block` when it is a whole number >= 1, else a ValueError naming it."
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"block={block!r}: give the reuse granularity in tokens as a whole number >= 1 (1: any prefix)")
+    return block
+
+def _lcp(a, b) -> int:
+    "Length of the longest common prefix of two sequences (binary search on slice equality: compared in C)."
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]: lo = mid
+        else: hi = mid - 1
+    return lo
+
+def chunked_trie_tokens(prompts,  # token sequences (tuples, lists, or strings of characters); repeats allowed
+                        block: int) -> int:  # reuse only at multiples of `block` tokens (1: at any length)
+    "Prompt tokens a prefix cache must evaluate when it reuses a shared prefix only down to a multiple of `block`:"
+    " `block` for each distinct prefix whose length is a multiple of `block`, plus each distinct prompt's tail past"
+    " its last multiple. Independent of the prompts' order."
+    block, total, prev = _block(block), 0, None
+    for s in sorted({tuple(p) for p in prompts}):  # each prompt's deepest prefix shared with any earlier one: its predecessor's
+        total += len(s) - block * ((_lcp(s, prev) if prev is not None else 0) // block)
+        prev = s
+    return total
+
+def trie_tokens(prompts) -> int:  # token sequences; repeats allowed
+    "Prompt tokens an ideal prefix cache must evaluate: the number of nodes of the prompts' token trie (each prompt's"
+    " tokens past its longest common prefix with any earlier prompt, in any order)."
+    return chunked_trie_tokens(prompts, 1)
+
+def stub_pieces(text: str) -> tuple[str, ...]:  # a prompt's text (chat: the messages' contents joined by newlines, as the stub does)
+    "The stub's tokens of `text`: its 4-character pieces, one empty piece for an empty text (`stub_tokens` counts them)."
+    return tuple(text[i:i + 4] for i in range(0, len(text), 4)) or ("",)
+
+def _stub_trie(texts) -> int:  # prompt texts; repeats allowed
+    "`trie_tokens` of the texts' `stub_pieces`, counted on the texts themselves (no tuple of pieces per prompt in memory):"
+    " sorted texts are in the order of their pieces, and two texts share floor(common characters / 4) pieces."
+    total, prev = 0, None
+    for s in sorted(set(texts)):
+        total += max(1, -(-len(s) // 4)) - (_lcp(s, prev) // 4 if prev is not None else 0)
+        prev = s
+    return total
+
+def _prompt_text(payload) -> str:
+    "The text the stub counts for a request's payload: a completion's prompt, or a chat's contents joined by newlines."
+    if isinstance(payload, list) and len(payload) == 1 and isinstance(payload[0], str): return payload[0]
+    if isinstance(payload, str): return payload
+    return "\n".join(str(m.get("content") or "") for m in payload if isinstance(m, dict))
+
 # %% ../nbs/20_plan.ipynb #p008
 PREFILL_RULE = ("prefill once per distinct (model, prompt): vLLM evaluates a prompt once for a request with n samples, and its"
-                " automatic prefix cache reuses a repeated prompt (a lower bound where the cache has evicted it); decode counts every sample")
+                " automatic prefix cache reuses a repeated prompt (a lower bound where the cache has evicted it); decode counts every sample;"
+                " a shared prefix is priced twice over: evaluated with every prompt (prefill_tokens, an upper bound) and once"
+                " (prefill_tokens_min: the prompts' token trie, what an ideal prefix cache evaluates, a lower bound)")
 
 def prompt_id(kind: str,  # "completion" or "chat"
               payload) -> str:  # the prompt text, or the chat messages
@@ -259,15 +313,18 @@ def price_keys(keys_path: Path,  # a key log (one request key a line; repeats al
     "Requests, tokens and cache state of one notebook's logged requests, re-keyed for `model` (requests of the stub's"
     " main id; requests already made with `model` keep their keys; other ids, the stand-ins of model comparisons,"
     " count as `other_models` and as still to send); `by_model`: what is still to send, per model id. `prefill_tokens`"
-    " counts each distinct (model, prompt) once (`PREFILL_RULE`); `prompt_tokens` every request's prompt, as sent."
+    " counts each distinct (model, prompt) once (`PREFILL_RULE`); `prompt_tokens` every request's prompt, as sent;"
+    " `prefill_tokens_min` the token trie of each model's distinct prompts (`trie_tokens` over `stub_pieces`), scaled"
+    " by prefill_tokens / the prompts' text (1 for a stub rehearsal, whose counts are the text)."
     keys = list(dict.fromkeys(keys_path.read_text().split())) if keys_path.exists() else []
     out = dict(requests=len(keys), other_models=0, prompt_tokens=0, prefill_tokens=0, completion_tokens_max=0, in_cache=0, unknown=0,
-               to_send_tokens_max=0, to_send_prompt_tokens=0, to_send_prefill_tokens=0, models=[], by_model={})
+               to_send_tokens_max=0, to_send_prompt_tokens=0, to_send_prefill_tokens=0, models=[], by_model={},
+               prefill_tokens_min=0, to_send_prefill_tokens_min=0)
     if not keys: return out
-    seen, sent = set(), set()  # distinct (model, prompt) of all requests, of those still to send
-    def send(m, prompt, budget, pid):
+    seen, sent = {}, {}  # distinct (model, prompt) of all requests, of those still to send: (prompt tokens, prompt text)
+    def send(m, prompt, budget, pid, text):
         b = out["by_model"].setdefault(m, dict(requests=0, prompt_tokens=0, prefill_tokens=0, completion_tokens_max=0))
-        new = prompt * ((m, pid) not in sent); sent.add((m, pid))
+        new = prompt * ((m, pid) not in sent); sent[m, pid] = (prompt, text)
         b["requests"] += 1; b["prompt_tokens"] += prompt; b["prefill_tokens"] += new; b["completion_tokens_max"] += budget
         out["to_send_tokens_max"] += budget; out["to_send_prompt_tokens"] += prompt; out["to_send_prefill_tokens"] += new
     with ResponseCache(rehearsal_cache) as src:
@@ -277,29 +334,41 @@ def price_keys(keys_path: Path,  # a key log (one request key a line; repeats al
             req = src.request(k)
             if req is None: out["unknown"] += 1; continue
             budget, prompt = int(req["params"].get("max_tokens") or 16), int((answers.get(k) or {}).get("prompt_tokens", 0))
-            pid = prompt_id(req["kind"], req["payload"])
+            pid, text = prompt_id(req["kind"], req["payload"]), _prompt_text(req["payload"])
             m = model if req["model"] in (model, STUB_MODEL) else req["model"]
             out["prompt_tokens"] += prompt
-            out["prefill_tokens"] += prompt * ((m, pid) not in seen); seen.add((m, pid))
+            out["prefill_tokens"] += prompt * ((m, pid) not in seen); seen.setdefault((m, pid), (prompt, text))
             out["completion_tokens_max"] += budget
-            if req["model"] == model: target[k] = (prompt, budget, pid)  # a run of the model itself: its own keys
+            if req["model"] == model: target[k] = (prompt, budget, pid, text)  # a run of the model itself: its own keys
             elif req["model"] == STUB_MODEL:
                 target[request_key(req["kind"], model, req["payload"], req["params"], req.get("sample_index", 0),
-                              req.get("constraint"))] = (prompt, budget, pid)
-            else: out["other_models"] += 1; send(req["model"], prompt, budget, pid)  # stand-ins for the other models of a comparison
+                              req.get("constraint"))] = (prompt, budget, pid, text)
+            else: out["other_models"] += 1; send(req["model"], prompt, budget, pid, text)  # stand-ins for the other models of a comparison
     held = {}
     if target_cache is not None and Path(target_cache).exists() and target:
         with ResponseCache(target_cache) as dst: held = dst.get_many(list(target))
     out["in_cache"] = len(held)
-    for k, (prompt, budget, pid) in target.items():
-        if k not in held: send(model, prompt, budget, pid)
+    for k, (prompt, budget, pid, text) in target.items():
+        if k not in held: send(model, prompt, budget, pid, text)
     out["models"] = sorted({m for m, _ in seen})
+    out["prefill_tokens_min"] = sum(_trie_min(seen, m) for m in out["models"])
+    for m, b in out["by_model"].items(): b["prefill_tokens_min"] = _trie_min(sent, m)
+    out["to_send_prefill_tokens_min"] = sum(b["prefill_tokens_min"] for b in out["by_model"].values())
     return out
+
+def _trie_min(prompts: dict, m: str) -> int:
+    "Trie tokens of model `m`'s distinct prompts in `prompts` ({(model, prompt id): (tokens, text)}), in the units of"
+    " their token counts: the trie of their `stub_pieces` x counted tokens / pieces (exact for a stub rehearsal: its"
+    " counts are the pieces)."
+    mine = [v for (mm, _), v in prompts.items() if mm == m]
+    tokens, pieces = sum(t for t, _ in mine), sum(max(1, -(-len(x) // 4)) for _, x in mine)
+    return round(_stub_trie(x for _, x in mine) * tokens / pieces) if pieces else 0
 
 # %% ../nbs/20_plan.ipynb #p009c
 RECORD_COLUMNS = ["id", "kind", "model", "role", "requests", "prompt_tokens", "prefill_tokens", "completion_tokens_max", "n_samples",
                   "status", "source", "note"]
 RECORD_COUNTS = ["requests", "prompt_tokens", "prefill_tokens", "completion_tokens_max", "n_samples"]  # whole numbers >= 0
+RECORD_MIN = "prefill_tokens_min"  # optional column: the token trie of the row's prompts (`trie_tokens`), <= prefill_tokens
 RECORDS_FIX = "repair it, or write it again with `python docs/rehearsal/shipped_records.py`"
 
 class RecordsError(ValueError):
@@ -307,7 +376,9 @@ class RecordsError(ValueError):
 
 def read_records(path: str | Path) -> pd.DataFrame:  # a records CSV (`RECORD_COLUMNS`)
     "The records of `path`, checked as they are read: every column of `RECORD_COLUMNS`, an id and a model on every"
-    " line, whole numbers >= 0 in `RECORD_COUNTS`, prefill tokens no more than prompt tokens; else `RecordsError`."
+    " line, whole numbers >= 0 in `RECORD_COUNTS` (and in `RECORD_MIN` where the file has it, no more than"
+    " prefill_tokens, or blank), prefill tokens no more than prompt tokens; else `RecordsError`. Without `RECORD_MIN`"
+    " that column reads as unknown (<NA>), as does a blank cell of it."
     path = Path(path)
     with path.open(newline="") as f:
         reader = csv.DictReader(f)
@@ -320,7 +391,8 @@ def read_records(path: str | Path) -> pd.DataFrame:  # a records CSV (`RECORD_CO
             if None in row: raise RecordsError(f"{where} has more fields than the header's {len(header)}; {RECORDS_FIX}")
             for col in ("id", "model"):
                 if not (row[col] or "").strip(): raise RecordsError(f"{where}, column {col!r} is empty; {RECORDS_FIX}")
-            for col in RECORD_COUNTS:
+            if RECORD_MIN in header and not (row[RECORD_MIN] or "").strip(): row[RECORD_MIN] = None  # blank: unknown for this row
+            for col in RECORD_COUNTS + [RECORD_MIN] * (RECORD_MIN in header and row[RECORD_MIN] is not None):
                 v = row[col]
                 try: n = int(v)
                 except (TypeError, ValueError): n = -1
@@ -329,36 +401,50 @@ def read_records(path: str | Path) -> pd.DataFrame:  # a records CSV (`RECORD_CO
             if row["prefill_tokens"] > row["prompt_tokens"]:
                 raise RecordsError(f"{where}, column 'prefill_tokens': {row['prefill_tokens']} exceeds prompt_tokens "
                                    f"{row['prompt_tokens']} (a prompt is evaluated at most once per request); {RECORDS_FIX}")
+            if RECORD_MIN in header and row[RECORD_MIN] is not None and row[RECORD_MIN] > row["prefill_tokens"]:
+                raise RecordsError(f"{where}, column {RECORD_MIN!r}: {row[RECORD_MIN]} exceeds prefill_tokens {row['prefill_tokens']}"
+                                   f" (shared prefixes evaluated once never cost more than every prompt whole); {RECORDS_FIX}")
             rows.append(row)
-    return pd.DataFrame(rows, columns=header).astype({c: "int64" for c in RECORD_COUNTS})
+    df = pd.DataFrame(rows, columns=header).astype({c: "int64" for c in RECORD_COUNTS})
+    df[RECORD_MIN] = pd.array(df[RECORD_MIN].tolist() if RECORD_MIN in df else [None] * len(df), dtype="Int64")  # None: <NA>
+    return df
 
 def shipped_records(profile: str = "full",  # profile the records are for (only `full` is shipped)
                     path: str | Path | None = None) -> pd.DataFrame:  # a records file; None: the package's `rehearsal/<profile>.csv`
     "The rehearsal records shipped as package data (`kgrag_nb/rehearsal/<profile>.csv`), checked (`read_records`);"
     " empty when none is shipped."
     path = Path(path) if path is not None else Path(str(files("kgrag_nb") / "rehearsal" / f"{profile}.csv"))  # package data
-    return read_records(path) if path.exists() else pd.DataFrame(columns=RECORD_COLUMNS)
+    return read_records(path) if path.exists() else pd.DataFrame(columns=[*RECORD_COLUMNS, RECORD_MIN])
 
 # %% ../nbs/20_plan.ipynb #p010
 STAND_IN_KEYS = ("models", "judge_model", "judge_url", "model")  # --set keys that name stand-ins, not sizes
-COUNTS = ["requests", "models", "other_models", "prompt_tokens", "prefill_tokens", "completion_tokens_max", "in_cache", "to_send"]
+COUNTS = ["requests", "models", "other_models", "prompt_tokens", "prefill_tokens", "prefill_tokens_min", "completion_tokens_max", "in_cache",
+          "to_send"]
 TOKENS = ["requests", "prompt_tokens", "prefill_tokens", "completion_tokens_max"]
+
+def _min(n) -> float:
+    "A lower-bound token count as a float, NaN where it is unknown (a shipped record without `RECORD_MIN`)."
+    return math.nan if n is None or pd.isna(n) else float(n)
 
 def _price(row: dict, sends: dict, throughput, replicas, per_model: dict, size_of):
     "Adds prefill/decode hours of `sends` ({model: tokens to send}) to `row` and to `per_model`: prefill prices the"
-    " distinct prompts (`prefill_tokens`), decode every sample's budget; `size_of(model)` gives each model's `ModelSize`."
-    row.update(prefill_hours=0.0, decode_hours=0.0)
+    " distinct prompts whole (`prefill_tokens`: `prefill_hours`) and their token trie (`prefill_tokens_min`:"
+    " `prefill_hours_min`, NaN where unknown), decode every sample's budget; `size_of(model)` gives each model's `ModelSize`."
+    row.update(prefill_hours=0.0, prefill_hours_min=0.0, decode_hours=0.0)
     for m, s in sends.items():
         size = size_of(m)
         pre, dec = phase_hours(s["prefill_tokens"], s["completion_tokens_max"], size, throughput, replicas)
-        row["prefill_hours"] += pre; row["decode_hours"] += dec
+        pre_min = phase_hours(_min(s["prefill_tokens_min"]), 0, size, throughput, replicas)[0]
+        row["prefill_hours"] += pre; row["prefill_hours_min"] += pre_min; row["decode_hours"] += dec
         c, p, d = model_rates(size)
         b = per_model.setdefault(m, dict(model=m, size_class=c, sized_from=size.source, prefill_tok_s=p,
-                                         decode_tok_s=d if throughput is None else throughput,
-                                         **dict.fromkeys(TOKENS, 0), prefill_hours=0.0, decode_hours=0.0))
+                                         decode_tok_s=d if throughput is None else throughput, **dict.fromkeys(TOKENS, 0),
+                                         prefill_tokens_min=0.0, prefill_hours=0.0, prefill_hours_min=0.0, decode_hours=0.0))
         for k in TOKENS: b[k] += s[k]
-        b["prefill_hours"] += pre; b["decode_hours"] += dec
+        b["prefill_tokens_min"] += _min(s["prefill_tokens_min"])
+        b["prefill_hours"] += pre; b["prefill_hours_min"] += pre_min; b["decode_hours"] += dec
     row["gpu_hours"] = row["prefill_hours"] + row["decode_hours"]
+    row["gpu_hours_min"] = row["prefill_hours_min"] + row["decode_hours"]
 
 def plan(profile: str = "full",  # profile the run will use
          only: str | None = None,  # artefact glob patterns, as for `kgrag reproduce --only`
@@ -368,7 +454,10 @@ def plan(profile: str = "full",  # profile the run will use
          cfg: Config | None = None,
          params: str | float | dict | None = None) -> pd.DataFrame:  # size of `model` (`70e9`, `671B/37B`), or {model id: size}
     "One row per experiment and artefact the selection runs, then a total row: requests, tokens, cache state, prefill,"
-    " decode and GPU hours; `.attrs['by_model']` the same per model the run calls, with its size class and where its"
+    " decode and GPU hours, prefill priced twice: every distinct prompt whole (`prefill_tokens`, `prefill_hours`,"
+    " `gpu_hours`: an upper bound) and its experiment's token trie (`prefill_tokens_min`, `prefill_hours_min`,"
+    " `gpu_hours_min`: what an ideal prefix cache evaluates, a lower bound; <NA> where a shipped record does not"
+    " carry it, and then in the total too); `.attrs['by_model']` the same per model the run calls, with its size class and where its"
     " size came from (`model_size`). A local rehearsal of a notebook prices it; without one, the shipped record of the"
     " profile does (`basis` says which). Refuses an unknown profile, a throughput that is not a finite number > 0, and"
     " a model it cannot size (`UnknownModelSize`: give `params`)."
@@ -387,22 +476,25 @@ def plan(profile: str = "full",  # profile the run will use
     records, ship, rows, per_model = rehearsal_records(profile, cfg), shipped_records(profile), [], {}
     for s in [*experiments_for(arts, exps_all), *arts]:
         row = dict(id=s.id, kind=s.kind, basis="", rehearsal="", requests=0, models=0, other_models=0, prompt_tokens=0, prefill_tokens=0,
-                   completion_tokens_max=0, in_cache=0, to_send=0, prefill_hours=0.0, decode_hours=0.0, gpu_hours=0.0)
+                   prefill_tokens_min=0, completion_tokens_max=0, in_cache=0, to_send=0, prefill_hours=0.0, prefill_hours_min=0.0,
+                   decode_hours=0.0, gpu_hours=0.0, gpu_hours_min=0.0)
         rec, shipped = records.get(s.id), ship[ship["id"] == s.id]
         if not s.needs_llm: row["basis"] = "no LLM"
         elif (rec is None or not (rec["keys"].exists() or rec["complete"])) and len(shipped):
             sends = {}
             for r in shipped.itertuples():
                 m = model if r.model == "{model}" else r.model
-                b = sends.setdefault(m, dict.fromkeys(TOKENS, 0))
+                b = sends.setdefault(m, dict.fromkeys([*TOKENS, "prefill_tokens_min"], 0))
                 for k in TOKENS: b[k] += int(getattr(r, k))
+                b["prefill_tokens_min"] += _min(r.prefill_tokens_min)  # NaN: not shipped
             row.update(basis=f"shipped record ({', '.join(dict.fromkeys(shipped['status']))}): {'; '.join(dict.fromkeys(shipped['source']))}",
                        rehearsal="shipped", models=len(sends), other_models=int(shipped.loc[shipped["model"] != "{model}", "requests"].sum()),
-                       **{k: int(shipped[k].sum()) for k in TOKENS}, to_send=int(shipped["requests"].sum()))
+                       **{k: int(shipped[k].sum()) for k in TOKENS}, prefill_tokens_min=shipped["prefill_tokens_min"].sum(skipna=False),
+                       to_send=int(shipped["requests"].sum()))
             _price(row, sends, throughput, replicas, per_model, size_of)
         elif rec is None or not (rec["keys"].exists() or rec["complete"]):
             row.update(basis="no rehearsal", requests=math.nan, models=math.nan, to_send=math.nan, prefill_hours=math.nan, decode_hours=math.nan,
-                       gpu_hours=math.nan)
+                       gpu_hours=math.nan, prefill_hours_min=math.nan, gpu_hours_min=math.nan)
         else:
             p = price_keys(rec["keys"], rec["cache"], cfg.llm_cache_path, model)
             kind = "exact" if s.id in EXACT_PROMPTS else "estimate"
@@ -411,7 +503,8 @@ def plan(profile: str = "full",  # profile the run will use
                 "--set " + ", ".join(f"{k}={v}" for k, v in sets.items())] * bool(sets))  # reduced or substituted: not the profile as is
             row.update(basis=kind, rehearsal=rec["run_id"],
                        requests=p["requests"], models=len(p["models"]), other_models=p["other_models"], prompt_tokens=p["prompt_tokens"],
-                       prefill_tokens=p["prefill_tokens"], completion_tokens_max=p["completion_tokens_max"], in_cache=p["in_cache"],
+                       prefill_tokens=p["prefill_tokens"], prefill_tokens_min=p["prefill_tokens_min"],
+                       completion_tokens_max=p["completion_tokens_max"], in_cache=p["in_cache"],
                        to_send=p["requests"] - p["in_cache"])
             _price(row, p["by_model"], throughput, replicas, per_model, size_of)
         rows.append(row)
@@ -419,14 +512,19 @@ def plan(profile: str = "full",  # profile the run will use
     total = {c: df[c].sum(min_count=1) if c not in ("id", "kind", "basis", "rehearsal") else "" for c in df.columns}
     total.update(id="TOTAL", models=len(per_model), basis="no rehearsal for some" if df["basis"].eq("no rehearsal").any() else
                  "shipped records for some" if df["rehearsal"].eq("shipped").any() else "")
+    if (df["prefill_hours"].notna() & df["prefill_hours_min"].isna()).any():  # a lower bound of some rows only: no total
+        total.update(prefill_tokens_min=math.nan, prefill_hours_min=math.nan, gpu_hours_min=math.nan)
     out = pd.concat([df, pd.DataFrame([total])], ignore_index=True).astype({c: "Int64" for c in COUNTS})  # <NA> where nothing tells
-    hours = ["prefill_hours", "decode_hours", "gpu_hours"]
-    by = pd.DataFrame(list(per_model.values()), columns=["model", "size_class", "sized_from", "prefill_tok_s", "decode_tok_s", *TOKENS, *hours])
+    hours, mins = ["prefill_hours", "prefill_hours_min", "decode_hours", "gpu_hours", "gpu_hours_min"], ["prefill_tokens_min", "prefill_hours_min", "gpu_hours_min"]
+    by = pd.DataFrame(list(per_model.values()), columns=["model", "size_class", "sized_from", "prefill_tok_s", "decode_tok_s", *TOKENS,
+                                                         "prefill_tokens_min", *hours])
     by["gpu_hours"] = by["prefill_hours"] + by["decode_hours"]
+    by["gpu_hours_min"] = by["prefill_hours_min"] + by["decode_hours"]
     by = by.sort_values("gpu_hours", ascending=False, ignore_index=True)
     by = pd.concat([by, pd.DataFrame([dict(model="TOTAL", size_class="", sized_from="", prefill_tok_s="", decode_tok_s="",
-                                           **by[[*TOKENS, *hours]].sum())])],
+                                           **{**by[[*TOKENS, *hours]].sum(), **by[mins].sum(skipna=False)})])],
                    ignore_index=True).astype({c: "int64" for c in TOKENS})
+    by["prefill_tokens_min"] = by["prefill_tokens_min"].round().astype("Int64")  # <NA> where a shipped record does not tell
     out.attrs.update(by_model=by, throughput_model=throughput_model(throughput, sizes.values()), model=model, throughput=throughput,
                      replicas=replicas, sizes=dict(sizes))
     return out
@@ -470,6 +568,10 @@ def _plan(sub):
               f"(kgrag_nb/rehearsal/{args.profile}.csv); completion tokens are max_tokens budgets (upper bound), every sample counted; "
               f"prompt tokens by the stub's rule (4 characters per token): prompt_tokens every request's prompt (sent), "
               f"prefill_tokens each distinct (model, prompt) once (evaluated)")
+        print("prefill priced twice: prefill_tokens = prefill tokens (no prefix cache): every distinct prompt whole, an upper bound; "
+              "prefill_tokens_min = prefill tokens (ideal prefix cache): the token trie of each model's prompts (a prefix shared "
+              "with an earlier prompt evaluated once), a lower bound; prefill_hours_min and gpu_hours_min price it; "
+              "<NA> where the shipped records do not carry it")
         print("throughput model (tokens/s per H100 SXM5 GPU): prefill = 50% of 989.4 TFLOPS dense BF16 / (2 x parameters), on prefill_tokens ("
               + PREFILL_RULE + "); decode = "
               + (f"{args.throughput:g} (--throughput) for every model" if args.throughput else

@@ -34,8 +34,9 @@ def test_price_keys_rekeys_for_the_target_model(tmp_path):
     p = price_keys(log, tmp_path / "rehearsal.sqlite", tmp_path / "real.sqlite", "M")
     assert p == dict(requests=3, other_models=1, prompt_tokens=9, prefill_tokens=9, completion_tokens_max=37, in_cache=1, unknown=0,
                      to_send_tokens_max=8 + 5, to_send_prompt_tokens=3 + 3, to_send_prefill_tokens=3 + 3, models=["M", "stub-2"],
-                     by_model={"stub-2": dict(requests=1, prompt_tokens=3, prefill_tokens=3, completion_tokens_max=5),
-                               "M": dict(requests=1, prompt_tokens=3, prefill_tokens=3, completion_tokens_max=8)})
+                     by_model={"stub-2": dict(requests=1, prompt_tokens=3, prefill_tokens=3, completion_tokens_max=5, prefill_tokens_min=3),
+                               "M": dict(requests=1, prompt_tokens=3, prefill_tokens=3, completion_tokens_max=8, prefill_tokens_min=3)},
+                     prefill_tokens_min=9, to_send_prefill_tokens_min=3 + 3)  # no prefix shared at a 4-character piece (Q: a|?, Q: b|?)
 
 
 @pytest.mark.llm
@@ -153,6 +154,8 @@ def test_kgrag_plan_cli_on_a_fresh_clone(tmp_path):
     out = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "prefill_hours" in out.stdout and "decode_hours" in out.stdout and "GPU-hours per model" in out.stdout
+    assert "prefill tokens (no prefix cache)" in out.stdout and "prefill tokens (ideal prefix cache)" in out.stdout
+    assert "prefill_tokens_min" in out.stdout and "gpu_hours_min" in out.stdout  # both columns, both prices
     assert "throughput model" in out.stdout and "MLPerf Inference v5.1" in out.stdout and "no rehearsal yet" not in out.stdout
     js = subprocess.run(cli + ["--json", "--replicas", "2"], env=env, capture_output=True, text=True, timeout=300)
     import pandas as pd
@@ -185,7 +188,8 @@ def test_prefill_counts_one_prompt_of_n_samples_once(tmp_path):
     keys = tmp_path / "runs" / "reh" / "artifacts" / "closed_book_baseline.keys"
     p = price_keys(keys, tmp_path / "reh_cache" / "llm_cache.sqlite", None, "meta-llama/Llama-3.1-8B-Instruct")
     assert (p["requests"], p["prompt_tokens"], p["prefill_tokens"], p["completion_tokens_max"]) == (3, 300, 100, 24)
-    assert p["by_model"] == {"meta-llama/Llama-3.1-8B-Instruct": dict(requests=3, prompt_tokens=300, prefill_tokens=100, completion_tokens_max=24)}
+    assert p["by_model"] == {"meta-llama/Llama-3.1-8B-Instruct": dict(requests=3, prompt_tokens=300, prefill_tokens=100, completion_tokens_max=24,
+                                                                      prefill_tokens_min=100)}
     row = plan("tiny", only="closed_book_baseline", cfg=cfg).set_index("id").loc["closed_book_baseline"]
     assert (row["requests"], row["models"], row["prompt_tokens"], row["prefill_tokens"], row["completion_tokens_max"]) == (3, 1, 300, 100, 24)
     # Llama-3.1-8B: prefill 30,919 tok/s, decode 5,000 tok/s (SIZE_CLASSES["7-8B"])
@@ -442,3 +446,166 @@ def test_dense_size_read_from_any_name(n, tenth, suffix):
     s = model_size(f"some-org/Family-{x}B{suffix}")
     assert s.total == s.active == pytest.approx(float(x) * 1e9)
     assert parse_params(f"{x}B") == (pytest.approx(float(x) * 1e9),) * 2
+
+
+# --- prefix caching: a lower bound on prefill (the token trie of an experiment's prompts) beside the upper bound ---
+import itertools, random
+
+from kgrag_nb.plan import chunked_trie_tokens, stub_pieces, trie_tokens
+from kgrag_nb.serve import stub_tokens
+
+
+def test_trie_tokens_hand_computed():
+    # abcdef: 6 new; abcdxy shares abcd: 2 new; abz shares ab: 1 new -> 9 of 15
+    p = ["abcdef", "abcdxy", "abz"]
+    assert trie_tokens(p) == 9 and trie_tokens(p[::-1]) == 9
+    assert trie_tokens([[1, 2, 3], [1, 2, 4], [5]]) == 5  # token ids: 3 + 1 + 1
+    assert trie_tokens(["ab", "ab"]) == 2 and trie_tokens(["abcd", "ab"]) == 4  # a repeat and a prefix cost nothing
+    assert trie_tokens([]) == 0 and trie_tokens([""]) == 0
+    # reuse only at multiples of B: prefixes of length kB evaluated once (B each), every distinct prompt's tail (len mod B)
+    assert chunked_trie_tokens(p, 1) == 9
+    assert chunked_trie_tokens(p, 2) == 9  # ab, abcd, abcdef, abcdxy: 4 x 2; tails 0, 0, 1
+    assert chunked_trie_tokens(p, 3) == 12  # abc, abz, abcdef, abcdxy: 4 x 3; tails 0
+    assert chunked_trie_tokens(p, 4) == 11  # abcd: 4; tails 2, 2, 3 (abz, then abcdef: 6, then abcdxy reuses abcd: 2)
+    assert chunked_trie_tokens(p, 7) == 15  # no prompt reaches a boundary: every distinct prompt whole
+    assert chunked_trie_tokens(["abcd", "ab"], 3) == 6  # abc: 3; tails 1 and 2
+
+
+@pytest.mark.parametrize("block", [0, -1, 1.5, "2", None])
+def test_chunked_trie_refuses_a_bad_block(block):
+    with pytest.raises(ValueError, match=f"block={block!r}"): chunked_trie_tokens(["ab"], block)
+
+
+def _sequential(prompts, block):
+    "The definition: distinct prompts in order, each reusing the deepest multiple of `block` within its longest common"
+    " prefix with any earlier prompt, evaluating the rest."
+    done, total = [], 0
+    for p in dict.fromkeys(tuple(x) for x in prompts):
+        lcp = max((len(os.path.commonprefix([p, q])) for q in done), default=0)
+        total += len(p) - block * (lcp // block); done.append(p)
+    return total
+
+
+prompts_st = st.lists(st.lists(st.integers(0, 3), max_size=12), max_size=12)  # a 4-token vocabulary: many shared prefixes
+
+
+@settings(max_examples=300, deadline=None)
+@given(prompts=prompts_st, block=st.integers(1, 6), seed=st.integers(0, 2**32 - 1))
+def test_trie_is_a_lower_bound_invariant_to_order(prompts, block, seed):
+    distinct = sum(len(p) for p in {tuple(p) for p in prompts})  # the upper bound: every distinct prompt whole
+    lo, chunked = trie_tokens(prompts), chunked_trie_tokens(prompts, block)
+    assert lo <= chunked <= distinct
+    assert lo == _sequential(prompts, 1) and chunked == _sequential(prompts, block)  # the sort-based count is the definition
+    shuffled = prompts[:]; random.Random(seed).shuffle(shuffled)
+    assert (trie_tokens(shuffled), chunked_trie_tokens(shuffled, block)) == (lo, chunked)
+    assert chunked_trie_tokens(prompts, 1) == lo and chunked_trie_tokens(prompts, 2 * block) >= chunked  # coarser: less reuse
+
+
+@settings(max_examples=200, deadline=None)
+@given(prompts=st.dictionaries(st.integers(0, 50), st.lists(st.integers(0, 3), max_size=10), max_size=10), block=st.integers(1, 6))
+def test_trie_equals_upper_bound_when_no_first_token_is_shared(prompts, block):
+    ps = [[first, *rest] for first, rest in prompts.items()]  # distinct first tokens
+    assert trie_tokens(ps) == chunked_trie_tokens(ps, block) == sum(map(len, ps))
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(max_size=40))
+def test_stub_pieces_are_the_stub_tokens(text):
+    pieces = stub_pieces(text)
+    assert len(pieces) == stub_tokens(text) and "".join(pieces) == text and all(len(x) <= 4 for x in pieces)
+    assert trie_tokens([pieces]) == stub_tokens(text)  # one prompt: its whole stub count
+
+
+def _prefix_rehearsal(d: Path):
+    "A rehearsal of closed_book_baseline (tiny) whose prompts share stub pieces: `abcdefgh1` x 2 samples, `abcdefgh2`"
+    " (3 stub tokens each: abcd efgh 1) for the run's model; `abcdefgh3` for a stand-in (stub-2); its config."
+    run = d / "runs" / "reh"; (run / "artifacts").mkdir(parents=True); (d / "reh_cache").mkdir()
+    keys = []
+    with ResponseCache(d / "reh_cache" / "llm_cache.sqlite") as c:
+        for m, prompt, i in [(STUB_MODEL, "abcdefgh1", 0), (STUB_MODEL, "abcdefgh1", 1), (STUB_MODEL, "abcdefgh2", 0), ("stub-2", "abcdefgh3", 0)]:
+            params = {"max_tokens": 4, "temperature": 0.7}
+            keys.append(request_key("completion", m, prompt, params, i))
+            c.put(keys[-1], {"text": "x", "prompt_tokens": stub_tokens(prompt)},
+                  request=dict(kind="completion", model=m, payload=prompt, params=params, sample_index=i))
+    (run / "artifacts" / "closed_book_baseline.keys").write_text("\n".join(keys) + "\n")
+    (run / "artifacts" / "closed_book_baseline.json").write_text("{}")
+    (run / "manifest.json").write_text(json.dumps(dict(run_id="reh", profile="tiny", config={"cache_dir": str(d / "reh_cache")})))
+    return get_config(runs_dir=d / "runs", cache_dir=d / "real_cache")
+
+
+def test_price_keys_counts_the_prefix_trie(tmp_path):
+    # run's model: abcdefgh1, abcdefgh2 = 6 stub tokens whole, trie abcd efgh 1 2 = 4; stub-2: abcdefgh3 = 3 (its own cache)
+    cfg = _prefix_rehearsal(tmp_path)
+    p = price_keys(tmp_path / "runs" / "reh" / "artifacts" / "closed_book_baseline.keys", tmp_path / "reh_cache" / "llm_cache.sqlite",
+                   None, "M")
+    assert (p["prompt_tokens"], p["prefill_tokens"], p["prefill_tokens_min"], p["to_send_prefill_tokens_min"]) == (12, 9, 7, 7)
+    assert {m: (b["prefill_tokens"], b["prefill_tokens_min"]) for m, b in p["by_model"].items()} == {"M": (6, 4), "stub-2": (3, 3)}
+    row = plan("tiny", only="closed_book_baseline", cfg=cfg).set_index("id").loc["closed_book_baseline"]
+    assert (row["prefill_tokens"], row["prefill_tokens_min"]) == (9, 7)
+    # both at the 7-8B prefill rate (30,919 tok/s); decode (4 requests x 4) the same in both
+    assert row["prefill_hours"] == pytest.approx(9 / 30919 / 3600) and row["prefill_hours_min"] == pytest.approx(7 / 30919 / 3600)
+    assert row["gpu_hours_min"] == pytest.approx(row["prefill_hours_min"] + row["decode_hours"]) and row["gpu_hours_min"] < row["gpu_hours"]
+
+
+def test_shipped_records_without_a_trie_count_leave_the_lower_bound_unknown(tmp_path):
+    df = plan(profile="full", cfg=get_config(runs_dir=tmp_path / "runs", cache_dir=tmp_path / "cache")).set_index("id")
+    shipped = df[df["rehearsal"] == "shipped"]
+    if "prefill_tokens_min" not in pd.read_csv(_shipped_path(), nrows=0).columns:  # not shipped (yet): unknown, not guessed
+        assert shipped["prefill_tokens_min"].isna().all() and shipped["gpu_hours_min"].isna().all()
+        assert pd.isna(df.loc["TOTAL", "prefill_tokens_min"]) and pd.isna(df.loc["TOTAL", "gpu_hours_min"])  # never a partial sum
+    else: assert shipped["prefill_tokens_min"].notna().all() and (shipped["prefill_tokens_min"] <= shipped["prefill_tokens"]).all()
+    assert (df.loc[df["basis"] == "no LLM", "prefill_tokens_min"] == 0).all()
+
+
+def test_shipped_records_carry_an_optional_trie_count(tmp_path):
+    def with_min(f, r):
+        for x in r: x["prefill_tokens_min"] = str(int(x["prefill_tokens"]) // 2)
+        return [*f, "prefill_tokens_min"], r
+    rec = shipped_records("full", path=_damaged(tmp_path, with_min))
+    assert (rec["prefill_tokens_min"] == rec["prefill_tokens"] // 2).all()
+    def too_many(f, r):
+        f, r = with_min(f, r); r[0]["prefill_tokens_min"] = str(int(r[0]["prefill_tokens"]) + 1); return f, r
+    d = tmp_path / "bad"; d.mkdir()
+    with pytest.raises(ValueError, match="column 'prefill_tokens_min': .* exceeds prefill_tokens"): shipped_records("full", path=_damaged(d, too_many))
+    def one_blank(f, r):  # a row whose prompts no rehearsal kept: unknown there, known elsewhere
+        f, r = with_min(f, r); r[0]["prefill_tokens_min"] = ""; return f, r
+    d = tmp_path / "blank"; d.mkdir()
+    rec = shipped_records("full", path=_damaged(d, one_blank))
+    assert pd.isna(rec["prefill_tokens_min"].iloc[0]) and rec["prefill_tokens_min"].iloc[1:].notna().all()
+    def text(f, r):
+        f, r = with_min(f, r); r[1]["prefill_tokens_min"] = "some"; return f, r
+    d = tmp_path / "text"; d.mkdir()
+    with pytest.raises(ValueError, match="line 3 .*column 'prefill_tokens_min': 'some' is not a whole number >= 0"):
+        shipped_records("full", path=_damaged(d, text))
+
+
+def _shipped_path():
+    from importlib.resources import files
+    return Path(str(files("kgrag_nb") / "rehearsal" / "full.csv"))
+
+
+import pandas as pd
+
+
+def test_shipped_trie_counts_are_priced(tmp_path, monkeypatch):
+    import kgrag_nb.plan as plan_mod
+    def half(f, r):
+        for x in r: x["prefill_tokens_min"] = str(int(x["prefill_tokens"]) // 2)
+        return [*f, "prefill_tokens_min"], r
+    rec = shipped_records("full", path=_damaged(tmp_path, half))
+    monkeypatch.setattr(plan_mod, "shipped_records", lambda profile: rec if profile == "full" else rec.iloc[:0])
+    df = plan(profile="full", only="closed_book_baseline", cfg=get_config(runs_dir=tmp_path / "runs", cache_dir=tmp_path / "cache")).set_index("id")
+    cb = df.loc["closed_book_baseline"]
+    assert cb["prefill_tokens_min"] == 174468 // 2  # the shipped closed-book row: 174,468 prefill tokens, its run's model (7-8B)
+    assert cb["prefill_hours_min"] == pytest.approx(87234 / 30919 / 3600) and cb["gpu_hours_min"] == pytest.approx(cb["prefill_hours_min"] + cb["decode_hours"])
+    assert df.loc["TOTAL", "prefill_tokens_min"] == 87234 and df.loc["TOTAL", "gpu_hours_min"] == pytest.approx(cb["gpu_hours_min"])
+    by = df.attrs["by_model"].set_index("model")
+    assert by.loc["TOTAL", "prefill_tokens_min"] == 87234 and by.loc["TOTAL", "gpu_hours_min"] == pytest.approx(cb["gpu_hours_min"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(texts=st.lists(st.text(alphabet="ab", max_size=13), max_size=10))
+def test_stub_trie_on_texts_is_the_trie_of_their_pieces(texts):
+    "price_keys counts the stub-piece trie on the texts (no tuple of pieces per prompt held in memory): the same number."
+    from kgrag_nb.plan import _stub_trie
+    assert _stub_trie(texts) == trie_tokens([stub_pieces(t) for t in texts])
