@@ -23,8 +23,14 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 OUT = ROOT / "kgrag_nb" / "rehearsal" / "full.csv"
 FT_ARMS = ["free", "constrained", "decoupled"]
-COLUMNS = ["id", "kind", "model", "role", "requests", "prompt_tokens", "prefill_tokens", "completion_tokens_max", "n_samples", "status",
-           "source", "note"]
+COLUMNS = ["id", "kind", "model", "role", "requests", "prompt_tokens", "prefill_tokens", "prefill_tokens_min", "completion_tokens_max",
+           "n_samples", "status", "source", "note"]
+# prefill_tokens_min (what an ideal prefix cache still evaluates) = prefill_tokens x the trie ratio measured on the smoke
+# run `smoke-ledger` (its key logs, prompts tokenised with Gemma-3's vocabulary: `plan.trie_tokens` / distinct-prompt
+# tokens per experiment). An ESTIMATE: the full profile's prompts are not on this machine, and more questions share
+# more, so a full-size ratio is likely lower. Blank where no smoke key log exists (brink_benchmarks, claims_ledger).
+SMOKE_TRIE_RATIO = {"closed_book_baseline": 0.254, "awaken_task1": 0.148, "brink_methods": 0.443, "coe_runs": 0.263,
+                    "format_tax_runs": 0.308, "jcql_kbqa": 0.150, "misk_runs": 0.312, "unseen_entity": 0.347}
 
 
 def plan_rows(md: str) -> dict:
@@ -229,7 +235,15 @@ def main():
                     f"{ft['n']} items x {len(ft['studies'])} studies x {len(arms)} decodings; ~500 prompt tokens and <= 96 completion "
                     "tokens per request assumed (the arms' prompts are the studies' own)"))
 
+    rows.append(row("claims_ledger", "artifact", "meta-llama/Llama-3.1-70B-Instruct", "CoE judge P(yes) probe", 1000, 322000, 1000, 1,
+                    "estimated", "not rehearsed: probe_prompts=1,000 at full x a ~322-token CoE correctness-judge prompt (the coe_runs judge record)",
+                    "max_tokens 1 with logprobs; the judge's model (coe_runs judge_model); each prompt holds its own answer, so each is its own prefill"))
+    for r in rows:
+        ratio = SMOKE_TRIE_RATIO.get(r["id"])
+        r["prefill_tokens_min"] = round(r["prefill_tokens"] * ratio) if ratio is not None else None
+        if ratio is not None: r["note"] = (r["note"] + "; " if r["note"] else "") + f"prefill_tokens_min: estimated, x {ratio} (smoke-ledger trie ratio)"
     df = pd.DataFrame(rows, columns=COLUMNS)
+    df["prefill_tokens_min"] = df["prefill_tokens_min"].astype("Int64")
     llm_ids = {k for sec in ("experiments", "artifacts") for k, v in reg[sec].items() if v.get("needs_llm")}
     assert set(df["id"]) == llm_ids, (set(df["id"]) ^ llm_ids)
     named = {"awaken_task1": full["awaken_task1"]["models"], "coe_runs": [*full["coe_runs"]["models"], full["coe_runs"]["judge_model"]],
@@ -241,7 +255,8 @@ def main():
     OUT.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(OUT, index=False)
     print(f"wrote {OUT.relative_to(ROOT)}: {len(df)} rows, {df['requests'].sum():,} requests, "
-          f"{df['prompt_tokens'].sum():,} prompt tokens sent ({df['prefill_tokens'].sum():,} to prefill), "
+          f"{df['prompt_tokens'].sum():,} prompt tokens sent ({df['prefill_tokens'].sum():,} to prefill, "
+          f"{df['prefill_tokens_min'].sum():,} with an ideal prefix cache where estimated), "
           f"<= {df['completion_tokens_max'].sum():,} completion tokens")
 
 
