@@ -4,11 +4,12 @@
 
 # %% ../nbs/16_report.ipynb #c003
 from __future__ import annotations
-import html, json, re, shutil, warnings
-from dataclasses import dataclass
+import functools, hashlib, html, json, re, shutil, warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
+import numpy as np
 import pandas as pd
 from jinja2 import DictLoader, Environment, StrictUndefined
 from markupsafe import Markup
@@ -16,12 +17,16 @@ from markupsafe import Markup
 from .config import Config, get_config
 from .hooks import subcommand
 from .papers import ledger_claims
-from .reproduce import is_safe_id, load_experiments, load_registry, mark_abandoned
+from .reproduce import ExperimentResults, experiment_dir, is_safe_id, load_experiments, load_registry, mark_abandoned
+from . import awaken, coe, metrics, missing  # per-item pages score items with the studies' own functions
 
 # %% auto #0
-__all__ = ['REF', 'CSP', 'REPORT_MARKER', 'list_runs', 'find_run', 'check_manifest', 'paper_ref', 'Link', 'href', 'html_table',
-           'anchor', 'sizes_text', 'index_rows', 'sanitize_html', 'render_notebook', 'artifact_files', 'rerun_command',
-           'provenance_mismatch', 'artifact_section', 'run_summary', 'ledger_summary', 'build_report']
+__all__ = ['REF', 'CSP', 'ITEM_STATUSES', 'ITEM_ADAPTERS', 'REPORT_MARKER', 'list_runs', 'find_run', 'check_manifest',
+           'paper_ref', 'Link', 'href', 'html_table', 'anchor', 'sizes_text', 'index_rows', 'sanitize_html',
+           'render_notebook', 'artifact_files', 'rerun_command', 'provenance_mismatch', 'artifact_section',
+           'run_summary', 'ItemSet', 'check_items', 'trace_by_item', 'misk_items', 'coe_items', 'brink_items',
+           'awaken_items', 'unseen_items', 'method_summary', 'write_item_pages', 'artifact_items', 'ledger_summary',
+           'build_report']
 
 # %% ../nbs/16_report.ipynb #c006
 def list_runs(cfg: Config | None = None) -> list[Path]:
@@ -359,6 +364,12 @@ _TEMPLATES["section.html"] = """\
 {% if missing %}
 <p class="warn">listed but missing: {{ missing }}</p>
 {% endif %}
+{% if items is defined and items %}
+<h3>Items</h3><ul>{% for s in items %}<li><a href="{{ s.href|href }}">{{ s.title }}</a>: {{ s.n }} items, {{ s.methods }} \
+methods, {{ s.pages }} page{{ "s" if s.pages > 1 }}</li>{% endfor %}</ul>
+{% elif items_note is defined and items_note %}
+<p class="note">{{ items_note }}</p>
+{% endif %}
 {% if claims is defined and claims %}
 <h3>Claims this artefact tests</h3><ul>{% for c in claims %}<li>{{ c.where }} ({{ c.metric }}: {{ c.comparison }}): {{ c.statement }} <em>{{ c.verdict }}</em> \
 (<a href="#claims">claims ledger</a>)</li>{% endfor %}</ul>
@@ -375,7 +386,9 @@ def artifact_section(entry: dict,  # the artefact's manifest entry
                      out: Path,  # the report folder (files are copied under it)
                      cfg: Config,
                      notebook: str | None = None,  # relative link to its rendered notebook
-                     claims: list[dict] | None = None) -> Markup:  # ledger claims it tests: where, statement, verdict
+                     claims: list[dict] | None = None,  # ledger claims it tests: where, statement, verdict
+                     items: list[dict] | None = None,  # links to its item pages (`write_item_pages`)
+                     items_note: str = "") -> Markup:  # why it has no item pages
     "The HTML section of one artefact; copies its files into `out/files/<artefact>/`."
     aid = entry["artifact"]
     files, missing = artifact_files(entry, cfg)
@@ -409,7 +422,7 @@ def artifact_section(entry: dict,  # the artefact's manifest entry
                    stale=provenance_mismatch(entry, manifest, cfg) if files else "",  # said before any number of another run
                    facts=facts, comparisons=comparisons, has_files=bool(files), figures=figures, tables=tables,
                    missing=", ".join(missing), deviations=[str(d) for d in entry.get("deviations") or []], provenance=provenance,
-                   claims=claims or [])
+                   claims=claims or [], items=items or [], items_note=items_note)
 
 # %% ../nbs/16_report.ipynb #c024
 _CSS = """body{font-family:system-ui,sans-serif;max-width:80em;margin:1em auto;padding:0 1em;color:#222}
@@ -417,7 +430,8 @@ table{border-collapse:collapse;margin:.5em 0;font-size:.85em}th,td{border:1px so
 th{background:#f3f3f3}dl{display:grid;grid-template-columns:max-content auto;gap:.2em 1em;font-size:.9em}dt{font-weight:600}dd{margin:0}
 section{border-top:2px solid #888;margin-top:2em}.figures{display:flex;flex-wrap:wrap;gap:1em}figure{margin:0}
 img{border:1px solid #ddd;max-width:100%;height:auto}.error{color:#a00;font-weight:600}.warn{color:#a60}.note{color:#666;font-size:.9em}
-.title{font-size:1.1em}"""
+.title{font-size:1.1em}details{border-bottom:1px solid #ddd;padding:.2em 0}summary{cursor:pointer}
+.raw{white-space:pre-wrap;max-width:40em}.y{color:#060}.n{color:#a00}.nr{color:#888}.pager a,.pager b{margin-right:.4em}"""
 
 _TEMPLATES["page.html"] = """\
 <!DOCTYPE html>
@@ -493,6 +507,466 @@ def run_summary(manifest: dict) -> Markup:
         ("skipped", ", ".join(manifest.get("skipped") or []) or "none"),
         ("rerun with", _macro("code")(rerun_command(manifest)))])
 
+# %% ../nbs/16_report.ipynb #83d02cef
+ITEM_STATUSES = ("ok", "repaired", "failed")  # a parsed step's outcome; None = the method has no parsed step
+
+@dataclass
+class ItemSet:
+    "The items of one artefact (or one part of it), as per-item records, with what their page says about them."
+    title: str  # what the items are, e.g. 'NQ questions'
+    metrics: list[str]  # the metrics every output's `correct` is read under, in column order
+    items: list[dict]  # records: {item_id, question, gold, outputs: {method: {raw, parsed, status, correct, details}}, trace}
+    status_of: str = ""  # which parsed step `status` describes
+    notes: list[str] = field(default_factory=list)  # what the study does not record, how a metric is read
+
+def _check_value(v, where: str, what: str, kinds: tuple):
+    if v is not None and not isinstance(v, kinds):
+        raise ValueError(f"{where}: {what} = {v!r} is a {type(v).__name__}, not {' or '.join(k.__name__ for k in kinds)} "
+                         "(or None: not recorded); fix the study's per-item adapter")
+
+def check_items(s: ItemSet,  # the item set an adapter made (or a study's `items` result)
+                where: str = "items") -> ItemSet:
+    "`s` when its records follow the per-item schema; ValueError naming the record and the field otherwise."
+    seen = set()
+    for i, r in enumerate(s.items):
+        at = f"{where}[{i}]"
+        if not isinstance(r, dict): raise ValueError(f"{at} is a {type(r).__name__}, not a record (a dict with item_id, question, gold, outputs)")
+        iid = r.get("item_id")
+        if not isinstance(iid, str) or not iid: raise ValueError(f"{at}.item_id = {iid!r}: every item needs a non-empty string id")
+        if iid in seen: raise ValueError(f"{at}.item_id = {iid!r} repeats an earlier item: ids are unique within an item set")
+        seen.add(iid)
+        _check_value(r.get("question"), at, "question", (str,))
+        gold = r.get("gold")
+        if gold is not None and not (isinstance(gold, list) and all(isinstance(g, str) for g in gold)):
+            raise ValueError(f"{at}.gold = {gold!r}: gold answers are a list of strings (or None: not recorded)")
+        outs = r.get("outputs")
+        if not isinstance(outs, dict): raise ValueError(f"{at}.outputs = {outs!r}: a dict method -> output")
+        for m, o in outs.items():
+            om = f"{at}.outputs[{m!r}]"
+            if not isinstance(o, dict): raise ValueError(f"{om} is a {type(o).__name__}, not an output dict (raw, parsed, status, correct)")
+            _check_value(o.get("raw"), om, "raw", (str,))
+            if o.get("status") not in (None, *ITEM_STATUSES):
+                raise ValueError(f"{om}.status = {o.get('status')!r}: one of {ITEM_STATUSES}, or None for a method with no parsed step")
+            correct = o.get("correct") or {}
+            unknown = set(correct) - set(s.metrics)
+            if unknown: raise ValueError(f"{om}.correct names {sorted(unknown)}, which are not the set's metrics {s.metrics}")
+            for k, v in correct.items(): _check_value(v, om, f"correct[{k!r}]", (bool, int, float))
+        tr = r.get("trace")
+        if tr is not None and not (isinstance(tr, list) and all(isinstance(t, dict) for t in tr)):
+            raise ValueError(f"{at}.trace: a list of trace records (dicts), or None when the study writes no trace")
+    return s
+
+# %% ../nbs/16_report.ipynb #9eda0f18
+def _py(v):
+    "A JSON value from a pandas / numpy one: numpy scalars as Python, NaN and NA as None."
+    if v is None: return None
+    if hasattr(v, "item") and not isinstance(v, (list, dict, str)): v = v.item()  # numpy scalar
+    if isinstance(v, float) and v != v: return None
+    return v
+
+def _gold(v) -> list[str] | None:
+    "Gold answers as a list of strings (a string is one answer)."
+    if v is None or (isinstance(v, float) and v != v): return None
+    return [str(v)] if isinstance(v, str) else [str(x) for x in list(v)]
+
+def trace_by_item(path: Path,  # a `kgqa.TraceWriter` JSONL file
+                  ) -> dict[str, list[dict]]:
+    "The records of a trace file grouped by item: a record's `question_id` up to its first `/` (a study may add"
+    " `/variant/condition` to it); unreadable lines are skipped."
+    out: dict[str, list[dict]] = {}
+    if not path.exists(): return out
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            try: r = json.loads(line)
+            except ValueError: continue  # a line cut short by an interrupted run
+            if isinstance(r, dict) and r.get("question_id") is not None:
+                out.setdefault(str(r["question_id"]).split("/")[0], []).append(r)
+    return out
+
+_MISK_METRICS = {  # artefact -> {metric shown: per-question column of `missing.nq_scores` / `med_scores` / the predictions}
+    "misk_table1": {"EM": "em", "EM (containment)": "em_contain", "F1": "f1", "Precision": "precision", "Recall": "recall",
+                    "Context_Recall_OrigQ": "cr_llm_origq", "Context_Recall_MisQ": "cr_llm",
+                    missing.TOKEN_ORIGQ: "cr_det_origq", missing.TOKEN_MISQ: "cr_det", "Miss (judge=true)": "miss"},
+    "misk_table3": {"ROUGE-1 (jieba words)": "rouge1", "ROUGE-2 (jieba words)": "rouge2", "ROUGE-L (jieba words)": "rougeL",
+                    "Context_Recall_OrigQ": "cr_llm_origq", "Context_Recall_MisQ": "cr_llm",
+                    missing.TOKEN_ORIGQ: "cr_det_origq", missing.TOKEN_MISQ: "cr_det", "Miss (judge=true)": "miss"},
+    "misk_table4": {"QA Pairs Recall": "cr_llm_qa", "Wiki Recall": "cr_llm_wiki",
+                    "QA Pairs Recall" + missing.OURS: "cr_det_qa", "Wiki Recall" + missing.OURS: "cr_det_wiki"},
+    "misk_fig3": {missing.FIG3_Y: "cr_det", "context_recall (LLM judge)": "cr_llm"}}
+_MISK_SETS = {"misk_table1": ("nq",), "misk_table3": ("med",), "misk_table4": missing.DATASETS, "misk_fig3": missing.DATASETS}
+_MISK_ROWS = {"misk_table4": ("2-way retrieval", "Misk Wiki+QA Pairs", "Misk QA Pairs+Wiki"),
+              "misk_fig3": ("QA Pairs", "Misk QA Pairs+QA Pairs", "Wiki", "Misk Wiki+Wiki")}
+_MISK_TITLE = {"nq": "Natural Questions", "med": "medical questions (Chinese)"}
+
+_YES_NO = {"em", "em_contain", "miss", "acc", "fr", "contains_gold", "contains_wrong", "grounded"}  # 0/1 columns shown as yes/no
+
+def _score(column: str, v):
+    "A per-item metric value: a 0/1 column as a bool, any other as a number; None when not recorded."
+    v = _py(v)
+    return bool(v) if column in _YES_NO and v is not None else v
+
+def misk_items(aid: str,  # a misk artefact id with items (`_MISK_METRICS`)
+               results: dict, cfg: Config) -> list[ItemSet]:  # {'misk_runs': ExperimentResults}
+    "Per question of the missing-knowledge study: each (TopK, knowledge base) row's raw answer, the answer the study"
+    " scored, the JSON verdict's parse status (Misk rows) and the artefact's per-question metrics, from `misk_runs`'"
+    " `<dataset>_predictions` (scored with the study's own `nq_scores` / `med_scores`)."
+    xp, names = results["misk_runs"], _MISK_METRICS[aid]
+    sets = []
+    for ds in _MISK_SETS[aid]:
+        preds = missing.load_predictions(xp, ds)
+        if aid in _MISK_ROWS: preds = preds[preds["row"].isin(_MISK_ROWS[aid])]
+        if preds.empty: continue
+        scored = missing.nq_scores(preds) if ds == "nq" else missing.med_scores(preds, "word")
+        scored["miss"] = [None if _py(s) is None else _py(j) is True for s, j in zip(scored["parse_status"], scored["judge"])]
+        metrics = [m for m, c in names.items() if c in scored]
+        items: dict[str, dict] = {}
+        for r in scored.to_dict("records"):
+            iid = str(r["qid"])
+            it = items.setdefault(iid, dict(item_id=iid, question=_py(r.get("question")), gold=_gold(r.get("answers")),
+                                            outputs={}, trace=None))
+            st = _py(r.get("parse_status"))
+            fr = _py(r.get("finish_reason"))
+            details = {"finish reason": fr if fr != "stop" else None}  # 'length': the answer was cut at max_tokens
+            if st is not None:  # a Misk row: the first-round verdict the paper's Fig. 4/5 prompt asks for
+                details |= {"verdict (raw)": _py(r.get("missing_text")), "judge": _py(r.get("judge")),
+                            "missing-knowledge queries": ", ".join(map(str, r.get("mis_queries") or [])),
+                            "parse repairs": ", ".join(map(str, r.get("parse_repairs") or [])),
+                            "parse failure": _py(r.get("parse_reason")), "fallback": _py(r.get("fallback_reason"))}
+            it["outputs"][f"{r['row']} (TopK={int(r['topk'])})"] = dict(
+                raw=_py(r.get("raw")), parsed=_py(r.get("prediction")), status=st,
+                correct={m: _score(c, r.get(c)) for m, c in names.items() if c in scored},
+                details={k: v for k, v in details.items() if v not in (None, "")})
+        notes = ["The study writes no per-call trace: its predictions hold each row's raw completion, the scored answer and"
+                 " (Misk rows) the verdict's raw text, so the trace link reads 'not recorded'."]
+        if ds == "med": notes.append("BLEU-1..4 (Table 3) are corpus-level: there is no per-question BLEU.")
+        sets.append(check_items(ItemSet(f"{_MISK_TITLE.get(ds, ds)} ({ds})", metrics, list(items.values()),
+                                        status_of="the first-round JSON verdict of a Misk row (Fig. 4/5 prompt), parsed by "
+                                                  "`missing.parse_json_verdict`; standard-RAG and DirectGen rows have no parsed step",
+                                        notes=notes), f"{aid} {ds}"))
+    return sets
+
+# %% ../nbs/16_report.ipynb #b9cb04ee
+_COE_SETS = {"coe_table2": ("irrelevant", {"ACC (judge)": "acc", "answer contained": "contains_gold"}),
+             "coe_table3": ("faithfulness", {"FR (following)": "fr", "wrong answer contained": "contains_wrong",
+                                             "grounded (judge)": "grounded"}),
+             "coe_table4": ("misinformation", {"ACC (judge)": "acc", "answer contained": "contains_gold"}),
+             "coe_table5": ("usability", {"ACC (judge)": "acc", "answer contained": "contains_gold"})}
+
+@functools.lru_cache(maxsize=2)  # Tables 2 to 5 read the same files
+def _coe_released(cfg: Config) -> dict[str, dict]:  # a Config is frozen, so it can key the cache
+    "id -> {question, answer} of the released CoE files in `cfg`'s data mirror ({} when it lacks them)."
+    out = {}
+    for ds in coe.DATASETS:
+        try: df = coe.load_released(ds, cfg=cfg)
+        except (OSError, KeyError, ValueError): continue  # not in this checkout's data mirror: question and gold not shown
+        out |= {r["id"]: {"question": r["question"], "answer": r["answer"]} for r in df.to_dict("records")}
+    return out
+
+def _coe_questions(ids: set[str], cfg: Config) -> dict[str, dict]:
+    "id -> {question, answer} from the released CoE files the experiment read ({} when the data mirror lacks them)."
+    rel = _coe_released(cfg)
+    return {i: rel[i] for i in ids if i in rel}
+
+def coe_items(aid: str,  # a coe artefact id with items (`_COE_SETS`)
+              results: dict, cfg: Config) -> list[ItemSet]:  # {'coe_runs': ExperimentResults}
+    "Per question of the Chain-of-Evidence study: each (variant, p, run) answer (Tables 2-4) or each (setting, method,"
+    " run) answer (Table 5), the judge's verdict and the artefact's metrics, from `coe_runs`' `answers` / `usability`;"
+    " question and gold answer from the released files (`coe.load_released`); the item's records of `trace.jsonl`."
+    xp = results["coe_runs"]
+    condition, names = _COE_SETS[aid]
+    rows = xp.load("usability") if condition == "usability" else (a := xp.load("answers"))[a["condition"] == condition]
+    if rows.empty: return []
+    released = _coe_questions(set(rows["id"]), cfg)
+    traces = trace_by_item(xp.path / "trace.jsonl")
+    items: dict[str, dict] = {}
+    for r in rows.to_dict("records"):
+        iid, q = str(r["id"]), released.get(str(r["id"]), {})
+        it = items.setdefault(iid, dict(item_id=iid, question=q.get("question"), gold=_gold(q.get("answer")), outputs={},
+                                        trace=traces.get(iid)))
+        judged = _py(r.get("judge_raw")) if "judge_raw" in r else None
+        status = "failed" if r.get("judge_unreadable") else ("ok" if condition == "usability" or judged is not None else None)
+        if condition == "usability":
+            method = f"{r['setting']} · {r['method']} · run {r['run']}"
+            details = {"snippets selected": _py(r.get("n_selected")), "gold recall %": _py(r.get("gold_recall")),
+                       "ScopeCoE failed": _py(r.get("scope_failed"))}
+        else:
+            method = f"{r['variant']} · p={float(r['p']):g} · run {r['run']}"
+            details = {"judge (raw)": judged, "context chars": _py(r.get("context_chars"))}
+        it["outputs"][method] = dict(raw=_py(r.get("output")), parsed=_py(r.get("answer_text")), status=status,
+                                     correct={m: _score(c, r.get(c)) for m, c in names.items() if c in r},
+                                     details={k: v for k, v in details.items() if v is not None})
+    notes = ["Status is the CompareGPT / groundedness judge's verdict: 'failed' when its reply was unreadable (counted as"
+             " not correct, as the study does); the answer itself is the completion's first line, with no parse step."]
+    if condition == "faithfulness":
+        notes.append("FR is 'wrong answer contained', else the groundedness judge's verdict (no judge call when contained).")
+    if not released: notes.append("The released CoE files are not in this checkout's data mirror: question and gold read 'not recorded'.")
+    title = {"usability": "questions of settings (a) and (b)"}.get(condition, f"questions, {condition} condition")
+    return [check_items(ItemSet(title, list(names), list(items.values()), status_of="the judge's verdict", notes=notes), aid)]
+
+# %% ../nbs/16_report.ipynb #2f6b650a
+_BRINK_STRICT = {"Hits@Any": "hits_any", "Precision": "precision", "Recall": "recall", "F1": "f1", "Hits@Hard": "hits_hard"}
+_BRINK_PERM = {"Hits@1 (permissive)": "perm_hits_at_1", "Precision (permissive)": "perm_precision",
+               "Recall (permissive)": "perm_recall", "F1 (permissive)": "perm_f1"}
+_BRINK_SETS = {  # artefact -> (labelling modes shown (None: all), methods (None: all), metrics)
+    "brink_fig1": (("private_id",), None, {k: _BRINK_STRICT[k] for k in ("Hits@Any", "F1", "Precision", "Recall")}),
+    "brink_fig2": (("private_id",), None, {k: _BRINK_STRICT[k] for k in ("Hits@Any", "Hits@Hard")}),
+    "brink_fig3": (("private_id",), None, {k: _BRINK_STRICT[k] for k in ("Hits@Any", "Hits@Hard")}),
+    "brink_fig4": (None, None, {"F1": "f1", "Hits@Any": "hits_any"}),
+    "brink_table6": (("private_id",), ("oracle",), {k: _BRINK_STRICT[k] for k in ("Hits@Any", "Hits@Hard", "F1")}),
+    "brink_table7": (("private_id",), None, {**{k: _BRINK_STRICT[k] for k in ("Hits@Any", "Precision", "Recall", "F1")}, **_BRINK_PERM})}
+
+def brink_items(aid: str,  # a BRINK artefact id with items (`_BRINK_SETS`)
+                results: dict, cfg: Config) -> list[ItemSet]:  # {'brink_methods': ExperimentResults}
+    "Per test question of each BRINK KG: every (method, KG setting, labelling mode) answer, scored per question with"
+    " `metrics.brink_scores` (strict, §4.3) and `metrics.permissive_scores` (App. I); the raw output is the completion of"
+    " the method's last traced call (`predictions/<kg>/<setting>_<mode>.trace.jsonl`)."
+    xp = results["brink_methods"]
+    modes, methods, names = _BRINK_SETS[aid]
+    preds = pd.DataFrame(xp.load("predictions"))
+    if modes: preds = preds[preds["mode"].isin(modes)]
+    if methods: preds = preds[preds["method"].isin(methods)]
+    sets = []
+    for kg, g in preds.groupby("kg", sort=False):
+        traces: dict[tuple, list[dict]] = {}  # (setting, mode) -> question id -> records
+        for (setting, mode), _ in g.groupby(["setting", "mode"], sort=False):
+            name = f"{setting}_{mode}.trace.jsonl"
+            path = xp.path / "predictions" / str(kg) / name
+            if _inside(path, [xp.path]):
+                traces[(setting, mode)] = {k: [dict(r, trace_file=name) for r in v] for k, v in trace_by_item(path).items()}
+        items: dict[str, dict] = {}
+        for r in g.to_dict("records"):
+            iid = str(r["id"])
+            it = items.setdefault(iid, dict(item_id=iid, question=_py(r.get("question")), gold=_gold(r.get("answers")), outputs={}, trace=[]))
+            mine = [x for x in traces.get((r["setting"], r["mode"]), {}).get(iid, []) if x.get("method") == r["method"]]
+            it["trace"] += mine  # this method's calls on this question in this setting and mode
+            last = mine[-1:]
+            strict = metrics.brink_scores(r["prediction"], list(r["answers"]), r.get("hard_answer"))
+            perm = {f"perm_{k}": v for k, v in metrics.permissive_scores(r["prediction"], list(r["answers"])).items()}
+            scores = {**strict, **perm}
+            method = f"{r['method']} · {r['setting']}" + ("" if r["mode"] == "private_id" else f" · {r['mode']}")
+            it["outputs"][method] = dict(
+                raw=str(last[0]["completion"]) if last else None, parsed=_py(r.get("prediction")),
+                status=None if r.get("answer_parsed") is None else ("ok" if r["answer_parsed"] else "failed"),
+                correct={m: (bool(v) if c in ("hits_any", "hits_hard", "perm_hits_at_1") else v)
+                         for m, c in names.items() for v in [_py(scores.get(c))] if v is not None},
+                details={k: v for k, v in {"hard answer": _py(r.get("hard_answer")), "rule type": _py(r.get("rule_type")),
+                                           "LLM calls": _py(r.get("llm_calls"))}.items() if v is not None})
+        for it in items.values(): it["trace"] = it["trace"] or None
+        notes = ["Status: whether the answer parsed as a list in the App. E answer format (`answer_parsed`); the study"
+                 " records no repairs. The parsed value is the answer the metrics score.",
+                 "Trace records carry `trace_file`: the setting and labelling mode they come from."]
+        sets.append(check_items(ItemSet(f"{kg} test questions", list(names), list(items.values()),
+                                        status_of="the answer list's parse (App. E format)", notes=notes), f"{aid} {kg}"))
+    return sets
+
+ITEM_ADAPTERS = {**{a: misk_items for a in _MISK_METRICS}, **{a: coe_items for a in _COE_SETS},  # artefact -> its items
+                 **{a: brink_items for a in _BRINK_SETS}}
+
+# %% ../nbs/16_report.ipynb #fdfba45a
+def awaken_items(aid: str,  # 'awaken_table2' (the intersection of questions) or 'awaken_table4' (each type its own)
+                 results: dict, cfg: Config) -> list[ItemSet]:  # {'awaken_task1': ExperimentResults}
+    "Per Step-1-unanswerable CWQ question (the No-RAG population, `awaken.base_ids`): the No-RAG answer and the answer"
+    " with each main knowledge type (triple ranking, NLI probing, the run's temperature), as `awaken.task1_table` scores"
+    " them: Hits@1 and Hits@10 over the sampled answers, and whether the table counts the question for that row."
+    result = awaken.load_task1(results["awaken_task1"])
+    p, types, mode = result["params"], list(awaken.MAIN_TYPES), "triple"
+    temp = p.get("temperature", 0.7)
+    base = awaken.base_ids(result)
+    per = {t: awaken.passing_ids(result["knowledge"], t, mode, "nli", p.get("min_true")) & base for t in types}
+    common = awaken.intersect_ids(list(per.values()))
+    counted = {"No RAG": common if aid == "awaken_table2" else base,
+               **{t: common if aid == "awaken_table2" else per[t] for t in types}}
+    ans = result["answers"]
+    ans = ans[ans["id"].isin(base) & ((ans["type"] == "No RAG") | (ans["type"].isin(types) & (ans["mode"] == mode)
+                                                                   & np.isclose(ans["temperature"], temp)))]
+    qs = result["questions"].set_index("id")
+    items: dict[str, dict] = {}
+    for r in ans.to_dict("records"):
+        iid = str(r["id"])
+        q = qs.loc[iid] if iid in qs.index else {}
+        it = items.setdefault(iid, dict(item_id=iid, question=_py(q.get("question")), gold=_gold(q.get("answers")), outputs={}, trace=None))
+        label = "No RAG" if r["type"] == "No RAG" else f"{awaken.KNOWLEDGE_TYPES[r['type']]} ({r['type']})"
+        it["outputs"][label] = dict(raw=None, parsed=" | ".join(map(str, r["samples"])) if r.get("samples") is not None else None, status=None,
+                                    correct={"Hits@1": bool(r["hits1"]), "Hits@10": bool(r["hits10"])},
+                                    details={"counted in this table": "yes" if iid in counted.get(r["type"], set()) else "no",
+                                             "samples correct": "".join(str(int(c)) for c in r.get("correct") if c is not None)})
+    notes = ["The experiment keeps each answer's sampled short answers (parsed), not the raw completions: raw reads"
+             " 'not recorded'; the study records no parse outcome per answer and writes no per-call trace.",
+             f"Knowledge ranked by triple, NLI probing, temperature {temp:g}; a question counts for a row only when that"
+             " knowledge type passed probing" + (" for every main type (the intersection)." if aid == "awaken_table2" else ".")]
+    return [check_items(ItemSet("Step-1-unanswerable CWQ questions", ["Hits@1", "Hits@10"], list(items.values()),
+                                status_of="not recorded", notes=notes), aid)] if items else []
+
+ITEM_ADAPTERS |= {a: awaken_items for a in ("awaken_table2", "awaken_table4")}
+
+# %% ../nbs/16_report.ipynb #090ac997
+def unseen_items(aid: str,  # 'awaken_table3'
+                 results: dict, cfg: Config) -> list[ItemSet]:  # {'unseen_entity': ExperimentResults}
+    "Per question of awakening Task 2 (Unseen-Entity KGQA), one set per dataset: each method's sampled answers (the raw"
+    " completions from `traces/<dataset>/llm_calls.jsonl`, the ranked answers the study scored), Hits@1 and Hits@10, and"
+    " the question's trace records (shared stages and every method's answer call)."
+    xp = results["unseen_entity"]
+    ans = xp.load("answers")
+    sets = []
+    for ds, g in ans.groupby("dataset", sort=False):
+        path = xp.path / "traces" / str(ds) / "llm_calls.jsonl"
+        traces = trace_by_item(path) if _inside(path, [xp.path]) else {}
+        items: dict[str, dict] = {}
+        for r in g.to_dict("records"):
+            iid = str(r["id"])
+            it = items.setdefault(iid, dict(item_id=iid, question=_py(r.get("question")), gold=_gold(r.get("gold")), outputs={},
+                                            trace=traces.get(iid)))
+            call = [x for x in traces.get(iid, []) if x.get("method") == r["method"] and x.get("stage") == "answer"][-1:]
+            raw = call[0]["completion"] if call else None
+            it["outputs"][str(r["method"])] = dict(
+                raw=" | ".join(map(str, raw)) if isinstance(raw, list) else raw,
+                parsed=" | ".join(map(str, r["samples"])) if r.get("samples") is not None else None, status=None,
+                correct={"Hits@1": bool(r["hits1"]), "Hits@10": bool(r["hits10"])},
+                details={"no knowledge": "yes"} if r.get("no_knowledge") else {})
+        notes = ["Raw: the samples of the method's answer call, joined with ' | '; parsed: the ranked answers scored."
+                 " The study records parse rates per method (`parse_rates`), not per answer: status reads n/p."]
+        sets.append(check_items(ItemSet(f"{ds} questions", ["Hits@1", "Hits@10"], list(items.values()),
+                                        status_of="not recorded per answer", notes=notes), f"{aid} {ds}"))
+    return sets
+
+ITEM_ADAPTERS["awaken_table3"] = unseen_items
+
+# %% ../nbs/16_report.ipynb #196dc353
+_TEMPLATES["items.html"] = """\
+{% extends "page.html" %}
+{% from "macros.html" import table %}
+{% macro pager() %}<p class="pager">{% if pages > 1 %}pages: {% for p in range(1, pages + 1) %}\
+{% if p == page %}<b>{{ p }}</b>{% else %}<a href="{{ page_href(p)|href }}">{{ p }}</a>{% endif %}{% endfor %}{% endif %}</p>{% endmacro %}
+{% macro score(v) %}{% if v is sameas true %}<td class="y">yes</td>{% elif v is sameas false %}<td class="n">no</td>\
+{% elif v is none %}<td class="nr">n/r</td>{% else %}<td>{{ v|text }}</td>{% endif %}{% endmacro %}
+{% block body %}
+<p><a href="{{ back|href }}">&larr; {{ aid }} in the report</a></p>
+<h1>{{ aid }}: {{ s.title }}</h1>
+<p class="note">Items {{ first }} to {{ last }} of {{ n }} (page {{ page }} of {{ pages }}). Status: {{ s.status_of or "not recorded" }} \
+(ok, repaired or failed; n/p: the method has no parsed step). n/r: not recorded.</p>
+{% if s.notes %}<ul class="note">{% for x in s.notes %}<li>{{ x }}</li>{% endfor %}</ul>{% endif %}
+<details><summary>Per method over all {{ n }} items</summary>
+{{ summary }}
+</details>
+{{ pager() }}
+{% for it in shown %}
+<details id="i{{ it.k }}"><summary><a href="#i{{ it.k }}">#{{ it.k }}</a> {{ it.item_id }}: {{ it.short }} \
+<span class="note">({{ it.tally }})</span></summary>
+<dl><dt>question</dt><dd>{{ it.get("question") or "not recorded" }}</dd><dt>gold</dt><dd>{{ it.gold or "not recorded" }}</dd>\
+<dt>trace</dt><dd>{% if it.trace %}<a href="{{ it.trace|href }}">{{ it.n_trace }} records (JSONL)</a>{% else %}not recorded{% endif %}</dd></dl>
+<table><thead><tr><th>method</th><th>raw output</th><th>parsed</th><th>status</th>{% for m in s.metrics %}<th>{{ m }}</th>{% endfor %}\
+<th>details</th></tr></thead><tbody>
+{% for m, o in it.outputs.items() %}
+<tr><td>{{ m }}</td><td class="raw">{{ o.get("raw") if o.get("raw") is not none else "not recorded" }}</td>\
+<td class="raw">{% if o.get("parsed") is none %}<span class="nr">n/r</span>{% elif o.get("parsed") == o.get("raw") %}= raw{% else %}{{ o.parsed|text }}{% endif %}</td>\
+<td>{{ o.get("status") or "n/p" }}</td>{% for k in s.metrics %}{{ score((o.get("correct") or {}).get(k)) }}{% endfor %}\
+<td class="note">{% for k, v in (o.get("details") or {}).items() %}{{ k }}: {{ v|text }}{% if not loop.last %}; {% endif %}{% endfor %}</td></tr>
+{% endfor %}
+</tbody></table>
+</details>
+{% endfor %}
+{{ pager() }}
+{% endblock %}"""
+
+def _slug(text: str) -> str:
+    "A file name for `text`: its safe characters (at most 40) and 8 hex digits of its md5 (distinct texts, distinct names)."
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", text)[:40].lstrip(".-") + "-" + hashlib.md5(text.encode()).hexdigest()[:8]
+
+def _shown(v) -> str:
+    "A parsed value or a gold list as text (a list joined with ' | ')."
+    return " | ".join(map(str, v)) if isinstance(v, list) else ("" if v is None else str(v))
+
+def method_summary(s: ItemSet) -> list[dict]:
+    "Per method: items, parse outcomes, and per metric the share of yes (0/1 metrics) or the mean (scores), over recorded values."
+    rows: dict[str, dict] = {}
+    for it in s.items:
+        for m, o in it["outputs"].items():
+            r = rows.setdefault(m, {"method": m, "items": 0, "ok": 0, "repaired": 0, "failed": 0, "n/p": 0, **{k: [] for k in s.metrics}})
+            r["items"] += 1; r[o.get("status") or "n/p"] += 1
+            for k in s.metrics:
+                v = (o.get("correct") or {}).get(k)
+                if v is not None: r[k].append(float(v))
+    return [{**r, **{k: (f"{sum(r[k]) / len(r[k]):.3g} (n={len(r[k])})" if r[k] else "n/r") for k in s.metrics}} for r in rows.values()]
+
+def write_item_pages(aid: str,  # the artefact
+                     sets: list[ItemSet],  # its items
+                     out: Path,  # the report folder
+                     per_page: int = 100) -> list[dict]:  # items per page
+    "Write `items/<aid>/<set>-<page>.html` (paged, plain HTML: `<details>` and anchors, no script) and each item's trace"
+    " records as `items/traces/<item>-<md5>.jsonl`; the sets' links for the artefact's section."
+    if per_page < 1: raise ValueError(f"per_page = {per_page!r}: at least one item per page")
+    folder, traces = out / "items" / aid, out / "items" / "traces"
+    links = []
+    for si, s in enumerate(sets, 1):
+        pages = max(1, -(-len(s.items) // per_page))
+        page_href = lambda p, si=si: f"{si}-{p}.html"
+        summary = html_table(method_summary(s))
+        folder.mkdir(parents=True, exist_ok=True)
+        for p in range(1, pages + 1):
+            chunk, shown = s.items[(p - 1) * per_page:p * per_page], []
+            for k, it in enumerate(chunk, (p - 1) * per_page + 1):
+                trace = None
+                if it.get("trace"):
+                    body = "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in it["trace"])
+                    name = _slug(it["item_id"]) + "-" + hashlib.md5(body.encode()).hexdigest()[:8] + ".jsonl"
+                    traces.mkdir(parents=True, exist_ok=True)
+                    if not (traces / name).exists(): (traces / name).write_text(body, encoding="utf-8")
+                    trace = f"../traces/{name}"
+                yes = [v for o in it["outputs"].values() for v in (o.get("correct") or {}).values() if isinstance(v, bool)]
+                q = it.get("question") or ""
+                shown.append(dict(it, k=k, short=q if len(q) <= 120 else q[:117] + "...", gold=_shown(it.get("gold")) or None,
+                                  trace=trace, n_trace=len(it.get("trace") or []),
+                                  tally=f"{len(it['outputs'])} outputs" + (f", {sum(yes)} of {len(yes)} yes verdicts" if yes else "")))
+            (folder / page_href(p)).write_text(_page(
+                "items.html", f"{aid}: {s.title} ({p}/{pages})", aid=aid, s=s, n=len(s.items), page=p, pages=pages,
+                page_href=page_href, first=(p - 1) * per_page + 1 if chunk else 0, last=(p - 1) * per_page + len(chunk),
+                shown=shown, summary=summary, back=f"../../index.html#{anchor(aid)}"), encoding="utf-8")
+        links.append(dict(title=s.title, href=f"items/{aid}/{page_href(1)}", n=len(s.items),
+                          methods=len({m for it in s.items for m in it["outputs"]}), pages=pages))
+    return links
+
+# %% ../nbs/16_report.ipynb #843553c0
+def _study_items(results: dict) -> list[ItemSet]:
+    "Item sets a study saved itself: an experiment result `items` ({'sets': [{title, metrics, status_of, notes, items,"
+    " trace_file}]}, `trace_file` relative to the experiment folder), read with `check_items`."
+    sets = []
+    for eid, xp in results.items():
+        if "items" not in xp.names(): continue
+        saved = xp.load("items")
+        for i, d in enumerate(saved.get("sets", []) if isinstance(saved, dict) else []):
+            tf = d.get("trace_file")
+            traces = trace_by_item(xp.path / tf) if isinstance(tf, str) and _inside(xp.path / tf, [xp.path]) else {}
+            items = [dict(r, trace=traces.get(str(r.get("item_id")))) if isinstance(r, dict) else r for r in d.get("items", [])]
+            sets.append(check_items(ItemSet(str(d.get("title") or eid), [str(m) for m in d.get("metrics", [])], items,
+                                            str(d.get("status_of") or ""), [str(n) for n in d.get("notes", [])]),
+                                    f"{eid}/items.json sets[{i}]"))
+    return sets
+
+def artifact_items(entry: dict,  # an artefact's manifest entry (its `experiments`: id -> key)
+                   cfg: Config) -> tuple[list[ItemSet], str]:
+    "(item sets of the artefact, '' or why it has none): the study's own `items` result, else the report's adapter"
+    " (`ITEM_ADAPTERS`) over the experiments the artefact used."
+    aid, used = entry["artifact"], entry.get("experiments") or {}
+    if entry.get("status") != "ok": return [], ""
+    no_reader = "No item pages: the report has no per-item reader for this artefact's study yet."
+    if not isinstance(used, dict) or not used: return [], "No item pages: the artefact used no experiment."
+    results = {}
+    for eid, key in used.items():
+        if not (is_safe_id(eid) and is_safe_id(key)):
+            return [], f"No item pages: experiments {eid!r}: {key!r} is not an experiment id and key (a hand-edited manifest?)."
+        try: results[eid] = ExperimentResults(experiment_dir(cfg, eid, key))
+        except (FileNotFoundError, ValueError):
+            if aid not in ITEM_ADAPTERS: return [], no_reader
+            return [], (f"No item pages: the results of experiment {eid} (key {key[:16]}) are not in {cfg.cache_dir / 'experiments'} "
+                        "any more; rerun the artefact to see its items.")
+    try:
+        sets = _study_items(results)
+        if not sets and aid in ITEM_ADAPTERS: sets = ITEM_ADAPTERS[aid](aid, results, cfg)
+    except (KeyError, ValueError, OSError, TypeError) as e:
+        return [], f"No item pages: the experiment's results could not be read as items ({type(e).__name__}: {e})."
+    if sets: return sets, ""
+    return [], ("No item pages: this artefact has no per-item records." if aid.startswith(("misk_", "coe_")) else no_reader)
+
 # %% ../nbs/16_report.ipynb #c025
 def _links(items: list) -> tuple | str:
     "A cell of several links (a tuple the `cell` macro shows), or plain text when none is a link."
@@ -522,7 +996,8 @@ REPORT_MARKER = ".kgrag-report"  # in every folder `kgrag report` writes: only s
 
 def build_report(run_id: str | None = None,  # run to report on (default: the last finished run)
                  out: str | Path | None = None,  # report folder (default: runs/<run_id>/report)
-                 cfg: Config | None = None) -> Path:
+                 cfg: Config | None = None,
+                 items_per_page: int = 100) -> Path:  # items on one page of an artefact's item browser
     "Write the static report of a run; returns the path of its `index.html`. The manifest is checked first"
     " (`check_manifest`): a run folder changed by hand makes the report write nothing."
     cfg = cfg or get_config()
@@ -536,7 +1011,7 @@ def build_report(run_id: str | None = None,  # run to report on (default: the la
     if out.exists() and any(out.iterdir()) and not marker.exists():  # never delete what `kgrag report` did not make
         raise FileExistsError(f"--out {out}: the folder is not empty and was not made by `kgrag report` (it has no "
                               f"{REPORT_MARKER}); nothing was changed. Choose a new or empty folder")
-    for sub in ("files", "notebooks"):  # the report's own folders are rebuilt; nothing else in `out` is touched
+    for sub in ("files", "notebooks", "items"):  # the report's own folders are rebuilt; nothing else in `out` is touched
         if (out / sub).exists(): shutil.rmtree(out / sub)
     out.mkdir(parents=True, exist_ok=True)
     marker.write_text(f"made by kgrag report for run {manifest.get('run_id')}\n")
@@ -561,6 +1036,10 @@ def build_report(run_id: str | None = None,  # run to report on (default: the la
                              else ("reused from the cache" if e.get("status") == "reused" else "")}
                 for e in manifest.get("experiments", [])]
     ledger_rows, verdicts = ledger_summary(manifest, cfg, {e["artifact"] for e in arts})
+    items = {}  # artefact -> (links to its item pages, why it has none)
+    for e in arts:
+        sets, note = artifact_items(e, cfg)
+        items[e["artifact"]] = (write_item_pages(e["artifact"], sets, out, items_per_page), note)
     index = out / "index.html"
     index.write_text(_page(
         "index.html", f"kgrag_nb report: run {manifest.get('run_id')}", run_id=str(manifest.get("run_id")),
@@ -574,7 +1053,8 @@ def build_report(run_id: str | None = None,  # run to report on (default: the la
                                    [dict(where=c["where"], statement=c["statement"], metric=c["metric"],
                                          comparison=f"{c['arms']['a']} {c['direction']} {c['arms']['b']}",
                                          verdict=verdicts.get(c["id"], "not in this run's ledger"))
-                                    for c in ledger_claims(artefact=e["artifact"])]) for e in arts]), encoding="utf-8")
+                                    for c in ledger_claims(artefact=e["artifact"])],
+                                   *items[e["artifact"]]) for e in arts]), encoding="utf-8")
     return index
 
 # %% ../nbs/16_report.ipynb #c029
@@ -583,8 +1063,9 @@ def _report(sub):
     p = sub.add_parser("report", help="build a static HTML report of a run: every artefact and its executed notebook")
     p.add_argument("--run", default=None, metavar="RUN_ID", help="run id (a folder of runs/; default: the last finished run)")
     p.add_argument("--out", default=None, metavar="DIR", help="report folder (default: runs/<RUN_ID>/report)")
+    p.add_argument("--items-per-page", type=int, default=100, metavar="N", help="items on one page of the item browser (default: 100)")
     def run(args):
-        index = build_report(args.run, args.out)
+        index = build_report(args.run, args.out, items_per_page=args.items_per_page)
         print(f"report: {index}\nopen: {index.resolve().as_uri()}")
         return 0
     p.set_defaults(func=run)

@@ -10,7 +10,7 @@ They skip, saying why, only when no Chromium is installed (`apt-get install chro
 environment is not a CI: under `CI=true` a missing Chromium fails them (issue 22 item 14: a CI without Chromium is a failed CI).
 """
 from __future__ import annotations
-import html, json, os, re, shutil, subprocess, time, urllib.request
+import collections, html, json, os, re, shutil, subprocess, time, urllib.request
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -624,3 +624,223 @@ def test_a_run_listed_as_running_whose_runner_is_gone_is_reported_abandoned(tmp_
         "dead": "abandoned", "reused": "abandoned", "live": "running", "elsewhere": "running", "old": "running"}
     m = json.loads((cfg.runs_dir / "dead" / "manifest.json").read_text())
     assert str(dead_pid) in m["error"] and m["ended"]
+
+
+# ---------------------------------------------------------------- per-item pages (issue 37 item 3)
+
+from kgrag_nb.report import ItemSet, check_items, method_summary, write_item_pages
+
+ITEMS_DATA = Path(__file__).parent / "data" / "report_items"  # real records of a tiny run: misk_runs and coe_runs results folders
+MISK_KEY, COE_KEY = "8ca4c79fc5f9abd2975b8c4a89ecd351cb14e31047f9e79b10de7545d2907632", "be94b549bb85fd6897e7fcc32802e3cc0a3db24debcf8616e93f0f51833f43d3"
+AWAKEN_KEY = "368ee16ee837185ed82bde0d52f23c43d6a71cfcb961409aa08f83cb3eccd3ac"
+UNSEEN_KEY = "50f4c30f3ff6665a3a110a91b12f50e9b72b57ae29c750ebfa04b1a218d13d63"
+BRINK_KEY = "57d95d05c6d1f7c29bd5c9c1a7f841e92302c61112185d60af52af58edf1a675"
+
+
+def _item(**kw) -> dict:
+    out = {"raw": "r", "parsed": "p", "status": "ok", "correct": {"EM": True}}
+    return {"item_id": "q1", "question": "Q?", "gold": ["a"], "outputs": {"m": {**out, **kw}}, "trace": None}
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"item_id": ""}, r"items\[0\]\.item_id = ''"),
+    ({"gold": "a"}, r"items\[0\]\.gold = 'a': gold answers are a list of strings"),
+    ({"outputs": {"m": {"raw": 1}}}, r"items\[0\]\.outputs\['m'\]: raw = 1 is a int"),
+    ({"outputs": {"m": {"status": "fixed"}}}, r"status = 'fixed': one of \('ok', 'repaired', 'failed'\)"),
+    ({"outputs": {"m": {"correct": {"F1": 0.5}}}}, r"correct names \['F1'\], which are not the set's metrics \['EM'\]"),
+    ({"outputs": {"m": {"correct": {"EM": "yes"}}}}, r"correct\['EM'\] = 'yes' is a str"),
+    ({"trace": "trace.jsonl"}, r"items\[0\]\.trace: a list of trace records"),
+])
+def test_check_items_names_the_bad_field(bad, match):
+    with pytest.raises(ValueError, match=match): check_items(ItemSet("t", ["EM"], [{**_item(), **bad}]))
+    check_items(ItemSet("t", ["EM"], [_item(), {**_item(), "item_id": "q2", "question": None, "gold": None}]))  # None: not recorded
+    with pytest.raises(ValueError, match="repeats an earlier item"): check_items(ItemSet("t", ["EM"], [_item(), _item()]))
+
+
+def test_method_summary_hand_case():
+    s = ItemSet("t", ["EM", "F1"], [
+        {"item_id": "a", "outputs": {"m": {"status": "ok", "correct": {"EM": True, "F1": 0.5}}, "n": {"correct": {"EM": None}}}},
+        {"item_id": "b", "outputs": {"m": {"status": "failed", "correct": {"EM": False, "F1": 1.0}}}}])
+    assert method_summary(s) == [
+        {"method": "m", "items": 2, "ok": 1, "repaired": 0, "failed": 1, "n/p": 0, "EM": "0.5 (n=2)", "F1": "0.75 (n=2)"},
+        {"method": "n", "items": 1, "ok": 0, "repaired": 0, "failed": 0, "n/p": 1, "EM": "n/r", "F1": "n/r"}]
+
+
+def _items_run(tmp_path, per_page: int = 100) -> tuple[Path, object]:
+    "A run whose artefacts used the real tiny misk_runs, coe_runs, brink_methods, awaken_task1 and unseen_entity results"
+    " (tests/data/report_items), plus one artefact"
+    " with no item reader and one whose experiment results are gone; its report with `per_page` items a page."
+    cfg = get_config(runs_dir=tmp_path / "runs", figures_dir=tmp_path / "figures", cache_dir=tmp_path / "cache")
+    shutil.copytree(ITEMS_DATA / "experiments", cfg.cache_dir / "experiments")
+    _manifest(cfg.runs_dir / "r-i", run_id="r-i", started="2026", status="finished", profile="tiny", artifacts=[
+        {"artifact": a, "status": "ok", "outputs": [], "experiments": {e: k}}
+        for a, e, k in [("misk_table1", "misk_runs", MISK_KEY), ("misk_table3", "misk_runs", MISK_KEY), ("misk_table2", "misk_runs", MISK_KEY),
+                        ("coe_table2", "coe_runs", COE_KEY), ("coe_table3", "coe_runs", COE_KEY), ("coe_table5", "coe_runs", COE_KEY),
+                        ("brink_table7", "brink_methods", BRINK_KEY), ("brink_fig4", "brink_methods", BRINK_KEY),
+                        ("awaken_table2", "awaken_task1", AWAKEN_KEY), ("awaken_table4", "awaken_task1", AWAKEN_KEY),
+                        ("awaken_table3", "unseen_entity", UNSEEN_KEY),
+                        ("brink_table3", "brink_benchmarks", "b" * 64), ("misk_fig3", "misk_runs", "c" * 64)]])
+    return kgrag_nb.report.build_report("r-i", cfg=cfg, items_per_page=per_page), cfg
+
+
+def _released() -> dict:
+    "id -> released CoE record where this checkout's data mirror has them ({} otherwise: the pages then say 'not recorded')."
+    from kgrag_nb import coe
+    try: return {r["id"]: r for ds in coe.DATASETS for r in coe.load_released(ds).to_dict("records")}
+    except (OSError, KeyError, ValueError): return {}
+
+
+def test_item_pages_of_real_misk_and_coe_records(tmp_path):
+    index, cfg = _items_run(tmp_path)
+    page = index.read_text()
+    site = index.parent
+    sec = lambda a: page[page.index(f'<section id="art-{a}">'):][:page[page.index(f'<section id="art-{a}">'):].index("</section>")]
+    assert '<a href="items/misk_table1/1-1.html">Natural Questions (nq)</a>: 3 items, 10 methods, 1 page' in sec("misk_table1")
+    assert '<a href="items/misk_table3/1-1.html">medical questions (Chinese) (med)</a>: 2 items, 10 methods' in sec("misk_table3")
+    assert '<a href="items/coe_table2/1-1.html">questions, irrelevant condition</a>: 2 items' in sec("coe_table2")
+    assert "this artefact has no per-item records" in sec("misk_table2")
+    assert "no per-item reader for this artefact" in sec("brink_table3")
+    assert "are not in" in sec("misk_fig3") and "rerun the artefact" in sec("misk_fig3")
+    nq = (site / "items/misk_table1/1-1.html").read_text()
+    assert "who performed the first c section in 1794" in nq and "<dd>Dr. Jesse Bennett</dd>" in nq
+    # 'Jesse Bennett' vs gold 'Dr. Jesse Bennett': EM no, containment no (the gold is longer), F1 = 2*1*(2/3)/(1+2/3) = 0.8
+    row = re.search(r"<tr><td>Wiki \(TopK=2\)</td><td class=\"raw\">Jesse Bennett</td><td class=\"raw\">= raw</td><td>n/p</td>(.*?)</tr>", nq)
+    assert row, nq[:3000]
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1))
+    assert cells[:3] == ['no', 'no', '0.8'] and row.group(1).startswith('<td class="n">no</td><td class="n">no</td><td>0.8</td>'), cells
+    statuses = collections.Counter(r["parse_status"] for r in json.loads(
+        (ITEMS_DATA / "experiments/misk_runs/8ca4c79fc5f9abd2/nq_predictions.json").read_text()))
+    assert nq.count("<td>repaired</td>") == statuses["repaired"] == 6 and nq.count("<td>ok</td>") == statuses["ok"]
+    assert nq.count("<td>n/p</td>") == statuses[None] and "trace</dt><dd>not recorded" in nq
+    assert "parse repairs: control character in string" in nq
+    med = (site / "items/misk_table3/1-1.html").read_text()
+    assert "<th>ROUGE-L (jieba words)</th>" in med and "corpus-level: there is no per-question BLEU" in med
+    coe2 = (site / "items/coe_table2/1-1.html").read_text()
+    assert coe2.count('<details id="i') == 2 and "CoE · p=0.5 · run 0" in coe2 and "<th>ACC (judge)</th>" in coe2
+    rel = _released()
+    for iid in ("scopecoe_hotpotqa-558", "scopecoe_2wiki-562"):
+        shown = html.escape(rel[iid]["question"]) if iid in rel else "not recorded"
+        assert f"{iid}: " in coe2 and f"<dt>question</dt><dd>{shown}</dd>" in coe2.split(f"{iid}: ")[1], iid
+    traces = re.findall(r'<a href="\.\./traces/([^"]+)">(\d+) records', coe2)
+    assert len(traces) == 2
+    for name, n in traces:
+        recs = [json.loads(l) for l in (site / "items/traces" / name).read_text().splitlines()]
+        assert len(recs) == int(n) > 0 and {r["question_id"].split("/")[0] for r in recs} == {name.rsplit("-", 2)[0]}
+    coe3 = (site / "items/coe_table3/1-1.html").read_text()
+    assert "<th>FR (following)</th>" in coe3 and "no judge call when contained" in coe3
+    assert "(a) released snippets + CoE + BM25 · RAG+ScopeCoE · run 0" in (site / "items/coe_table5/1-1.html").read_text()
+    assert '<a href="items/brink_table7/1-1.html">family test questions</a>: 3 items, 12 methods' in sec("brink_table7")
+    assert "16 methods" in sec("brink_fig4")  # the kg_id labelling mode too
+    t7 = (site / "items/brink_table7/1-1.html").read_text()
+    # family-000029 (gold 2392, 2855, 698), llm_only on the complete KG answered ' 17320': parsed, no hit, F1 0 (strict and permissive)
+    row = re.search(r'<tr><td>llm_only · complete</td><td class="raw"> 17320</td><td class="raw">17320</td><td>ok</td>(.*?)</tr>', t7)
+    assert row and re.findall(r"<td[^>]*>(.*?)</td>", row.group(1))[:8] == ["no", "0", "0", "0", "no", "0", "0", "0"], t7[:2000]
+    assert "<dd>2392 | 2855 | 698</dd>" in t7 and "<th>F1 (permissive)</th>" in t7
+    # awakening: WebQTest-743's No-RAG samples hold the gold once (5th sample): Hits@1 no, Hits@10 yes; Table 4 counts the
+    # question (No-RAG population), Table 2 does not (T7 passed probing on no question: the intersection is empty)
+    for aid, counted in (("awaken_table4", "yes"), ("awaken_table2", "no")):
+        aw = (site / f"items/{aid}/1-1.html").read_text()
+        item = aw[aw.index("WebQTest-743"):]
+        assert re.search(r'<tr><td>No RAG</td><td class="raw">not recorded</td><td class="raw">JFK \| [^<]*</td><td>n/p</td>'
+                         r'<td class="n">no</td><td class="y">yes</td><td class="note">counted in this table: ' + counted
+                         + '; samples correct: 0000100000</td></tr>', item), item[:3000]
+    t3 = (site / "items/awaken_table3/1-1.html").read_text()  # unseen entities: the No-RAG call's raw samples start ' George Herbert'
+    assert re.search(r'<tr><td>No RAG</td><td class="raw"> George Herbert \| [^<]*</td><td class="raw">George Herbert \| ', t3)
+    assert re.search(r'<a href="\.\./traces/WebQTest-1686[^"]+">14 records', t3)
+
+
+def test_item_pages_are_paged_and_rebuilt(tmp_path):
+    index, cfg = _items_run(tmp_path, per_page=2)
+    site = index.parent
+    assert sorted(p.name for p in (site / "items/misk_table1").iterdir()) == ["1-1.html", "1-2.html"]
+    p2 = (site / "items/misk_table1/1-2.html").read_text()
+    assert "Items 3 to 3 of 3 (page 2 of 2)" in p2 and '<a href="1-1.html">1</a><b>2</b>' in p2 and '<details id="i3">' in p2
+    assert '<a href="../../index.html#art-misk_table1">' in p2
+    kgrag_nb.report.build_report("r-i", cfg=cfg)  # rebuilt at 100 a page: the old second page is gone
+    assert sorted(p.name for p in (site / "items/misk_table1").iterdir()) == ["1-1.html"]
+    with pytest.raises(ValueError, match="per_page = 0"): write_item_pages("a", [ItemSet("t", [], [])], tmp_path, per_page=0)
+
+
+def test_item_pages_escape_every_text(tmp_path):
+    s = ItemSet(f"t {SCRIPT}", [f"EM {SCRIPT}"], [{"item_id": f"id {SCRIPT}", "question": SCRIPT, "gold": [SCRIPT], "outputs": {
+        SCRIPT: {"raw": SCRIPT, "parsed": SCRIPT + "x", "status": "ok", "correct": {f"EM {SCRIPT}": True}, "details": {SCRIPT: SCRIPT}}},
+        "trace": [{"question_id": SCRIPT, "prompt": SCRIPT}]}], status_of=SCRIPT, notes=[SCRIPT])
+    write_item_pages("a", [check_items(s)], tmp_path)
+    text = (tmp_path / "items/a/1-1.html").read_text()
+    assert "<script" not in text.lower() and text.count(html.escape(SCRIPT)) >= 10
+    assert f'<meta http-equiv="Content-Security-Policy" content="{kgrag_nb.report.CSP}">' in text
+
+
+@needs_chromium
+def test_item_pages_pass_the_browser_check(browser, tmp_path):
+    "Every page of the item browser of real records opens with no problem; every link (pages, traces, anchors) resolves."
+    index, _ = _items_run(tmp_path, per_page=1)
+    res = check_site(browser, index)
+    assert not res["problems"], "\n".join(res["problems"])
+    site = index.parent
+    pages = {Path(unquote(urlparse(p).path)).relative_to(site).as_posix() for p in res["pages"]}
+    assert {"items/misk_table1/1-1.html", "items/misk_table1/1-3.html", "items/coe_table5/1-3.html"} <= pages
+    assert len([p for p in pages if p.startswith("items/")]) == len(list((site / "items").rglob("*.html")))
+    traces = [f for f in res["files"] if "/items/traces/" in f]
+    assert len(traces) == len(list((site / "items/traces").iterdir())) > 0
+
+
+@needs_chromium
+def test_a_page_of_500_items_stays_small(browser, tmp_path):
+    "500 items of the real NQ records (the tiny run's 3 questions, each with its 10 methods, repeated under new ids) on"
+    " one page (5,000 method rows, each with its raw output, parsed value and verdicts): under 4 MB, open in the browser"
+    " within 5 s with every anchor resolved; at the default 100 a page, five pages under 1 MB each."
+    index, cfg = _items_run(tmp_path)
+    xp = kgrag_nb.report.ExperimentResults(cfg.cache_dir / "experiments/misk_runs" / MISK_KEY[:16])
+    real = kgrag_nb.report.misk_items("misk_table1", {"misk_runs": xp}, cfg)[0]
+    many = ItemSet(real.title, real.metrics, [dict(real.items[i % 3], item_id=f"{real.items[i % 3]['item_id']}-{i}") for i in range(500)],
+                   real.status_of, real.notes)
+    for per_page, pages in ((500, 1), (100, 5)):
+        out = tmp_path / f"site{per_page}"
+        links = write_item_pages("big", [check_items(many)], out, per_page=per_page)
+        assert links[0]["pages"] == pages and len(list((out / "items/big").iterdir())) == pages
+    size = (tmp_path / "site500/items/big/1-1.html").stat().st_size
+    sizes100 = [p.stat().st_size for p in (tmp_path / "site100/items/big").iterdir()]
+    print(f"\na page of 500 items: {size / 1024:.0f} KB; pages of 100: {[round(s / 1024) for s in sizes100]} KB")
+    assert size < 4 * 2**20 and max(sizes100) < 2**20
+    t0 = time.time()
+    assert browser.open((tmp_path / "site500/items/big/1-1.html").resolve().as_uri()) == []
+    opened = time.time() - t0
+    assert browser.eval("document.querySelectorAll('details[id]').length") == 500
+    assert browser.eval("Array.from(document.querySelectorAll('a[href^=\"#\"]')).every(a => document.getElementById(a.getAttribute('href').slice(1)))")
+    print(f"opened in {opened:.2f} s")
+    assert opened < 10  # a shared CI machine: the measured time is printed above
+
+
+def test_a_study_can_write_its_own_items(tmp_path):
+    "The contract a study can follow instead of an adapter: an experiment result `items` ({'sets': [...]}) with a trace"
+    " file inside its results folder; a trace file outside it is not read, and a hand-edited experiment key is refused."
+    cfg = get_config(runs_dir=tmp_path / "runs", figures_dir=tmp_path / "figures", cache_dir=tmp_path / "cache")
+    xp = cfg.cache_dir / "experiments" / "my_exp" / ("a" * 16)
+    xp.mkdir(parents=True)
+    (xp / "_SUCCESS.json").write_text(json.dumps({"id": "my_exp", "key": "a" * 64}))
+    (xp / "trace.jsonl").write_text(json.dumps({"question_id": "q1/variant", "prompt": "P", "completion": "C"}) + "\n")
+    (tmp_path / "secret.jsonl").write_text(json.dumps({"question_id": "q1", "prompt": SECRET}) + "\n")
+    out = {"raw": " Paris.", "parsed": "Paris", "status": "repaired", "correct": {"EM": True}, "details": {"repairs": "dropped '.'"}}
+    def sets(trace_file): return {"sets": [{"title": "my questions", "metrics": ["EM"], "status_of": "the answer line",
+                                           "notes": ["n1"], "trace_file": trace_file, "items": [
+        {"item_id": "q1", "question": "Capital of France?", "gold": ["Paris"], "outputs": {"m1": out}},
+        {"item_id": "q2", "question": None, "gold": None, "outputs": {"m1": {**out, "raw": None, "status": None, "correct": {}}}}]}]}
+    (xp / "items.json").write_text(json.dumps(sets("trace.jsonl")))
+    _manifest(cfg.runs_dir / "r-s", run_id="r-s", started="2026", status="finished", artifacts=[
+        {"artifact": "my_art", "status": "ok", "outputs": [], "experiments": {"my_exp": "a" * 64}},
+        {"artifact": "bad_key", "status": "ok", "outputs": [], "experiments": {"my_exp": "../../../x"}}])
+    index = kgrag_nb.report.build_report("r-s", cfg=cfg)
+    page = (index.parent / "items/my_art/1-1.html").read_text()
+    assert "<dd>Capital of France?</dd>" in page and "<dd>Paris</dd>" in page and "<td>repaired</td>" in page
+    assert '<td class="raw"> Paris.</td><td class="raw">Paris</td><td>repaired</td><td class="y">yes</td>' in page
+    assert "<dt>question</dt><dd>not recorded</dd><dt>gold</dt><dd>not recorded</dd>" in page and "<td>n/p</td>" in page
+    trace = re.findall(r'<a href="\.\./traces/([^"]+)">1 records', page)
+    assert len(trace) == 1 and json.loads((index.parent / "items/traces" / trace[0]).read_text())["completion"] == "C"
+    assert "is not an experiment id and key" in index.read_text()
+    (xp / "items.json").write_text(json.dumps(sets("../../../../secret.jsonl")))
+    index = kgrag_nb.report.build_report("r-s", cfg=cfg)
+    assert SECRET not in "".join(p.read_text() for p in index.parent.rglob("*") if p.is_file())
+    (xp / "items.json").write_text(json.dumps({"sets": [{"title": "t", "metrics": [], "items": [{"item_id": "q", "outputs": {"m": {"status": "fine"}}}]}]}))
+    page = kgrag_nb.report.build_report("r-s", cfg=cfg).read_text()
+    assert "could not be read as items (ValueError: my_exp/items.json sets[0][0].outputs[&#x27;m&#x27;].status = &#x27;fine&#x27;" in page
