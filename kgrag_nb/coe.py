@@ -240,6 +240,7 @@ def parse_features(text: str) -> dict | None:  # raw completion of the App. A in
     if not kws: return None
     return {"intent": intent, "keywords": list(dict.fromkeys(kws))}
 
+# %% ../nbs/19_coe.ipynb #c008a
 def parse_relations(text: str) -> list[dict] | None:  # raw completion of the App. A relation prompt
     "`[{'keywords': [..], 'description': str}, ...]` (possibly empty) from the first JSON list; None when unreadable."
     if not isinstance(text, str): return None
@@ -254,6 +255,7 @@ def parse_relations(text: str) -> list[dict] | None:  # raw completion of the Ap
         out.append({"keywords": [c for c in (_clean_str(k) for k in kws) if c] if isinstance(kws, list) else [], "description": d})
     return list({r["description"]: r for r in out}.values())
 
+# %% ../nbs/19_coe.ipynb #c008b
 def parse_verdict(text: str) -> bool | None:  # raw completion of an App. B prompt
     "True for yes, False for no (first word, case and punctuation ignored); None when the reply is neither."
     if not isinstance(text, str): return None
@@ -275,6 +277,7 @@ RELATIONS = Constraint.json_schema(RELATIONS_SCHEMA)  # read by parse_relations
 # App. B intent / keyword / relation discrimination: 'Please output only "yes" or "no".' (after the 'Output:' cue, hence the space)
 VERDICT = Constraint.choice([" yes", " no"])  # read by parse_verdict
 
+# %% ../nbs/19_coe.ipynb #c008c
 def judge_verdict(text: str) -> bool:  # raw completion of a CompareGPT judge
     "The authors' judge rule (coe_upstream_prompts.txt §5): verdict = 'yes' in response.lower()."
     return isinstance(text, str) and "yes" in text.lower()
@@ -282,6 +285,7 @@ def judge_verdict(text: str) -> bool:  # raw completion of a CompareGPT judge
 # coe_upstream_prompts.txt §5-§6, the CompareGPT correctness and groundedness judges: "Answer with only yes/no."
 JUDGE_VERDICT = Constraint.choice([" yes", " no"])  # read by judge_verdict (readability by parse_verdict)
 
+# %% ../nbs/19_coe.ipynb #c008d
 # App. C's phrase prompts end with a cue ("Output:"; our "Broader term:") that a model may write again, and ask for a bare
 # phrase: the cue, quotes or bold marks and a final period are this study's protocol, given to the one reader (kgrag_nb.answers)
 PHRASE_LABELS = (r"(?i)(output|answer|broader term)\s*:",)
@@ -346,6 +350,7 @@ def decode_traced(client, prompts: list, ids: list, stages: list, method: str, t
                 trace.write(ids[i], method, stages[i], p, o[0], o[0] if parse is None else parse(o[0]), **extra(i))
     return outs, parsed
 
+# %% ../nbs/19_coe.ipynb #c014a
 def extract_features(client,  # LLMClient (or any object with `.complete(prompts, **kw)`)
                      questions: Sequence[str],  # the questions
                      ids: Sequence[str],  # one id per question (trace keys)
@@ -367,6 +372,7 @@ def extract_features(client,  # LLMClient (or any object with `.complete(prompts
     for i, r in zip(todo, rels): out[i] = {**feats[i], "relations": r or [], "relations_ok": r is not None}
     return out
 
+# %% ../nbs/19_coe.ipynb #c014b
 def discrimination_prompts(features: dict,  # extract_features output for one question
                            knowledge: str,  # the external knowledge judged
                            cue: str = VERDICT_CUE) -> list[tuple[str, int, str]]:  # answer cue for completion models
@@ -383,6 +389,7 @@ def coe_decision(judgement: dict) -> bool:  # {'intent': bool, 'keywords': [bool
     "CoE iff the intent and every keyword and every relation are judged present (§3.2); no relations = that condition holds."
     return bool(judgement["intent"]) and all(judgement["keywords"]) and all(judgement.get("relations") or [])
 
+# %% ../nbs/19_coe.ipynb #c014c
 def discriminate(client,  # LLMClient (or a scripted client with `.complete`)
                  items: Sequence[tuple],  # (item id, features, knowledge) per pair; features from extract_features
                  trace: TraceWriter | None = None,  # where every call is recorded
@@ -419,6 +426,7 @@ def contains(text: str, phrase: str) -> bool:  # output or knowledge; answer phr
     phrase = _norm_ws(phrase).lower()
     return bool(phrase) and phrase in _norm_ws(text).lower()
 
+# %% ../nbs/19_coe.ipynb #c018a
 def load_released(dataset: str,  # 'hotpotqa' or '2wiki'
                   cfg=None) -> pd.DataFrame:  # Config (default get_config())
     "The released CoE tuples as a DataFrame: dataset, id, question, answer, CoE, SenP, WordP, irrelevant_info, wrong_ans."
@@ -431,6 +439,7 @@ def load_released(dataset: str,  # 'hotpotqa' or '2wiki'
                          irrelevant_info=[str(x) for x in (m.get("irrelevant_info") or [])], wrong_ans=str(m.get("wrong_ans") or "")))
     return pd.DataFrame(rows)
 
+# %% ../nbs/19_coe.ipynb #c018b
 def quirks(df: pd.DataFrame) -> dict:  # load_released output (one dataset)
     "Counts of the released files' quirks (rows, unique questions, repeated rows, short noise lists, identical perturbations, ...)."
     text = lambda c: df[c].map(_norm_ws)
@@ -451,6 +460,7 @@ def piece_counts(df: pd.DataFrame) -> dict:  # load_released output (one dataset
     "Mean knowledge pieces (sentences, `split_sentences`) of CoE, SenP and WordP (Table 1's 'Knowledge Piece Num')."
     return {v: float(df[v].map(lambda s: len(split_sentences(s))).mean()) for v in VARIANTS}
 
+# %% ../nbs/19_coe.ipynb #c018c
 def sample_records(df: pd.DataFrame,  # load_released output
                    n: int,  # records wanted (all when larger than the de-duplicated set)
                    seed: int = 0) -> pd.DataFrame:
@@ -494,6 +504,7 @@ def _place(knowledge: str, extra: str, placement: str, seed: int) -> str:
     order = np.random.default_rng(seed).permutation(len(parts))
     return " ".join(parts[i] for i in order)
 
+# %% ../nbs/19_coe.ipynb #c021a
 def irrelevant_chars(knowledge: str, p: float) -> int:  # knowledge K; irrelevant share p
     "Characters of irrelevant text added to K for share p: int(len(K)·p/(1−p))."
     _check_p(p, "irrelevant_chars")
@@ -512,6 +523,7 @@ def irrelevant_context(knowledge: str,  # the knowledge K (CoE, SenP or WordP te
     text = (pool + " ") * (need // (len(pool) + 1) + 1)
     return _place(knowledge, text[:need], placement, seed)
 
+# %% ../nbs/19_coe.ipynb #c021b
 def misinformation_needed(knowledge: str, p: float) -> int:  # knowledge K; misinformation share p
     "Misinformation sentences added to K for share p: int(n/(1−p)) − n (n = sentences of K), at least 1 when p > 0."
     _check_p(p, "misinformation_needed")
@@ -535,6 +547,7 @@ def misinformation_context(knowledge: str,  # the knowledge K
     if not pool: raise ValueError("misinformation_context: no misinformation sentences; make some (make_misinformation) or skip the record")
     return _place(knowledge, " ".join(_sentence(pool[i % len(pool)]) for i in range(m)), placement, seed)
 
+# %% ../nbs/19_coe.ipynb #c021c
 def swap_answer(text: str, answer: str, wrong: str) -> tuple[str, int]:  # knowledge; gold answer; wrong answer
     "(text with every case-insensitive occurrence of `answer` replaced by `wrong`, number replaced) (§6.1)."
     if not _norm_ws(answer): return text, 0
@@ -563,6 +576,7 @@ def wrong_answers(client, answers: Sequence[str], ids: Sequence[str], trace: Tra
                            REFORMAT["phrase"], max_tokens=16, temperature=0.0, stop=["\n"])
     return [w if w and _norm_ws(w).lower() != _norm_ws(a).lower() else None for w, a in zip(out, answers)]
 
+# %% ../nbs/19_coe.ipynb #c024a
 def is_yes_no(answer: str) -> bool: return _norm_ws(answer).lower() in ("yes", "no")
 
 def _wordp_keyword(features: dict, coe: str, answer: str, rng) -> str | None:
@@ -619,6 +633,7 @@ def rebuild_samples(client,  # LLMClient
         df["wrong_ans"] = wa
     return df
 
+# %% ../nbs/19_coe.ipynb #c024b
 def rebuild_summary(df: pd.DataFrame) -> dict:  # rebuild_samples output
     "Acceptance and perturbation counts of rebuilt samples (beside the paper's 676/1,000 HotpotQA candidates passed)."
     acc = df[df["is_coe"] == True]
@@ -632,6 +647,7 @@ def rebuild_summary(df: pd.DataFrame) -> dict:  # rebuild_samples output
             "pieces CoE": float(acc["CoE"].map(lambda s: len(split_sentences(s))).mean()) if len(acc) else float("nan"),
             "pieces SenP": float(acc["SenP"].dropna().map(lambda s: len(split_sentences(s))).mean()) if acc["SenP"].notna().any() else float("nan")}
 
+# %% ../nbs/19_coe.ipynb #c024c
 def make_misinformation(client, records: pd.DataFrame,  # rows with id, question, answer, wrong_ans, CoE
                         n_generated: int = 3,  # LLM sentences asked per record
                         trace: TraceWriter | None = None, seed: int = 0,
@@ -807,6 +823,7 @@ def pool_released(record: dict, index: BM25Index | None, n_hard: int = 5, seed: 
     order = np.random.default_rng(seed).permutation(len(snippets))
     return [snippets[i] for i in order], [is_gold[i] for i in order]
 
+# %% ../nbs/19_coe.ipynb #c034a
 def pool_hotpot(record, max_pool: int = 20, seed: int = 0) -> tuple[list[str], list[bool]]:
     "(snippets, is_gold) for substitute (b): the distractor setting's sentences (gold = supporting facts), capped, seeded shuffle."
     gold_keys = {(t, i) for t, i in record.supporting_facts}
@@ -819,12 +836,14 @@ def pool_hotpot(record, max_pool: int = 20, seed: int = 0) -> tuple[list[str], l
     order = rng.permutation(len(items))
     return [items[i][0] for i in order], [items[i][1] for i in order]
 
+# %% ../nbs/19_coe.ipynb #c034b
 def rag_select(question: str, snippets: Sequence[str], k: int = RAG_TOP_K, embedder=None) -> list[int]:
     "Indices of the `k` snippets most similar to the question (cosine, MiniLM), best first (§8.1 naive RAG reranker)."
     if not snippets: return []
     v = embed([question] + list(snippets), embedder)
     return [int(i) for i in np.argsort(-(v[1:] @ v[0]), kind="stable")[:k]]
 
+# %% ../nbs/19_coe.ipynb #c034c
 def scope_coe(client, qid: str, features: dict, snippets: Sequence[str], trace: TraceWriter | None = None,
               decoding: str = "free") -> tuple[list[int], list[dict]]:  # free | constrained | decoupled (VERDICT)
     "(selected indices, judgements): ScopeCoE's feature judgment per snippet (§8.2.1) and minimal coverage search (§8.2.2)."
@@ -840,6 +859,7 @@ def scope_coe_many(client, questions: list[dict],  # per question: id, features 
     js = discriminate(client, items, trace, method="scopecoe", decoding=decoding)
     return [(minimal_coverage(js[a:b]), js[a:b]) for a, b in spans]
 
+# %% ../nbs/19_coe.ipynb #c034d
 def pair_jobs(questions: list[dict],  # per question: id, question, answer, features, snippets, is_gold, setting, dataset
               rag: Sequence[Sequence[int]],  # per question: RAG's selected snippet indices
               scoped: Sequence[Sequence[int] | None],  # per question: ScopeCoE's selection; None = features unreadable
@@ -867,6 +887,7 @@ def usability_jobs(roles,  # LLMClient playing GPT-4o's roles (ScopeCoE's featur
     return pair_jobs(questions, rag, [None if g is None else g[0] for g in got],
                      [None if g is None else sum(bool(j["intent"]) for j in g[1]) for g in got])  # phase 1 keeps the intent's snippets
 
+# %% ../nbs/19_coe.ipynb #c034e
 def answer_usability(client, judge, jobs: list[dict],  # pair_jobs output
                      seeds: Sequence[int], trace: TraceWriter | None = None,
                      decoding: str = "free") -> pd.DataFrame:  # the judge's format (answers always free)
@@ -1003,6 +1024,7 @@ def released_overview(datasets: Sequence[str] = tuple(DATASETS), cfg=None) -> tu
                            for d, df in data.items() for v, x in piece_counts(df).items()])
     return data, q, pieces
 
+# %% ../nbs/19_coe.ipynb #c039a
 def misinformation_counts(records: pd.DataFrame, p_values: Sequence[float]) -> pd.DataFrame:  # rows with CoE, SenP, WordP, misinformation
     "Per record: misinformation sentences available vs the most any variant needs at the largest p (§7.1)."
     pmax = max(p_values) if len(p_values) else 0
@@ -1010,6 +1032,7 @@ def misinformation_counts(records: pd.DataFrame, p_values: Sequence[float]) -> p
                               entity_replacement=sum(contains(m, r["wrong_ans"]) and m in [swap_answer(s, r["answer"], r["wrong_ans"])[0] for s in sentence_spans(r["CoE"])] for m in r["misinformation"]),
                               needed=max(misinformation_needed(r[v], pmax) for v in VARIANTS)) for _, r in records.iterrows()])
 
+# %% ../nbs/19_coe.ipynb #c039b
 def usability_questions(released: pd.DataFrame,  # sampled released records of one dataset, with a `features` column
                         index: BM25Index | None, n_hard: int, max_pool: int, seed: int) -> list[dict]:
     "Substitute (a) questions: the pool of `pool_released`, capped at `max_pool` snippets (every CoE sentence kept)."
@@ -1023,6 +1046,7 @@ def usability_questions(released: pd.DataFrame,  # sampled released records of o
                         features=r["features"], snippets=sn, is_gold=gold))
     return out
 
+# %% ../nbs/19_coe.ipynb #c039c
 def hotpot_questions(records: Sequence, features: Sequence, max_pool: int, seed: int) -> list[dict]:
     "Substitute (b) questions: HotpotQA distractor sentences (`pool_hotpot`), features from the rebuild step."
     out = []
@@ -1088,6 +1112,7 @@ def judge_report(run,  # the artefact's StudyRun
                    "or p >= 0.05" + _dec(dec))
     return t
 
+# %% ../nbs/19_coe.ipynb #c040a
 def report_usability(run, xp, papers_mod) -> dict:
     "Table 5: RAG vs RAG+ScopeCoE ACC on substitutes (a) and (b), snippets selected and gold recall, beside the paper's."
     _sizes(run, xp); dec = decoding_of(xp); roles = report_roles(run, xp)
@@ -1114,6 +1139,7 @@ def report_roles(run, xp) -> pd.DataFrame:
                    "the judge's model by default)")
     return roles
 
+# %% ../nbs/19_coe.ipynb #c040b
 def decoding_of(xp) -> str:  # the coe_runs ExperimentResults
     "The run's decoding (free | constrained | decoupled), from its run_info; 'free' for results made before it was recorded."
     return check_decoding((xp.load("run_info") or {}).get("decoding", "free"))
@@ -1123,6 +1149,7 @@ def _dec(decoding: str) -> str: return f"; decoding: {decoding}"  # every table 
 def _sizes(run, xp):
     for what, n in (xp.record.get("sample_sizes") or {}).items(): run.record_sample_size(what, n)
 
+# %% ../nbs/19_coe.ipynb #c040c
 def report_table1(run, xp, papers_mod) -> dict:
     "Table 1: released rows vs unique questions, knowledge pieces (ours and the paper's rule) beside the paper's, quirks, our discrimination rates, rebuilt samples."
     _sizes(run, xp); dec = decoding_of(xp); report_roles(run, xp)

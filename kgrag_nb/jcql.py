@@ -351,10 +351,12 @@ def step_constraint(actions: Sequence[str] = ACTIONS,  # enabled actions: a disa
     acts = _check_actions(actions)
     return Constraint.regex(r" [^\n]{1," + str(MAX_THOUGHT_CHARS) + r"}\nAction " + str(int(i)) + ": (?:" + "|".join(_STEP_CALL[a] for a in acts) + ")")
 
+# %% ../nbs/17b_jcql.ipynb #cc20902da
 def entity_constraint(candidates: Sequence[str]) -> Constraint:  # the candidates' ids as Prompt 3 lists them
     "Prompt 3 (App. E, entity selection): the answer is one candidate's id (the agent reads the first id in the answer)."
     return Constraint.choice(list(dict.fromkeys(" " + str(c) for c in candidates)))
 
+# %% ../nbs/17b_jcql.ipynb #cc20902db
 def _alternation(options: Sequence[str]) -> str: return "(?:" + "|".join(re.escape(str(o)) for o in dict.fromkeys(options)) + ")"
 
 def relations_constraint(relations: Sequence[str],  # the relation names Prompt 4 lists
@@ -365,6 +367,7 @@ def relations_constraint(relations: Sequence[str],  # the relation names Prompt 
     rel, m = _alternation(ok), max(1, min(int(n), len(dict.fromkeys(ok))))
     return Constraint.regex(" " + rel + ("(?:, " + rel + "){" + str(m - 1) + "}" if m > 1 else ""))
 
+# %% ../nbs/17b_jcql.ipynb #cc20902dc
 _PART = r'[^,\n"| ][^,\n"|]{0,59}'  # one element of a triple: no comma, newline or quote (parse_triples splits on ',')
 _TRIPLE = _PART + ", " + _PART + ", " + _PART
 
@@ -372,10 +375,12 @@ def triples_constraint(n: int = 5) -> Constraint:  # at most this many triples
     "Prompts 5 and 6 (App. E, generated / new triples): the numbered list after '1.', closed by the quotes (`parse_triples`)."
     return Constraint.regex(" " + _TRIPLE + r"\n(?:\d{1,2}\. " + _TRIPLE + r"\n){0," + str(max(0, int(n) - 1)) + '}"""')
 
+# %% ../nbs/17b_jcql.ipynb #cc20902dd
 def schema_constraint(relation: str) -> Constraint:  # the relation's shown name
     "`PROMPT_SCHEMA` (ours, the format of Prompt 6's schemas): ' [Head Type], relation, [Tail Type]'."
     return Constraint.regex(r" \[[^\]\[\n]{1,30}\], " + re.escape(str(relation)) + r", \[[^\]\[\n]{1,30}\]")
 
+# %% ../nbs/17b_jcql.ipynb #cc20902de
 def paths_constraint(known: Sequence[Sequence[str]],  # the expanded triples Prompt 7 lists
                      max_triples: int = 8) -> Constraint | None:  # at most this many selected
     "Prompt 7 (App. E, path generation): related relations among the known triples' relations, then 0..max_triples known"
@@ -386,10 +391,12 @@ def paths_constraint(known: Sequence[Sequence[str]],  # the expanded triples Pro
     tri = _alternation(", ".join(map(str, t[:3])) for t in known)  # `triple_line`
     return Constraint.regex(" " + rel + "(?:, " + rel + r"){0,4}\nRelated triples: \"\"\"\n(?:" + tri + r"\n){0," + str(max(1, int(max_triples))) + '}"""')
 
+# %% ../nbs/17b_jcql.ipynb #cc20902df
 # the CoT fallback (§4.1) and the CoT / SC baselines: reasoning, then the answer after "So the answer is" (`parse_cot`)
 COT_ANSWER = Constraint.regex(r" [^\n]{0,200}So the answer is [^\n.]{1,60}\.")
 SHORT_ANSWER = Constraint.regex(r" [^\n ][^\n]{0,79}")  # IO and ToG-style answers: one short line (`parse_short`)
 
+# %% ../nbs/17b_jcql.ipynb #cc20902dg
 async def agent_decode(client,  # kgrag_nb.llm.LLMClient
                  prompt: str,  # a completion prompt
                  decoding: str = "free",  # free | constrained | decoupled
@@ -405,6 +412,7 @@ async def agent_decode(client,  # kgrag_nb.llm.LLMClient
 # the lookup key of a name in the KB (entities, triples, paths); answers are scored by kgrag_nb.answers, not by this
 def _name_key(s: str) -> str: return " ".join(str(s).lower().replace("’", "'").split()).strip(" .,;:'\"`")
 
+# %% ../nbs/17b_jcql.ipynb #c012a
 def entity_names(kg: KG) -> np.ndarray:
     "Name of every entity: its label (the id when it has none), `label (id)` when several entities share the label."
     if "jcql_names" not in kg._cache:
@@ -421,6 +429,7 @@ def relation_names_of(kg: KG) -> dict:
     c = Counter(lab)
     return {r: (f"{l} ({r})" if c[l] > 1 else l) for l, r in zip(lab, ids)}
 
+# %% ../nbs/17b_jcql.ipynb #c012b
 def name_kg(triples: Sequence[Sequence[str]],  # (head name, relation name, tail name), e.g. a KBCModel's KB
             name: str = "kb",
             relation_ids: dict | None = None,  # relation name -> KB relation id (e.g. '/film/film/genre'): short names shown
@@ -434,6 +443,7 @@ def name_kg(triples: Sequence[Sequence[str]],  # (head name, relation name, tail
     return KG.from_triples(df.assign(relation=df["relation"].map(relation_ids)), name=name,
                            relation_labels={i: n for n, i in relation_ids.items() if n in set(df["relation"])})
 
+# %% ../nbs/17b_jcql.ipynb #c012c
 class AgentKB:
     "The incomplete KB as the agent sees it: names, name index, relation BM25, one-hop subgraphs."
     def __init__(self,
@@ -868,6 +878,7 @@ Answer:"""
 def io_prompt(question: str) -> str: return IO_PROMPT.format(question=" ".join(str(question).split()))
 def cot_prompt(question: str) -> str: return COT_PROMPT.format(question=" ".join(str(question).split()))
 
+# %% ../nbs/17b_jcql.ipynb #c025a
 def parse_short(text: str) -> str:
     "The short answer: the first non-empty line, without a final period."
     for line in str(text).splitlines():
@@ -879,6 +890,7 @@ def parse_cot(text: str) -> str:
     m = re.findall(r"so the answer is[:\s]*([^\n]+)", str(text).split("\n\n")[0], flags=re.I)
     return m[-1].strip().rstrip(".").strip() if m else ""
 
+# %% ../nbs/17b_jcql.ipynb #c025b
 def majority(answers: Sequence[str]) -> str:
     "Self-consistency vote: the most frequent non-empty answer (BRINK-normalised); ties go to the earliest; '' when none."
     c = Counter(brink_normalize(a) for a in answers if a.strip())
@@ -939,6 +951,7 @@ class _Baseline(BaseMethod):
         return Prediction(q.id, self.name, answer, [answer] if answer else [], len(calls), TraceWriter.trace_id(self.name, q.id),
                           prompt, raw, failure, dict(calls=calls, **meta))
 
+# %% ../nbs/17b_jcql.ipynb #c027a
 @register_method("jcql io")
 class IOBaseline(_Baseline):
     "Standard prompting, no KB (Table 2 'GPT-4o-mini' row)."
@@ -951,6 +964,7 @@ class CoTBaseline(_Baseline):
     def run(self, qs, kb, client, cfg, trace):
         return self._one_call(qs, client, cfg, trace, cot_prompt, parse_cot, "cot", ["\n\n", "\nQuestion:"], "no 'So the answer is'", COT_ANSWER)
 
+# %% ../nbs/17b_jcql.ipynb #c027b
 @register_method("jcql sc")
 class SCBaseline(_Baseline):
     "Self-consistency over `n_sc` CoT samples, majority vote (Table 2 'SC')."
@@ -965,6 +979,7 @@ class SCBaseline(_Baseline):
                                     parse_failures=sum(not x for x in parsed)))
         return preds
 
+# %% ../nbs/17b_jcql.ipynb #c027c
 @register_method("jcql tog")
 class ToGStyle(_Baseline):
     "ToG-style exploration with the KG-QA layer's beam: depth x (prune relations, follow them), then answer from the paths."
@@ -1179,6 +1194,7 @@ def is_offline(stage: str) -> bool:  # a traced call's stage ('schema', 'schema 
     "Whether a call is one of the paper's offline calls (a per-relation schema summary, App. E)."
     return str(stage).startswith(OFFLINE_STAGES)
 
+# %% ../nbs/17b_jcql.ipynb #c039a
 def prediction_frame(preds: Sequence[Prediction], questions: Sequence[Question], **cols) -> pd.DataFrame:
     "One row per prediction: method, id, answers, Hits@1 (`kbqa_hits_at_1`), LLM calls, misses, time of misses, failures."
     gold = {q.id: q.answers for q in questions}
@@ -1198,6 +1214,7 @@ def prediction_frame(preds: Sequence[Prediction], questions: Sequence[Question],
                          failures=dict(p.meta.get("failures", {})) | ({f"answer: {p.failure}": 1} if p.failure and "failures" not in p.meta else {})))
     return pd.DataFrame(rows)
 
+# %% ../nbs/17b_jcql.ipynb #c039b
 def hits_table(df: pd.DataFrame, by=("dataset", "setting", "method"), seed: int = 0) -> pd.DataFrame:
     "Hits@1 per group with a 95% bootstrap CI, n, and the share of questions without an answer."
     out = []
@@ -1207,6 +1224,7 @@ def hits_table(df: pd.DataFrame, by=("dataset", "setting", "method"), seed: int 
                         no_answer=float((g["ranked"].map(len) == 0).mean())))
     return pd.DataFrame(out)
 
+# %% ../nbs/17b_jcql.ipynb #c039c
 def failure_table(df: pd.DataFrame, by=("method",)) -> pd.DataFrame:
     "Parse failures, repairs and fallbacks summed per group (columns = kinds), with the questions and agent steps."
     rows = []
@@ -1216,6 +1234,7 @@ def failure_table(df: pd.DataFrame, by=("method",)) -> pd.DataFrame:
         rows.append(dict(zip(by, key if isinstance(key, tuple) else (key,)), questions=len(g), steps=int(g["n_steps"].sum()), **c))
     return pd.DataFrame(rows).fillna(0)
 
+# %% ../nbs/17b_jcql.ipynb #c039d
 def efficiency_table(df: pd.DataFrame, by=("dataset", "setting", "method")) -> pd.DataFrame:
     "Table 4: online LLM calls per question (the paper's `LLM call`), the offline schema calls apart (totals), every call"
     " traced, and seconds per question of online cache misses (hits and offline calls apart)."
@@ -1227,6 +1246,7 @@ def efficiency_table(df: pd.DataFrame, by=("dataset", "setting", "method")) -> p
                                        "Time (s) of misses": ("_on_s", "mean"), "offline miss time (s)": ("_off_s", "sum"),
                                        "hit time (s)": ("hit_time_s", "mean"), "Complete calls": ("complete_calls", "mean")}).reset_index()
 
+# %% ../nbs/17b_jcql.ipynb #c039e
 def format_table(df: pd.DataFrame, by=("dataset", "setting", "method")) -> pd.DataFrame:
     "Parse rates of the agent rows: steps parsed as an enabled action with well-formed arguments (ok, of which repaired),"
     " trajectories that reached Finish within L (never forced), and the fallbacks of Prompts 3 / 4."
@@ -1315,6 +1335,7 @@ def run_methods(methods: Sequence[str],  # registered names (`jcql`, `jcql w/o c
         frames.append(prediction_frame(p, questions, **cols)); preds += p
     return pd.concat(frames, ignore_index=True), preds
 
+# %% ../nbs/17b_jcql.ipynb #c043a
 def special_test_set(questions: Sequence[Question],  # training questions (topic names in `topic_names`)
                      complete: KG,  # the complete KB (e.g. FB15k-237 `all`); names by `entity_names` / `relation_names_of`
                      kb_triples: Sequence,  # the KBC training set (names)
@@ -1351,6 +1372,7 @@ def special_first(questions: Sequence[Question],  # candidate training questions
              for q, h in zip(questions, has) if h == want and (q.id in pre) == first]
     return order[:n], sum(has[: len(questions)])
 
+# %% ../nbs/17b_jcql.ipynb #c043b
 def topic_answer_path(q: Question,  # topic names in `topic_names`, answers as names
                       complete: KG,  # the complete KB (e.g. FB15k-237 `all`)
                       max_hops: int = 3,  # longest path searched
@@ -1384,6 +1406,7 @@ def path_questions(dataset: str,  # 'cwq' or 'webqsp'
         if hit: rows.append(dict(dataset=dataset, id=qs[i].id, question=qs[i].text, topic=hit[0], answer=hit[1], hops=len(hit[2]), triples=hit[2]))
     return pd.DataFrame(rows, columns=PATH_QUESTION_COLUMNS)
 
+# %% ../nbs/17b_jcql.ipynb #c043c
 def replay_study(load_model,  # () -> a fresh KBCModel from the shared checkpoint
                  path_batches: Sequence[Sequence],  # one list of path triples (names) per update, in order
                  memory: Sequence,  # replay memory (KBC training triples)
@@ -1416,6 +1439,7 @@ def replay_study(load_model,  # () -> a fresh KBCModel from the shared checkpoin
         rows += [ev(m, paths, "path triples", k, log), ev(m, held_out, "held-out triples", k, log)]
     return pd.DataFrame(rows)
 
+# %% ../nbs/17b_jcql.ipynb #c043d
 def training_curve(log: pd.DataFrame) -> pd.DataFrame:
     "Fig. 4: cumulative running time of Algorithm 1 after each training question, per dataset and KB setting when given."
     keys = [c for c in ("dataset", "setting") if c in log.columns]
@@ -1439,10 +1463,12 @@ def named_triples(kg: KG) -> list[tuple[str, str, str]]:
     h, r, t = kg.triples.T
     return list(zip(ents[h].tolist(), rels[r].tolist(), ents[t].tolist()))
 
+# %% ../nbs/17b_jcql.ipynb #c046a
 def paper_rows(table: str, **filters) -> pd.DataFrame:
     "Rows of the paper's `table` (kgrag_nb/papers/jcql_joint_kbc_kbqa.csv)."
     return paper_numbers(PAPER, table=table, **filters)
 
+# %% ../nbs/17b_jcql.ipynb #c046b
 # §4.3: JCQL runs with three LLMs (Table 2: JCQL_Qwen3-30B-A3B, JCQL_LLaMA3.1-70B, JCQL_GPT-4o-mini); a served id
 # (provider prefix, size/instruct/date suffixes) is recognised by these patterns
 PAPER_LLMS = {"GPT-4o-mini": r"gpt-?4o-?mini", "LLaMA3.1-70B": r"llama-?3\.1-?70b", "Qwen3-30B-A3B": r"qwen-?3-?30b-?a3b"}
@@ -1455,6 +1481,7 @@ def paper_llm(model: str | None) -> str | None:  # a served model id, e.g. 'meta
     s = str(model or "").lower()
     return next((name for name, pat in PAPER_LLMS.items() if re.search(pat, s)), None)
 
+# %% ../nbs/17b_jcql.ipynb #c046c
 def ours_for_table(hits: pd.DataFrame,  # `hits_table` / `efficiency_table` rows (dataset, setting, method, metrics)
                    rows: dict,  # our method -> the paper's row label (PAPER_ROW, TABLE3_ROW, TABLE4_ROW)
                    llm: str) -> pd.DataFrame:  # our LLM (shown in `llm`)
@@ -1489,6 +1516,7 @@ def experiment_frames(xp) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     "(predictions, Algorithm 1 log, setup) of a finished `jcql_kbqa` experiment (`ExperimentResults`)."
     return pd.DataFrame(xp.load("predictions")), pd.DataFrame(xp.load("train_log")), xp.load("setup")
 
+# %% ../nbs/17b_jcql.ipynb #c048a
 def versus_paper(ours: pd.DataFrame,  # `ours_for_table` rows
                  table: str,  # 'Table 2' / 'Table 3' / 'Table 4'
                  label: str) -> pd.DataFrame:  # what ours are (profile, LLM, n)
@@ -1503,10 +1531,12 @@ def versus_paper(ours: pd.DataFrame,  # `ours_for_table` rows
     both["note"] = [notes.get(m, "") if s.startswith("paper") else "" for m, s in zip(both[key], both["source"])]
     return both
 
+# %% ../nbs/17b_jcql.ipynb #c048b
 def llm_predictions(xp) -> pd.DataFrame:  # a finished `jcql_kbqa` experiment (`ExperimentResults`)
     "JCQL's predictions by the experiment's other LLMs (`models`, one `llm` per row); empty when it ran only the main one."
     return pd.DataFrame(xp.load("llm_predictions")) if "llm_predictions" in xp.names() else pd.DataFrame()
 
+# %% ../nbs/17b_jcql.ipynb #c048c
 def trace_file(dataset: str, setting: str, llm: str | None = None) -> str:  # setting e.g. '50% KB'; llm: another LLM's
     "Name of the `jcql_kbqa` trace file of one dataset and KB setting (and of another LLM than the main one)."
     tail = "" if llm is None else "_" + re.sub(r"[^A-Za-z0-9.-]+", "_", llm)
@@ -1520,6 +1550,7 @@ def traced_calls(trace_dir, preds: pd.DataFrame, methods: Sequence[str]) -> pd.D
         rows += [dict(dataset=d, setting=s, method=m, traced=sum(n[(m, str(i))] for i in gm["id"])) for m, gm in g.groupby("method", sort=False)]
     return pd.DataFrame(rows, columns=["dataset", "setting", "method", "traced"])
 
+# %% ../nbs/17b_jcql.ipynb #c048d
 def disabled_attempts(preds: pd.DataFrame) -> pd.DataFrame:
     "Per agent variant: steps, how often the LLM wrote an action that is disabled in it (refused by the dispatcher), Complete calls."
     rows = []
@@ -1529,6 +1560,7 @@ def disabled_attempts(preds: pd.DataFrame) -> pd.DataFrame:
                          complete_calls=int(g["complete_calls"].sum())))
     return pd.DataFrame(rows)
 
+# %% ../nbs/17b_jcql.ipynb #c048e
 def plot_lines(df: pd.DataFrame, x: str, y: str, hue: str, title: str = "", xlabel: str | None = None, ylabel: str | None = None):
     "A line plot of `y` against `x`, one line per `hue` value (matplotlib Figure)."
     import matplotlib.pyplot as plt  # plotting only

@@ -796,6 +796,7 @@ def _answer_row(q: dict,  # {question, answers}
     return dict(qid=qi, question=q["question"], answers=list(q["answers"]), dataset=dataset, row=row, topk=K,
                 prediction=clean_answer(t, dataset), raw=t, finish_reason=fr, contexts=_contexts(cs), clipped=clipped)
 
+# %% ../nbs/18_missing.ipynb #m029ma
 def _standard_rows(questions: list[dict], dataset: str, hits: dict, topks: Sequence[int],
                    res: dict, jobs: dict) -> list[dict]:  # the first round's answers and jobs
     "DirectGen, standard RAG on each KB and 2-way retrieval, per question then TopK."
@@ -833,6 +834,7 @@ def _misk_rows(questions: list[dict], dataset: str, hits: dict,
                     "fallback": bool(r["fallback_reason"]), "fallback_reason": r["fallback_reason"]})
     return out
 
+# %% ../nbs/18_missing.ipynb #m029mb
 def _sorted_rows(rows: list[dict]) -> pd.DataFrame:
     "The predictions as a frame sorted by TopK, row (in `ROWS` order) and question."
     df = pd.DataFrame(rows)
@@ -961,6 +963,7 @@ def agreement_ci(correct: Sequence[bool],  # per pair: did the judge agree with 
     r = binomtest(int(c.sum()), int(c.size)).proportion_ci(confidence_level=ci, method="exact")
     return float(c.mean()), float(r.low), float(r.high)
 
+# %% ../nbs/18_missing.ipynb #m035t1a
 def balanced_accuracy_ci(pred: Sequence[bool],  # the judge's verdict per pair
                          label: Sequence[bool],  # the pair's label
                          ci: float = 0.95, n_resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
@@ -979,6 +982,7 @@ def balanced_accuracy_ci(pred: Sequence[bool],  # the judge's verdict per pair
                     n_resamples=n_resamples, confidence_level=ci, method="percentile", rng=np.random.default_rng(seed))
     return ba, float(res.confidence_interval.low), float(res.confidence_interval.high)
 
+# %% ../nbs/18_missing.ipynb #m035t1b
 def _recalls(pairs: pd.DataFrame, lang: str) -> np.ndarray:
     return np.array([token_recall(c, g, lang) for c, g in zip(pairs["context"], pairs["gt"])])
 
@@ -992,6 +996,7 @@ def tau_table(pairs: pd.DataFrame,  # labelled pairs: gt, context, label
                          balanced_accuracy=ba[0], balanced_accuracy_low=ba[1], balanced_accuracy_high=ba[2]))
     return pd.DataFrame(rows)
 
+# %% ../nbs/18_missing.ipynb #m035t1c
 def kind_table(pairs: pd.DataFrame,  # labelled pairs with a `kind` column
                lang: str = "en", taus: Sequence[float] = TAU_GRID) -> pd.DataFrame:
     "Per kind of pair and tau: its label, pairs, and the share the judge gets right (exact 95% CI)."
@@ -1012,6 +1017,7 @@ def clauses(text: str, lang: str = "en") -> list[str]:
     pat = r"(?<=[，。！？；：、,;:!?])" if lang == "zh" else r"(?<=[,;:.!?])\s+"
     return [c.strip() for c in re.split(pat, text) if c.strip()]
 
+# %% ../nbs/18_missing.ipynb #m035t4a
 def _has_answer(text: str, answers: Sequence[str]) -> bool:
     "A SQuAD-normalised answer occurs as whole words in the normalised text."
     t = f" {squad_normalize(text)} "
@@ -1022,12 +1028,14 @@ def _states(text: str, gt: str, answers: Sequence[str]) -> bool:
     if md5_key(text) == md5_key(gt): return True
     return _has_answer(text, answers) if answers else _norm_q(gt) in _norm_q(text)
 
+# %% ../nbs/18_missing.ipynb #m035t4b
 def _draw(rng: random.Random, texts: Sequence[str], ok, tries: int = 1000) -> str:
     for _ in range(tries):
         t = rng.choice(texts)
         if ok(t): return t
     raise ValueError(f"no acceptable KB text in {tries} draws from {len(texts)}; pass a larger KB")
 
+# %% ../nbs/18_missing.ipynb #m035t4c
 def answer_window(gt: str, answers: Sequence[str], lang: str, rng: random.Random,
                   lo: float = 0.25, hi: float = 0.75) -> str | None:
     "A contiguous window of a random `lo`..`hi` share of the item's words (zh: characters) holding an answer; None if none does."
@@ -1047,6 +1055,7 @@ def reordered_clauses(gt: str, answers: Sequence[str], lang: str, rng: random.Ra
     out = ("" if lang == "zh" else " ").join(c for i, c in enumerate(cs) if i not in gone)
     return out if not answers or _has_answer(out, answers) else None
 
+# %% ../nbs/18_missing.ipynb #m035t4d
 def hard_pairs(items: Sequence[dict],  # per GT item: gt, answers (NQ; () = the item is the answer), same_topic, qa (opt.)
                kb_texts: Sequence[str],  # KB chunks (random negatives and filler)
                lang: str = "en", seed: int = 0) -> pd.DataFrame:
@@ -1091,6 +1100,7 @@ def nq_calibration_items(cfg: Config | None = None, n: int = 100, seed: int = 0)
         if same: items.append(dict(gt=g, answers=tuple(r["answers"]), qa=qa_text(r["question"], r["answers"][0]), same_topic=same))
     return random.Random(seed).sample(items, min(n, len(items))), mirror
 
+# %% ../nbs/18_missing.ipynb #m035t7a
 def med_calibration_items(cfg: Config | None = None, n: int = 100, seed: int = 0) -> tuple[list[dict], list[str]]:
     "(items, KB): `n` test consultations whose query names a CMeKG subject another consultation names, and QA + CMeKG chunks."
     df, subjects = load_medical(cfg), cmekg_subjects()
@@ -1107,6 +1117,7 @@ def med_calibration_items(cfg: Config | None = None, n: int = 100, seed: int = 0
         if len(items) == n: break
     return items, m["qa"] + m["wiki"]
 
+# %% ../nbs/18_missing.ipynb #m035t7b
 def tau_pairs(lang: str,  # "en" (NQ) or "zh" (medical)
               construction: str = "hard",  # "hard" (what TAU comes from) or "verbatim" (the former pairs)
               cfg: Config | None = None, n: int = 100, seed: int = 0) -> pd.DataFrame:
@@ -1122,6 +1133,7 @@ def tau_pairs(lang: str,  # "en" (NQ) or "zh" (medical)
     m = medical_setup(load_medical(cfg), n, 6 * n, 60, cmekg_subjects(), seed)
     return verbatim_pairs([q["answers"][0] for q in m["questions"]], m["qa"] + m["wiki"], "zh", seed)
 
+# %% ../nbs/18_missing.ipynb #m035t7c
 def _calibration_set(pairs: pd.DataFrame) -> pd.DataFrame:
     "The pairs tau is chosen on: the diagnostic kinds left out."
     return pairs[~pairs["kind"].isin(DIAGNOSTIC_KINDS)] if "kind" in pairs else pairs
@@ -1131,6 +1143,7 @@ def tau_calibration(lang: str,  # "en" (NQ) or "zh" (medical)
     "`calibrate_tau` on the hard pairs of the data, calibration kinds only (what TAU_EN / TAU_ZH are)."
     return calibrate_tau(_calibration_set(tau_pairs(lang, "hard", cfg, n, seed)), lang)
 
+# %% ../nbs/18_missing.ipynb #m035t7d
 def tau_before_after(cfg: Config | None = None, n: int = 100, seed: int = 0, taus: Sequence[float] = TAU_GRID,
                      pairs: dict | None = None,  # {(lang, construction): tau_pairs(...)} already built, else built here
                      langs: Sequence[str] = ("en", "zh")) -> pd.DataFrame:
@@ -1254,10 +1267,12 @@ def containment_em(prediction: str, gold: str | Sequence[str]) -> float:
     golds = [gold] if isinstance(gold, str) else list(gold)
     return float(any(squad_normalize(g) and f" {squad_normalize(g)} " in p for g in golds))
 
+# %% ../nbs/18_missing.ipynb #m039a
 class JiebaTokenizer:
     "A `rouge-score` tokenizer: jieba words (the word-level Chinese variant)."
     def tokenize(self, text: str) -> list[str]: return jieba_words(text)
 
+# %% ../nbs/18_missing.ipynb #m039b
 def nq_scores(preds: pd.DataFrame) -> pd.DataFrame:
     "Per-question em, em_contain, f1, precision, recall (0/1 or [0, 1])."
     df = preds.copy()
@@ -1275,6 +1290,7 @@ def med_scores(preds: pd.DataFrame, level: str = "word") -> pd.DataFrame:
     for k in ("rouge1", "rouge2", "rougeL"): df[k] = [r[k] for r in rs]
     return df
 
+# %% ../nbs/18_missing.ipynb #m039c
 def corpus_bleu(predictions: Sequence[str], references: Sequence[str], level: str = "word") -> dict[str, float]:
     "Cumulative corpus BLEU-1..4 in [0, 1]: jieba words joined by spaces (tokenize='none') or characters ('zh')."
     if level == "word":
@@ -1306,6 +1322,7 @@ def _rates(g: pd.DataFrame) -> dict:
                 "fallback %": 100 * float(g["fallback"].fillna(False).astype(bool).mean())}
     return out
 
+# %% ../nbs/18_missing.ipynb #m041a
 OURS = " (token recall, ours)"  # the deterministic judge's label: the paper's headers hold the LLM judge (§3.1, Eq. 3)
 TOKEN_ORIGQ, TOKEN_MISQ = "Context_Recall_OrigQ" + OURS, "Context_Recall_MisQ" + OURS
 RECALL_COLUMNS = {"cr_llm_origq": "Context_Recall_OrigQ", "cr_llm": "Context_Recall_MisQ",  # the paper's headers: LLM judge
@@ -1324,11 +1341,13 @@ def _recall_cols(g: pd.DataFrame, seed: int) -> dict:
             out[f"{TOKEN_MISQ} judge=true"] = 100 * float(g.loc[yes, "cr_det"].mean())
     return out
 
+# %% ../nbs/18_missing.ipynb #m041b
 def _ordered(df: pd.DataFrame) -> pd.DataFrame:
     "Point estimates and rates first, the CI bounds last."
     ci = [c for c in df.columns if c.endswith((" CI low", " CI high"))]
     return df[[c for c in df.columns if c not in ci] + ci]
 
+# %% ../nbs/18_missing.ipynb #m041c
 def table1(preds: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     "Table 1 (NQ): per (TopK, row) n, strict and containment EM, F1, P, R (with 95% CIs), recall, rates."
     df, rows = nq_scores(preds), []
@@ -1356,6 +1375,7 @@ def table3(preds: pd.DataFrame, seed: int = 0, levels: Sequence[str] = ("word", 
                              **_recall_cols(g, seed), **_rates(g)))
     return _ordered(pd.DataFrame(rows))
 
+# %% ../nbs/18_missing.ipynb #m041d
 def table4(preds: pd.DataFrame, dataset: str) -> pd.DataFrame:
     "Table 4: context recall of the QA-pair and the wiki chunks (equal chunk counts), per method: the LLM judge under the"
     " paper's headers (its first questions, `n LLM-judged`), the deterministic one under `(token recall, ours)`."
@@ -1375,6 +1395,7 @@ def table4(preds: pd.DataFrame, dataset: str) -> pd.DataFrame:
     return out[["Dataset", "TopK", "Method", "n", "QA Pairs Recall", "Wiki Recall", "n LLM-judged", "QA Pairs Recall" + OURS,
                 "Wiki Recall" + OURS, "fallback %"]]
 
+# %% ../nbs/18_missing.ipynb #m041e
 FIG3_Y = "context_recall" + OURS  # what Fig. 3 plots: every question has it
 
 def fig3_data(preds: pd.DataFrame) -> pd.DataFrame:

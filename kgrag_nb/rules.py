@@ -82,6 +82,7 @@ def _canon(body) -> tuple:
         if best is None or cand < best: best = cand
     return best if best is not None else ()
 
+# %% ../nbs/11_rules.ipynb #c008a
 def _occurrences(body) -> dict:
     "Number of atoms (head included) each variable occurs in."
     occ = {0: 1, 1: 1}
@@ -94,6 +95,7 @@ def _is_closed(body) -> bool:
     "AMIE's closedness: a non-empty body and every variable in at least two atoms (BRINK App. B)."
     return len(body) > 0 and all(c >= 2 for c in _occurrences(body).values())
 
+# %% ../nbs/11_rules.ipynb #c008b
 def _encode(kg: KG, rule: Rule):
     "(head relation, integer body, {variable id: name}) of a Rule; ValueError naming the problem."
     h = rule.head
@@ -245,6 +247,7 @@ def _ranges(lo: np.ndarray, hi: np.ndarray):
     pos = np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt) + np.repeat(lo, cnt)
     return row, pos
 
+# %% ../nbs/11_rules.ipynb #c019a
 def _expand(ix: _Index, direction: str, r: int, vals: np.ndarray, budget):
     "Neighbours of vals[i] under relation r ('out': objects, 'in': subjects): (row index, neighbour)."
     q = r * ix.E + vals
@@ -258,6 +261,7 @@ def _expand(ix: _Index, direction: str, r: int, vals: np.ndarray, budget):
     row, pos = _ranges(lo, hi)
     return row, (ix.out_nbr if direction == "out" else ix.in_nbr)[pos]
 
+# %% ../nbs/11_rules.ipynb #c019b
 def _unique(k: np.ndarray) -> np.ndarray:
     "Sorted distinct values (sort-based: NumPy 2's hash-based np.unique is ~10x slower on large int64 arrays)."
     if len(k) <= 1: return k
@@ -270,6 +274,7 @@ def _unique_counts(k: np.ndarray):
     start = np.flatnonzero(np.concatenate(([True], k[1:] != k[:-1]))) if len(k) else np.zeros(0, np.int64)
     return k[start], np.diff(np.append(start, len(k)))
 
+# %% ../nbs/11_rules.ipynb #c019c
 def _count_distinct_pairs(p: np.ndarray, r: np.ndarray, n_p: int, R: int) -> np.ndarray:
     "For every r in [0, R): the number of distinct (p, r) pairs (dense marking when cheap, else sorting)."
     if n_p * R <= max(1 << 16, 16 * len(p)):
@@ -523,6 +528,7 @@ def _path_index(rules) -> dict:
         (ends if k[0] == "ends" else suffix).setdefault(k[1], set()).add(k[2])
     return out
 
+# %% ../nbs/11_rules.ipynb #c027a
 def _row_blocks(flops: np.ndarray, budget: int):
     "Consecutive row blocks whose summed flops stay under budget (each block holds at least one row)."
     c, starts = np.cumsum(flops), [0]
@@ -531,6 +537,7 @@ def _row_blocks(flops: np.ndarray, budget: int):
         starts.append(max(int(np.searchsorted(c, base + budget, "right")), starts[-1] + 1))
     return list(zip(starts[:-1], starts[1:]))
 
+# %% ../nbs/11_rules.ipynb #c027b
 def _head_side(ix: _Index, h: int) -> dict:
     """What every length-4 prefix of head h shares: head subjects S and objects Sb, head facts as sorted keys
     row * |Sb| + column, and (filled on use) A1[S] per first code and the column slices [:, Sb] per closing code.
@@ -706,6 +713,7 @@ def _init_worker(triples, entities, relations):
 def _worker_task(fn, batch, arg):
     return fn(_WORKER["ix"], batch, arg)
 
+# %% ../nbs/11_rules.ipynb #c036a
 def _run(fn, ix, items, arg_fn, pool, progress, desc, deadline) -> list:
     """fn(ix, batch, arg_fn(batch)) over batches of items; in worker processes when `pool` (a callable returning the
     executor, started on first use) is given and there are enough items to repay starting workers. Results in order."""
@@ -741,6 +749,7 @@ def _run(fn, ix, items, arg_fn, pool, progress, desc, deadline) -> list:
         if bar is not None: bar.close()
     return out
 
+# %% ../nbs/11_rules.ipynb #c036b
 def _refine_batch(ix, batch, cfg):
     return [_refine(ix, h, body, cfg) for (h, body) in batch]
 
@@ -756,6 +765,7 @@ def _size_batch(ix, batch, cfg):
     "Standard-confidence denominators of (body, bound) items."
     return [_count_pairs(ix, body, bound=bound, budget=cfg["budget"]) for body, bound in batch]
 
+# %% ../nbs/11_rules.ipynb #c036c
 def _skyline_ok(closed_pca: dict, h: int, body: tuple, pca: float) -> bool:
     "AMIE's output test: PCA confidence strictly above that of every closed rule with the same head and a sub-body."
     for k in range(1, len(body)):
@@ -970,6 +980,7 @@ class MinedRules(list):
         if c.get("reused"): return f"mined rules reused from cache {c['key'][:16]} ({c['rules_stored']} rules, mined in {c['mining_s']} s)"
         return f"rules mined ({c['mining_s']} s) and stored in cache {c['key'][:16]} ({c['rules_stored']} rules)"
 
+# %% ../nbs/11_rules.ipynb #c039ba
 def kg_checksum(kg: KG) -> str:
     "sha256 of a KG's content: its int triples in order and its entity and relation ids (names and labels excluded)."
     h = hashlib.sha256()
@@ -978,6 +989,7 @@ def kg_checksum(kg: KG) -> str:
         h.update(b"\x00".join(str(x).encode() for x in ids)); h.update(b"\x01")
     return h.hexdigest()
 
+# %% ../nbs/11_rules.ipynb #c039bb
 def _rules_code_version() -> str:
     "sha256 of this module's source file (the exported kgrag_nb/rules.py)."
     spec = importlib.util.find_spec("kgrag_nb.rules")
@@ -994,6 +1006,7 @@ def rules_cache_key(kg: KG,  # the KG to mine
     body = json.dumps({"kg": kg_checksum(kg), "options": opts, "code": _rules_code_version()}, sort_keys=True)
     return hashlib.sha256(body.encode()).hexdigest()
 
+# %% ../nbs/11_rules.ipynb #c039bc
 def _write_cached(folder: Path, rules: list, kg: KG, meta: dict) -> None:
     "Write rules.tsv and meta.json into a temporary folder beside `folder`, then rename it (atomic; first writer wins)."
     folder.parent.mkdir(parents=True, exist_ok=True)
