@@ -445,7 +445,8 @@ def kb_statistics(kbs: Sequence[KnowledgeBase], dataset: str) -> pd.DataFrame:
     return pd.DataFrame([dict(dataset=dataset, kb=kb.name, chunks_raw=kb.n_raw, chunks_dedup=kb.n_dedup) for kb in kbs])
 
 # %% ../nbs/18_missing.ipynb #m022
-def _norm_q(s: str) -> str: return " ".join(str(s).lower().split())
+def _text_key(s: str) -> str:  # the key texts are compared by in leak, duplicate and containment checks (not answer matching)
+    return " ".join(str(s).lower().split())
 
 def load_nq_oracle(cfg: Config | None = None) -> list[dict]:
     "NQ-open dev questions with their gold passage: [{question, answers, passage}] (nq_open_oracle)."
@@ -509,8 +510,8 @@ def leaks(kb_texts: Sequence[str],  # texts of a KB
           forbidden: Sequence[str],  # evaluated questions (and, for the medical set, their answers)
          ) -> list[tuple[str, str]]:
     "(forbidden text, KB text) pairs where a forbidden text occurs in a KB text (case and whitespace ignored)."
-    f = [(x, _norm_q(x)) for x in forbidden if _norm_q(x)]
-    return [(x, t) for t in kb_texts for x, nx in f if nx in _norm_q(t)]
+    f = [(x, _text_key(x)) for x in forbidden if _text_key(x)]
+    return [(x, t) for t in kb_texts for x, nx in f if nx in _text_key(t)]
 
 # %% ../nbs/18_missing.ipynb #m023
 _CMEKG = {}
@@ -569,9 +570,9 @@ def medical_setup(df: pd.DataFrame,  # load_medical()
     order = rng.sample(range(len(df)), len(df))
     test = df.iloc[order[:n_questions]]
     forbidden = list(test["query"]) + list(test["answer"])
-    fq, fa = set(map(_norm_q, test["query"])), set(map(_norm_q, test["answer"]))
+    fq, fa = set(map(_text_key, test["query"])), set(map(_text_key, test["answer"]))
     others = df.iloc[order[n_questions:]]
-    others = others[~others["query"].map(_norm_q).isin(fq) & ~others["answer"].map(_norm_q).isin(fa)]
+    others = others[~others["query"].map(_text_key).isin(fq) & ~others["answer"].map(_text_key).isin(fa)]
     qa = [qa_text(q, a) for q, a in zip(others["query"], others["answer"])][:n_qa_pool]
     dropped = {t for _, t in leaks(qa, forbidden)}
     queries = "\x00".join(test["query"])  # one string: a subject is named in a query iff it occurs in it (no \x00 in names)
@@ -1026,7 +1027,7 @@ def _has_answer(text: str, answers: Sequence[str]) -> bool:
 def _states(text: str, gt: str, answers: Sequence[str]) -> bool:
     "The text is the item, holds it (medical) or holds an answer (NQ)."
     if md5_key(text) == md5_key(gt): return True
-    return _has_answer(text, answers) if answers else _norm_q(gt) in _norm_q(text)
+    return _has_answer(text, answers) if answers else _text_key(gt) in _text_key(text)
 
 # %% ../nbs/18_missing.ipynb #m035t4b
 def _draw(rng: random.Random, texts: Sequence[str], ok, tries: int = 1000) -> str:
@@ -1112,7 +1113,7 @@ def med_calibration_items(cfg: Config | None = None, n: int = 100, seed: int = 0
         query, a = q["question"], q["answers"][0]
         s = next((s for s in longest if s in query), None)
         same = [] if s is None else [qa_text(x, y) for x, y in consultations
-                                     if s in x and _norm_q(x) != _norm_q(query) and _norm_q(y) != _norm_q(a)]
+                                     if s in x and _text_key(x) != _text_key(query) and _text_key(y) != _text_key(a)]
         if same: items.append(dict(gt=a, answers=(), same_topic=same, subject=s))
         if len(items) == n: break
     return items, m["qa"] + m["wiki"]
