@@ -239,12 +239,14 @@ def type_label(x: str,  # an entity / type / relation id
     s = str(x).rstrip("/").split("/")[-1]
     return s.replace("_", " ") or str(x)
 
+# %% ../nbs/14_awaken.ipynb #c019a
 def qa_probe_question(knowledge: list, labels: dict, relation_labels: dict | None = None) -> tuple[str, str]:
     "QA-probing (App. B.4): (question about the first triple's head and relation, expected answer = its tail label)."
     h, r, t = knowledge[0]
     rel = (relation_labels or {}).get(r) or relation_text(r)
     return f"What is the {rel} of {labels.get(h) or type_label(h)}?", labels.get(t) or type_label(t)
 
+# %% ../nbs/14_awaken.ipynb #c019b
 def leaks_answer(knowledge: list,  # triples of one knowledge item
                  text: str,  # its verbalization
                  answer_ids,  # KG ids of the answer entities
@@ -254,6 +256,7 @@ def leaks_answer(knowledge: list,  # triples of one knowledge item
     if any(h in ids or t in ids for h, _, t in knowledge): return True
     return any(acc_r(text, [a]) for a in answers if re.search(r"\w", str(a)))
 
+# %% ../nbs/14_awaken.ipynb #c019c
 def distances_to(triples: list,  # (h, r, t) triples of the graph to search
                  targets,  # entities at distance 0 (the answer entities)
                 ) -> dict:
@@ -471,6 +474,7 @@ def task1_data(dataset: str = "cwq") -> tuple:
     recs, kg = load_qa("cwq"), load_kg("fb15k237")
     return [r for r, ok in zip(recs, topic_in_kg(recs, kg)) if ok], LocalBackend(kg), mid_to_fb15k
 
+# %% ../nbs/14_awaken.ipynb #c035a
 TABLES = ("questions", "candidates", "knowledge", "answers")
 
 def _jsonable(df: pd.DataFrame) -> pd.DataFrame:
@@ -488,6 +492,7 @@ def save_run(result: dict,  # from `run_awakening`
         paths.append(p)
     return paths
 
+# %% ../nbs/14_awaken.ipynb #c035b
 @dataclass(frozen=True)
 class AwakeningConfig:
     "The knobs of one Task 1 run (`run_awakening`); an experiment notebook builds it from its parameters."
@@ -506,6 +511,7 @@ class AwakeningConfig:
     seed: int = 0
     decoding: str = "free"  # Step 1 and probing answers: "free" (the paper's) | "constrained" | "decoupled"
 
+# %% ../nbs/14_awaken.ipynb #c035c
 def run_awakening(records: list,  # QA records (CWQ: `load_qa('cwq')`, topic entities in the KG)
                   backend,  # a `KGBackend`
                   client,  # `kgrag_nb.llm.LLMClient`
@@ -589,6 +595,7 @@ def base_ids(result: dict,  # from `run_awakening`
     q = result["questions"]
     return set(q.loc[(q["status"] == "ok") & (q["answerable"] == 0), "id"])
 
+# %% ../nbs/14_awaken.ipynb #c037a
 def hits_row(ans: pd.DataFrame,  # rows of `result['answers']` for one type (and mode, temperature)
              ids: set,  # the questions to score
              label: str, seed: int = 0, n_resamples: int = 1000) -> dict:
@@ -600,6 +607,7 @@ def hits_row(ans: pd.DataFrame,  # rows of `result['answers']` for one type (and
         row |= {name: cis.get(name, np.nan), f"{name} CI": f"[{cis[name + ' CI low']:.1f}, {cis[name + ' CI high']:.1f}]" if cis else ""}
     return row
 
+# %% ../nbs/14_awaken.ipynb #c037b
 def awakening_table(result: dict, types=MAIN_TYPES, mode: str = "triple", method: str = "nli", temperature: float = 0.7,
                     intersection: bool = True,  # Table 2 (True) or Table 4 (False)
                     min_true: int | None = None,  # probing rule (None = Eq. 7, all True)
@@ -794,6 +802,7 @@ def _as_lists(v):
     if isinstance(v, list): return [_as_lists(x) for x in v]
     return v
 
+# %% ../nbs/14_awaken.ipynb #c104a
 def save_task1(xp,  # a `kgrag_nb.reproduce.ExperimentRun` (anything with `save(name, obj)`)
                results: dict,  # model id -> `run_awakening` result (the first is the main model)
                params: dict) -> None:  # the run's parameters (seed, temperature, ...), recorded with each model's
@@ -810,6 +819,7 @@ def save_task1(xp,  # a `kgrag_nb.reproduce.ExperimentRun` (anything with `save(
     xp.save("task1_params", {"models": list(results), "json_columns": info,
                              "runs": {m: {**params, **r["params"], "model": m} for m, r in results.items()}})
 
+# %% ../nbs/14_awaken.ipynb #c104b
 def task1_models(exp) -> list[str]:
     "Model ids saved by the `awaken_task1` experiment `exp` (`ExperimentResults`), the main model first."
     return list(exp.load("task1_params")["models"])
@@ -873,6 +883,7 @@ def report_counts(run,  # the artefact's `StudyRun`
                    f"{decoding_note(result)}")
     return counts
 
+# %% ../nbs/14_awaken.ipynb #c109a
 def paper_select(table: str, dataset: str | None = "cwq",
                  models=None,  # None = every Instruct model; "all" = every model; or a list
                  **filters) -> pd.DataFrame:
@@ -881,6 +892,7 @@ def paper_select(table: str, dataset: str | None = "cwq",
     if isinstance(models, str) and models == "all": return p
     return p[p["model"].isin(models) if models is not None else p["model"].str.endswith("-Instruct")]
 
+# %% ../nbs/14_awaken.ipynb #c109b
 def plot_panels(df: pd.DataFrame, metrics, by: str = "setting", hue: str = "series", title: str = "") -> Figure:
     "One `plot_compare` panel per metric, side by side."
     fig = Figure(figsize=(5.5 * len(metrics), 3.6))

@@ -336,11 +336,13 @@ class SparqlUnavailableError(SparqlError, ConnectionError):
 
 RETRY_STATUSES = (429, 500, 502, 503, 504)
 
+# %% ../nbs/01b_kg_backends.ipynb #c021a
 def _query_start(query: str, n: int = 160) -> str:
     "The first `n` characters of `query` with whitespace collapsed (names the query in error messages)."
     q = " ".join(query.split())
     return q if len(q) <= n else q[:n] + "…"
 
+# %% ../nbs/01b_kg_backends.ipynb #c021b
 _SPARQL_SCHEMA = ("CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, query TEXT NOT NULL, result TEXT NOT NULL, "
                   "endpoint TEXT, created REAL)")
 
@@ -514,6 +516,7 @@ def _edge_query(self: SparqlBackend, iris: Sequence[str], direction: str, limit:
             f'FILTER(STRSTARTS(STR(?p), "{self.dialect.relation_ns}")) {self._is_entity(other)} }}'
             + (f" LIMIT {int(limit)}" if limit is not None else ""))
 
+# %% ../nbs/01b_kg_backends.ipynb #c028a
 @patch
 def _edges(self: SparqlBackend, iris: Sequence[str], direction: str, limit: int | None) -> list[Triple]:
     "Triples of one edge query, in the endpoint's order, duplicates dropped."
@@ -573,6 +576,7 @@ def triples_with_relation(self: SparqlBackend, relation: str, limit: int | None 
     return sorted({(d.iri_to_entity(r["s"]), d.iri_to_relation(p), d.iri_to_entity(r["o"]))
                    for r in rows})
 
+# %% ../nbs/01b_kg_backends.ipynb #c030a
 @patch
 def _labels_of(self: SparqlBackend, iris: dict) -> dict:
     "id -> label of the ids in `iris` (id -> IRI), batched; English first, then untagged, then the smallest string."
@@ -597,6 +601,7 @@ def relation_labels(self: SparqlBackend, relations: Iterable[str]) -> dict:
     "Relation id -> label (Wikidata: the label of the property entity `wd:P…`)."
     return self._labels_of({r: self.dialect.relation_label_iri(r) for r in _seed_list(relations)})
 
+# %% ../nbs/01b_kg_backends.ipynb #c030b
 @patch
 def find_entities(self: SparqlBackend, name: str, limit: int = 10) -> list[str]:
     "Entities whose label is exactly `name` (`@en` or untagged), sorted by id: the name -> QID step of Awakening §4.2."
@@ -606,6 +611,7 @@ def find_entities(self: SparqlBackend, name: str, limit: int = 10) -> list[str]:
          f"?e <{self.dialect.label_predicate}> ?l . {self._is_entity('e')} }} ORDER BY ?e LIMIT {int(limit)}")
     return sorted(self.dialect.iri_to_entity(r["e"]) for r in self.select(q))
 
+# %% ../nbs/01b_kg_backends.ipynb #c030c
 @patch
 def entity_types(self: SparqlBackend, entity: str) -> list[str]:
     "Type ids of `entity` from the dialect's type predicate (Wikidata P31, Freebase type.object.type, rdf:type)."
@@ -820,6 +826,7 @@ def _distinct_search(self: RelationRetriever, q: np.ndarray, k: int):
     tri = np.concatenate([self._order[self._indptr[t]:self._indptr[t + 1]] for t in top])
     return np.sort(tri), [(int(t), float(s)) for t, s in zip(top, scores[0])]
 
+# %% ../nbs/01b_kg_backends.ipynb #c045a
 @patch
 def nearest_relations(self: RelationRetriever, relation_text: str, k: int = 5) -> list[tuple[str, float]]:
     "The `k` relation texts nearest to `relation_text`, with their inner-product scores, best first."
@@ -836,6 +843,7 @@ def retrieve(self: RelationRetriever, relation_text: str, k: int = 1, as_strings
     idx, _ = (self._faithful_search if self.mode == "faithful" else self._distinct_search)(q, k)
     return self.kg._names(idx) if as_strings else idx
 
+# %% ../nbs/01b_kg_backends.ipynb #c045b
 @patch
 def top_triples(self: RelationRetriever, relation_text: str, n: int = 10, nprobe: int | None = None):
     "Faithful mode: the paper's plain search, the `n` nearest triple vectors at a fixed `nprobe`: (indices, scores)."

@@ -355,6 +355,7 @@ def _write_tsv(df: pd.DataFrame, path: Path, header: bool):
 def _read_tsv(path: Path, header: bool, names=None) -> pd.DataFrame:
     return pd.read_csv(path, sep="\t", header=0 if header else None, names=names, dtype=str, keep_default_na=False)
 
+# %% ../nbs/12_brink.ipynb #c040a
 def _counts(values) -> dict: return {str(k): int(v) for k, v in sorted(pd.Series(list(values), dtype=object).value_counts().items())}
 
 def _datasheet_md(ds: dict) -> str:

@@ -293,6 +293,7 @@ def brink_question(view: dict,  # a question view (`question_view`)
                     answers=list(view["answers"]), dataset=dataset, topic_names=[view["topic_entity"]],
                     meta=dict(view, display_seed=display_seed))
 
+# %% ../nbs/13_brink_methods.ipynb #c035a
 def _shown(kg: KG, qs: Sequence[Question]) -> np.ndarray:
     "The shown string of every entity in the (one) labelling mode of `qs`."
     modes = {(q.meta.get("mode", "private_id"), q.meta.get("display_seed", 0)) for q in qs}
@@ -301,6 +302,7 @@ def _shown(kg: KG, qs: Sequence[Question]) -> np.ndarray:
 
 def _view(q: Question) -> dict: return dict(question=q.text, topic_entity=q.topic_name)
 
+# %% ../nbs/13_brink_methods.ipynb #c035b
 def _retrieve_knn(kg: KG, topic: int, text: str, cfg: MethodConfig, shown: np.ndarray) -> tuple[list, list]:
     "k-NN triples of the topic's 2-hop neighbourhood: (triple indices, shown lines)."
     idx = kg.khop_triples(topic, hops=2, max_triples=cfg.max_triples, seed=cfg.seed)
@@ -317,6 +319,7 @@ def _paths_for(kg: KG, topic: int, rel_paths: Sequence, cfg: MethodConfig) -> li
             if p not in out: out.append(p)
     return out[:cfg.max_paths]
 
+# %% ../nbs/13_brink_methods.ipynb #c035c
 def run_methods(bench: Benchmark,  # benchmark (complete and incomplete KG, train questions)
                 questions: Sequence[dict],  # question records to answer (benchmark records, any split)
                 methods: Sequence[str],  # names from BRINK_METHODS
@@ -399,6 +402,7 @@ class BrinkMethod(BaseMethod):
                               constraint=ANSWER_LIST)
         return [self._record(q, o, kg, ps, shown, c + 1, p) for q, ps, o, p, c in zip(qs, paths_per_q, outs, prompts, calls_before)]
 
+# %% ../nbs/13_brink_methods.ipynb #c036a
 @register_method("llm_only")
 class LLMOnly(BrinkMethod):
     "Closed book: the question and topic entity only (no retrieval)."
@@ -426,6 +430,7 @@ class RoG(BrinkMethod):
         for pred, p in zip(preds, planned): pred.meta["plan_parsed"] = bool(p)  # counted, never replaced by a default plan
         return preds
 
+# %% ../nbs/13_brink_methods.ipynb #c036b
 @register_method("trained_paths")
 class TrainedPaths(BrinkMethod):
     "Training-based: relation paths ranked on the train split (same KG setting), top ones instantiated, then reasoned over."
@@ -463,6 +468,7 @@ class ToG(BrinkMethod):
         for pred, f, c in zip(preds, failed, calls): pred.meta.update(prune_failures=f, prune_calls=c)
         return preds
 
+# %% ../nbs/13_brink_methods.ipynb #c036c
 @register_method("knn_triples")
 class KNNTriples(BrinkMethod):
     "G-Retriever-style retrieval: the k 2-hop triples most similar to the question (MiniLM), given as triples."
@@ -676,6 +682,7 @@ def method_predictions(benches: dict,  # kg name -> Benchmark (load_benchmark)
             record(f"{name} test questions", len(test)); record(f"{name} train questions", len(bench.split("train")))
     return pd.concat(frames, ignore_index=True)
 
+# %% ../nbs/13_brink_methods.ipynb #c053a
 @dataclass
 class StudyData:
     "What a BRINK artefact reads from the `brink_methods` experiment."
@@ -729,6 +736,7 @@ def decoding_note(setup: dict) -> str:  # the experiment's setup (`decoding` abs
             "the retrieval failures App. J analyses (and Fig. 3's retrieval step) are those of a model held to the listed "
             "relations: run `--set decoding=free` for App. J as the paper measures it.")
 
+# %% ../nbs/13_brink_methods.ipynb #c053b
 SETTING_COLORS = {"complete": "#d62728", "incomplete": "#1f77b4"}  # BRINK Fig. 1-2: complete red, incomplete blue
 
 def plot_setting_bars(scores: pd.DataFrame,  # score_predictions rows (one mode)
@@ -761,6 +769,7 @@ def paper_table(table: str,  # e.g. 'Table 5' (kgrag_nb.papers `table` column)
     df = paper_numbers(BRINK_PAPER, table=table)
     return df if datasets is None else df[df["dataset"].isin(list(datasets))].reset_index(drop=True)
 
+# %% ../nbs/13_brink_methods.ipynb #c055a
 def paper_claim(artefact: str) -> str:  # e.g. 'brink_fig1'
     "The paper's claim for a figure it prints no values for (`kgrag_nb.papers.paper_claims`), with its section."
     c = paper_claims(BRINK_PAPER, artefact=artefact).iloc[0]
@@ -768,6 +777,7 @@ def paper_claim(artefact: str) -> str:  # e.g. 'brink_fig1'
 
 def _with_ci(metrics: Sequence[str]) -> list[str]: return [c for m in metrics for c in (m, f"{m}_lo", f"{m}_hi")]
 
+# %% ../nbs/13_brink_methods.ipynb #c055b
 def versus_gog(scores: pd.DataFrame,  # score_predictions rows (one mode)
                metrics: Sequence[str],  # metrics of Table 5 to compare (hits_any, hhr, f1)
                label: str,  # what our rows are (StudyData.label)

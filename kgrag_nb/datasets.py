@@ -33,6 +33,7 @@ class UnsafeArchiveError(DatasetError, ValueError):
 class DatasetFormatError(DatasetError, ValueError):
     "A record or line of a dataset file does not have the expected layout."
 
+# %% ../nbs/02_datasets.ipynb #c005a
 KINDS = ("kg", "qa", "corpus")
 
 @dataclass(frozen=True)
@@ -565,6 +566,7 @@ def kg_frame(name: str,  # KG name, see `KG_NAMES`
         frames.append(read_triples(path).assign(split=s))
     return pd.concat(frames, ignore_index=True)
 
+# %% ../nbs/02_datasets.ipynb #c034a
 def _lines(path: Path) -> list[str]:
     return [l.strip() for l in Path(path).read_text(encoding="utf-8").splitlines() if l.strip()]
 
@@ -578,6 +580,7 @@ def _two_columns(path: Path) -> dict[str, str]:
         out[k.strip()] = v.strip()
     return out
 
+# %% ../nbs/02_datasets.ipynb #c034b
 def kg_vocab_and_labels(name: str, cfg: Config | None = None) -> dict:
     "`entities`/`relations` (fixed vocabularies or None) and `entity_labels`/`relation_labels` (dicts or None) of a KG."
     cfg = cfg or get_config()
@@ -593,6 +596,7 @@ def kg_vocab_and_labels(name: str, cfg: Config | None = None) -> dict:
         out["relation_labels"] = {pid: str(v.get("label", pid)) for pid, v in rel.items()}
     return out
 
+# %% ../nbs/02_datasets.ipynb #c034c
 def load_kg(name: str,  # `fb15k237`, `family`, `umls`, `kinship`, `nations`, `codex-s`, `codex-m`
             split: str = "all",  # `all` (see above), `train`, `valid`, `test`; DRUM KGs also `facts`, `union`
             cfg: Config | None = None,  # paths; default get_config()
@@ -672,6 +676,7 @@ def _entities(d) -> list[dict]:
     "A `{id: name}` dict as a list of `{id, name}` dicts."
     return [{"id": str(k), "name": None if v is None else str(v)} for k, v in (d or {}).items()]
 
+# %% ../nbs/02_datasets.ipynb #c045a
 def _paragraphs(ctx) -> list[dict]:
     "HotpotQA/2Wiki context `[[title, [sentences]]]` or `{'title': [...], 'sentences': [...]}` as [{title, sentences}]."
     if isinstance(ctx, dict): ctx = list(zip(ctx.get("title") or [], ctx.get("sentences") or []))
@@ -716,6 +721,7 @@ def _qa_webqsp(r, i, ds):
                           "sparql": [p.get("Sparql") for p in parses], "qid_topic_entities": _entities(r.get("qid_topic_entity"))},
                     dataset=ds)
 
+# %% ../nbs/02_datasets.ipynb #c047a
 def _qa_mintaka(r, i, ds):
     "Mintaka record: entity answers by label (QIDs in meta), values as strings; count questions answer `answerNum`."
     a = r.get("answer") or {}
@@ -733,6 +739,7 @@ def _qa_mintaka(r, i, ds):
                           "other_question_entities": [e for e in qe if e.get("entityType") != "entity"],
                           "translations": r.get("translations") or {}}, dataset=ds)
 
+# %% ../nbs/02_datasets.ipynb #c047b
 def _qa_hotpot(r, i, ds):
     "HotpotQA record, original layout (`_id`, list context) or Hugging Face layout (dict context, no id)."
     return QARecord(id=str(r.get("_id") or r.get("id") or f"{ds}-{i}"), question=_question(r, "question"),
@@ -753,6 +760,7 @@ def _qa_2wiki(r, i, ds):
                     context=_paragraphs(r.get("context")), supporting_facts=_facts(r.get("supporting_facts")),
                     meta={"type": r.get("type"), "answer_id": r.get("answer_id")}, dataset=ds)
 
+# %% ../nbs/02_datasets.ipynb #c047c
 def _qa_scopecoe(r, i, ds):
     "Chain-of-Evidence paper sample: CoE and its perturbations kept in `meta`."
     return QARecord(id=f"{ds}-{i}", question=_question(r, "question"), answers=_dedup_str([r.get("answer")]),

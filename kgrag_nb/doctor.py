@@ -56,6 +56,7 @@ def redact_url_all(url: str | None) -> str | None:
     except ValueError: return hide(url)  # e.g. an unclosed `[` of an IPv6 host: hide every value
     return urlunsplit(parts._replace(query=hide(parts.query), fragment=hide(parts.fragment)))
 
+# %% ../nbs/08c_doctor.ipynb #d005a
 def _url_secrets(value: str) -> list[str]:
     "The userinfo and password (`reproduce.url_secrets`) and the query values of every URL in `value`."
     out = []
@@ -80,6 +81,7 @@ def env_secrets(environ: dict | None = None) -> list[str]:  # None = os.environ
     forms = {f for s in found for f in (s, quote(s, safe=""), unquote(s))}
     return sorted((s for s in forms if len(s) >= 4), key=len, reverse=True)
 
+# %% ../nbs/08c_doctor.ipynb #d005b
 def _decodes_to_secret(token: str, secrets: list[str]) -> bool:
     "Whether base64 (standard or URL-safe, padding optional) `token` decodes to text holding a secret."
     for decode in (base64.b64decode, base64.urlsafe_b64decode):
@@ -99,6 +101,7 @@ def scrub(text: str, secrets: list[str] | None = None) -> str:  # None = `env_se
     text = _AUTH_SCHEME.sub(lambda m: f"{m.group(1)} ***", text)
     return _B64.sub(lambda m: "***" if _decodes_to_secret(m.group(0), secrets) else m.group(0), text)
 
+# %% ../nbs/08c_doctor.ipynb #d005c
 @dataclass(frozen=True)
 class Check:
     "One line of the doctor's report. Every row scrubs its own name and detail (`scrub`): no check, present or"
@@ -223,6 +226,7 @@ def llama_build_record(prefix: str | Path | None = None) -> dict | None:  # envi
     try: return json.loads(path.read_text())
     except ValueError as e: raise ValueError(f"{path} is not valid JSON ({e}); rebuild with `python tools/llama_wheel.py --install`") from e
 
+# %% ../nbs/08c_doctor.ipynb #d014a
 LIB_PATH_ENV = "LLAMA_CPP_LIB_PATH"  # llama_cpp/llama_cpp.py loads libllama.so from this folder instead of the package's lib/
 _EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)|[A-Za-z_][\w.]*\.\w+)(?::\s|$)")
 _CAUSE_HINTS = (("cannot open shared object file", "a library it links against is missing (a partial install or copy)"),
@@ -246,6 +250,7 @@ def _import_fix(cause: str, environ: dict | None = None) -> str:
              "the variable, or " if environ.get(LIB_PATH_ENV) is not None else "")
     return (f"{hint}; " if hint else "") + where + "rebuild with `python tools/llama_wheel.py --install`"
 
+# %% ../nbs/08c_doctor.ipynb #d014b
 _SYSINFO = "import sys, llama_cpp; sys.stdout.write(llama_cpp.llama_print_system_info().decode(errors='replace'))"
 
 def llama_system_info(timeout: float = 120) -> tuple[int, str]:  # seconds
@@ -253,6 +258,7 @@ def llama_system_info(timeout: float = 120) -> tuple[int, str]:  # seconds
     p = subprocess.run([sys.executable, "-c", _SYSINFO], capture_output=True, text=True, errors="replace", timeout=timeout)
     return p.returncode, (p.stdout if p.returncode == 0 else (p.stderr.strip() or p.stdout))
 
+# %% ../nbs/08c_doctor.ipynb #d014c
 def check_llama_build(cpu: dict | None = None,  # `cpu_info()`; None = this machine's
                       prefix: str | Path | None = None) -> list[Check]:  # environment holding the record; None = sys.prefix
     "The build record of llama-cpp-python, checked against this CPU, and llama.cpp's system info."
@@ -371,6 +377,7 @@ def _file_digest(path: Path) -> tuple[int, str]:
     "(size, sha256) of a file: which copies are the same library."
     return path.stat().st_size, hashlib.sha256(path.read_bytes()).hexdigest()
 
+# %% ../nbs/08c_doctor.ipynb #d020a
 def llama_lib_dir(environ: dict | None = None) -> Path | None:  # None = os.environ
     "The folder llama_cpp loads its libraries from, decided as llama_cpp/llama_cpp.py does: `LLAMA_CPP_LIB_PATH` when"
     " set, else the installed package (its `lib/`); None when llama_cpp is not installed."
@@ -379,6 +386,7 @@ def llama_lib_dir(environ: dict | None = None) -> Path | None:  # None = os.envi
     spec = importlib.util.find_spec("llama_cpp")  # finds the package without importing (loading) it
     return None if spec is None or spec.origin is None else Path(spec.origin).parent
 
+# %% ../nbs/08c_doctor.ipynb #d020b
 def llama_libraries(package_dir: str | Path | None = None) -> list[Path]:  # a folder to scan; None = `llama_lib_dir()`
     "The llama.cpp shared libraries (libggml*.so, libllama*.so) llama_cpp loads, each file once: those of the"
     " `LLAMA_CPP_LIB_PATH` folder when it is set (libllama.so from there, and libggml* beside it through its RUNPATH"
@@ -398,6 +406,7 @@ def _distinct(paths) -> list[Path]:
         if p.is_file() and not p.is_symlink(): found.setdefault(_file_digest(p), p)
     return sorted(found.values())
 
+# %% ../nbs/08c_doctor.ipynb #d020c
 def scan_library(path: str | Path,  # a shared library
                  objdump: str = "objdump",  # the objdump program
                  timeout: float = 600) -> DisassemblyScan:  # seconds
@@ -419,6 +428,7 @@ def scan_library(path: str | Path,  # a shared library
             raise RuntimeError(f"objdump -d {path} failed ({exit_reason(rc)}): {err.read().decode(errors='replace').strip()[:300]}")
     return scan
 
+# %% ../nbs/08c_doctor.ipynb #d020d
 def _library_row(path: Path, scan: DisassemblyScan, variant: str | None) -> Check:
     "The verdict on one scanned library: AMX is always a FAIL; beyond the variant's claimed sets too."
     c, name = scan.counts, f"llama binary {path.name}"

@@ -154,6 +154,7 @@ def relation_index(self: KG,
         raise KeyError(f"relation {name!r} is not in KG {self.name!r} ({self.num_relations} relations, "
                        f"e.g. {self.relations[:3].tolist()}); check the spelling or pass its integer index") from None
 
+# %% ../nbs/01_kg.ipynb #c011a
 @patch
 def _ent(self: KG, x) -> int:
     "One entity as an index: a str is looked up, an int is checked against the vocabulary size."
@@ -314,6 +315,7 @@ def _gather(self: KG, direction: str, nodes: np.ndarray, owners: bool = False):
     tri = order[offs]
     return (tri, np.repeat(np.arange(len(nodes)), lens)) if owners else tri
 
+# %% ../nbs/01_kg.ipynb #c023a
 @patch
 def incident(self: KG,
              entities,  # one entity or many (names or indices)
@@ -324,6 +326,7 @@ def incident(self: KG,
     parts = [self._gather(d, nodes) for d in (("out", "in") if direction == "both" else (direction,))]
     return np.unique(np.concatenate(parts))
 
+# %% ../nbs/01_kg.ipynb #c023b
 @patch
 def neighbors(self: KG,
               entity,  # entity name or index
@@ -337,6 +340,7 @@ def neighbors(self: KG,
     nbr = t if direction == "out" else h if direction == "in" else np.where(h == e, t, h)
     return r.astype(np.int64), nbr.astype(np.int64)
 
+# %% ../nbs/01_kg.ipynb #c023c
 @patch(as_prop=True)
 def out_degree(self: KG) -> np.ndarray:
     "Number of triples with each entity as head (length `num_entities`)."

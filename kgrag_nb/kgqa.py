@@ -234,6 +234,7 @@ def short_relation_names(ids: Sequence[str]) -> list[str]:
         if not grow: return names
         for i in grow: k[i] += 1
 
+# %% ../nbs/05c_kgqa.ipynb #c016a
 def relation_names(kg: KG) -> np.ndarray:
     "Shown name of every relation: short Freebase-style names when every id is a path ('/...'), else the text labels."
     if "kgqa_rel" not in kg._cache:
@@ -249,6 +250,7 @@ def step_label(kg: KG,  # graph whose relation names are shown
     name = str(relation_names(kg)[r])
     return name if fwd else f"~{name}"
 
+# %% ../nbs/05c_kgqa.ipynb #c016b
 def relation_path_of(kg: KG,  # the graph
                      src,  # start entity (id or index)
                      path: Sequence[int]) -> tuple:  # triple indices in walking order
@@ -261,6 +263,7 @@ def relation_path_of(kg: KG,  # the graph
         else: raise ValueError(f"triple {ti} ({h}, {r}, {t}) does not touch entity {cur}; the path must be walkable from src={src}")
     return tuple(steps)
 
+# %% ../nbs/05c_kgqa.ipynb #c016c
 def _hop(kg: KG, nodes: np.ndarray):
     "All edges at `nodes` as arrays (owner position, relation, forward, entity at the other end)."
     T = kg.triples
@@ -327,6 +330,7 @@ def path_end(kg: KG,  # the graph
         cur = t if h == cur else h
     return cur
 
+# %% ../nbs/05c_kgqa.ipynb #c019a
 def path_text(kg: KG,  # the graph
               src,  # start entity
               path: Sequence[int],  # triple indices in walking order
@@ -348,6 +352,7 @@ def triple_text(kg: KG, ti: int, shown: np.ndarray) -> str:
     "One triple as 'h, r, t' with shown entities and relation labels."
     return ", ".join(triples_of(kg, [ti], shown)[0])
 
+# %% ../nbs/05c_kgqa.ipynb #c019b
 def clip_lines(lines: Sequence[str],  # context lines, most relevant first
                max_chars: int) -> list[str]:  # budget (characters, newlines included)
     "The leading lines that fit in `max_chars` (at least one line, cut to the budget)."
@@ -416,6 +421,7 @@ def _nameable(label: str, seps: Sequence[str], numbered: bool = False) -> bool:
     return (bool(_relation_key(label)) and not any(x in label for x in seps)
             and not (numbered and re.sub(r"^\s*\d+[.)]\s+", "", label) != label))
 
+# %% ../nbs/05c_kgqa.ipynb #c023ba
 def steps_constraint(kg: KG,  # graph (labels)
                      candidates: Sequence[Step],  # the steps listed in the prompt
                      limit: int) -> Constraint | None:  # at most this many relations named (the prompt's width)
@@ -426,6 +432,7 @@ def steps_constraint(kg: KG,  # graph (labels)
     rel = _alternation(labels)
     return Constraint.regex(" ?" + rel + "(?:; " + rel + "){0," + str(int(limit) - 1) + "}\n?")
 
+# %% ../nbs/05c_kgqa.ipynb #c023bb
 def relation_paths_constraint(kg: KG,  # graph (labels)
                               candidates: Sequence[Step],  # the steps listed in the prompt
                               max_hops: int = 2,  # longest path (as `parse_relation_paths` keeps)
@@ -438,6 +445,7 @@ def relation_paths_constraint(kg: KG,  # graph (labels)
     path = rel + "(?: -> " + rel + "){0," + str(int(max_hops) - 1) + "}"
     return Constraint.regex(path + "(?:\n" + path + "){0," + str(int(limit) - 1) + "}\n?")
 
+# %% ../nbs/05c_kgqa.ipynb #c023bc
 # decoupled's second pass (ours): one line after the free reply asking to restate it in the format the constraint enforces
 PRUNE_REFORMAT = Restatement("\nThe relations above, separated by semicolons:", strip="\n")
 PLAN_REFORMAT = Restatement("\nThe relation paths above, one per line, relations joined by ->:\n", strip="\n")

@@ -216,6 +216,7 @@ class CharTokenizer:
         return [c for tok in acc_r_tokens(text) for c in tok]  # the characters of the ACC_R tokens
 
 
+# %% ../nbs/06_metrics.ipynb #c031a
 def rouge_scores(prediction: str,  # generated text
                  reference: str | Sequence[str],  # reference text, or several (the best one counts)
                  use_stemmer: bool = False,  # Porter stemming of English tokens
@@ -229,6 +230,7 @@ def rouge_scores(prediction: str,  # generated text
     return {k: float(v.fmeasure) for k, v in scores.items()}
 
 
+# %% ../nbs/06_metrics.ipynb #c031b
 def _ref_streams(predictions, references) -> tuple[list[str], list[list[str]]]:
     preds = _need_samples(predictions, "predictions")
     if len(preds) != len(references): raise ValueError(f"{len(preds)} predictions but {len(references)} references; pass one reference (or list) per prediction")
@@ -237,6 +239,7 @@ def _ref_streams(predictions, references) -> tuple[list[str], list[list[str]]]:
     return preds, [list(s) for s in zip(*refs)] if refs else [[]]
 
 
+# %% ../nbs/06_metrics.ipynb #c031c
 def bleu(predictions: Sequence[str],  # generated texts
          references: Sequence,  # one reference (str) or an equal-length list of references per prediction
          max_ngram_order: int = 4,  # n of BLEU-n (cumulative)
@@ -248,6 +251,7 @@ def bleu(predictions: Sequence[str],  # generated texts
     return min(score, 1.0)  # float noise can give 1.0000000000000004
 
 
+# %% ../nbs/06_metrics.ipynb #c031d
 def sentence_bleu(prediction: str,  # generated text
                   reference: str | Sequence[str],  # reference text or several
                   max_ngram_order: int = 4,  # n of BLEU-n (cumulative)
@@ -258,6 +262,7 @@ def sentence_bleu(prediction: str,  # generated text
     return min(m.sentence_score(_need_str(prediction, "prediction"), _aliases(reference, "reference")).score / 100, 1.0)
 
 
+# %% ../nbs/06_metrics.ipynb #c031e
 def bleu_n(predictions: Sequence[str],  # generated texts
            references: Sequence,  # one reference or equal-length list of references per prediction
            tokenize: str = "13a",  # sacrebleu tokenizer
@@ -377,6 +382,7 @@ def _check_ci(n_resamples, ci):
     if not 0 < ci < 1: raise ValueError(f"ci={ci!r} must be in (0, 1), e.g. 0.95")
 
 
+# %% ../nbs/06_metrics.ipynb #c045a
 def _bootstrap(samples: tuple, stat: Callable, n_resamples: int, ci: float, seed: int, paired: bool = False,
                max_cells: int = 4_000_000) -> tuple[float, float]:
     "(low, high) of `scipy.stats.bootstrap`'s percentile interval, seeded; resamples in batches of at most `max_cells` values."
@@ -386,6 +392,7 @@ def _bootstrap(samples: tuple, stat: Callable, n_resamples: int, ci: float, seed
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
+# %% ../nbs/06_metrics.ipynb #c045b
 def _as_values(values, name) -> np.ndarray:
     v = np.asarray(values, dtype=float)
     if v.ndim != 1 or v.size == 0: raise ValueError(f"{name} must be a non-empty 1-d sequence of numbers, got shape {v.shape}")
@@ -393,6 +400,7 @@ def _as_values(values, name) -> np.ndarray:
     return v
 
 
+# %% ../nbs/06_metrics.ipynb #c045c
 def bootstrap_ci(values,  # per-question values (e.g. brink_per_question(...)["f1"])
                  stat: Callable = np.mean,  # statistic; called as stat(matrix, axis=1) when it accepts axis
                  n_resamples: int = 1000,  # bootstrap resamples

@@ -34,6 +34,7 @@ def available_papers() -> list[str]:
     "Paper stems that have a numbers CSV, e.g. `['awakening_unseen_entity_kgqa', 'brink_incomplete_kg_benchmark']`."
     return sorted(p.stem for p in papers_dir().glob("*.csv") if not p.name.endswith(".claims.csv"))
 
+# %% ../nbs/05b_papers.ipynb #c005a
 def paper_stem(paper: str) -> str:
     "`paper` as a stem: accepts `brink_incomplete_kg_benchmark`, `....txt` or `....csv`; errors name the known papers."
     stem = Path(str(paper)).name
@@ -43,6 +44,7 @@ def paper_stem(paper: str) -> str:
                          f"(add kgrag_nb/papers/<stem>.csv via nbs/05b_papers.ipynb to add one)")
     return stem
 
+# %% ../nbs/05b_papers.ipynb #c005b
 def papers_text_dir(cfg=None) -> Path:
     "The folder of the papers' plain text: `shared/papers/`, beside the data mirror (`cfg.data_dir`)."
     return (cfg or get_config()).data_dir.parent / "papers"

@@ -69,6 +69,7 @@ KNOWN_SIZES = (  # (pattern on the model id, total, active, source): models whos
 _MOE_TYPES = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"}  # mixtures of experts `config_params` counts
 _DENSE_TYPES = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "granite", "olmo2"}  # gated-MLP decoders
 
+# %% ../nbs/20_plan.ipynb #p005ca
 @dataclass(frozen=True)
 class ModelSize:
     "Parameters of a served model: `total`, and `active` per token (fewer for a mixture of experts)."
@@ -82,6 +83,7 @@ class ModelSize:
 class UnknownModelSize(ValueError):
     "A model whose size neither a config.json, `KNOWN_SIZES` nor its name tells."
 
+# %% ../nbs/20_plan.ipynb #p005cb
 def parse_params(spec: str | float) -> tuple[float, float]:  # `70e9`, `70B`, `270M`, or `671B/37B` (total/active)
     "(total, active) parameters from a `--params` value: a count, or `TOTAL/ACTIVE` for a mixture of experts."
     def count(text) -> float:
@@ -97,6 +99,7 @@ def parse_params(spec: str | float) -> tuple[float, float]:  # `70e9`, `70B`, `2
     if active > total: raise ValueError(f"params={spec!r}: the active parameters ({active:g}) exceed the total ({total:g}); write TOTAL/ACTIVE")
     return total, active
 
+# %% ../nbs/20_plan.ipynb #p005cc
 def config_params(config: dict) -> tuple[float, float] | None:  # a Hugging Face config.json
     "(total, active) parameters counted from a config: embeddings (and an untied output head), attention (grouped-query,"
     " or DeepSeek's latent attention) and gated feed-forward weights (3 matrices); a mixture of experts counts every"
@@ -129,6 +132,7 @@ def config_params(config: dict) -> tuple[float, float] | None:  # a Hugging Face
         return float(total), float(active)
     except (KeyError, TypeError, ValueError): return None
 
+# %% ../nbs/20_plan.ipynb #p005cd
 def _hf_cache() -> Path:
     "The Hugging Face hub cache folder, as huggingface_hub finds it (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub)."
     if os.environ.get("HF_HUB_CACHE"): return Path(os.environ["HF_HUB_CACHE"]).expanduser()
@@ -147,6 +151,7 @@ def find_config(model: str) -> Path | None:  # a model id or a local model folde
     snaps = [repo / "snapshots" / ref.read_text().strip()] if ref.is_file() else sorted((repo / "snapshots").glob("*"))
     return next((s / "config.json" for s in snaps if (s / "config.json").is_file()), None)
 
+# %% ../nbs/20_plan.ipynb #p005ce
 def _count(n: float) -> str: return f"{round(n / 1e9)}B" if n >= 9.95e9 else f"{round(n / 1e9, 1):g}B"
 
 def _size_from_name(model: str) -> ModelSize | None:
@@ -166,6 +171,7 @@ def _size_from_name(model: str) -> ModelSize | None:
     n, text = max(found)
     return ModelSize(n, n, f"name ({text})")
 
+# %% ../nbs/20_plan.ipynb #p005cf
 def model_size(model: str,  # a model id or a local model folder
                params: str | float | None = None) -> ModelSize:  # `--params` for this model: `70e9`, `671B/37B`; None: find it
     "The size of `model`, first found first: `params`, its config.json (`find_config`, `config_params`), `KNOWN_SIZES`,"
@@ -182,6 +188,7 @@ def model_size(model: str,  # a model id or a local model folder
                            "and no parameter count in its name (like 8B, 405B, 8x22B, 30B-A3B); give it with --params, e.g. "
                            "--params 70e9, or --params 671B/37B (total/active) for a mixture of experts")
 
+# %% ../nbs/20_plan.ipynb #p005cg
 def _class_of(n: float) -> tuple[str, float]:
     "(class, parameters its rates use) of a count: a `SIZE_CLASSES` class up to 100B, else the count itself."
     for c, limit in CLASS_LIMITS.items():
@@ -195,6 +202,7 @@ def model_rates(size: ModelSize) -> tuple[str, int, int]:
     label = f"MoE {_count(size.total)}/{_count(size.active)} active" if size.moe else ct
     return label, _prefill_rate(na), _decode_rate(nt)
 
+# %% ../nbs/20_plan.ipynb #p005ch
 def size_class(model: str | ModelSize) -> str:  # a model id, e.g. "Qwen/Qwen2.5-72B-Instruct", or its `ModelSize`
     "The size class `plan` prices `model` at (see `model_rates`)."
     return model_rates(model if isinstance(model, ModelSize) else model_size(model))[0]
@@ -208,6 +216,7 @@ def phase_hours(prompt_tokens: float,  # prompt tokens to prefill
     _, prefill, decode = model_rates(model if isinstance(model, ModelSize) else model_size(model))
     return gpu_hours(prompt_tokens, prefill, replicas), gpu_hours(completion_tokens, decode if throughput is None else throughput, replicas)
 
+# %% ../nbs/20_plan.ipynb #p005ci
 def throughput_model(throughput: float | None = None,  # decode override, as for `phase_hours`
                      sizes=()) -> pd.DataFrame:  # `ModelSize`s of the models a plan prices: their classes beyond `SIZE_CLASSES` too
     "The rates `plan` uses: one row per size class, then one per class of `sizes` outside `SIZE_CLASSES` (MoE, above 100B)."
@@ -260,6 +269,7 @@ def _lcp(a, b) -> int:
         else: hi = mid - 1
     return lo
 
+# %% ../nbs/20_plan.ipynb #1c482616a
 def chunked_trie_tokens(prompts,  # token sequences (tuples, lists, or strings of characters); repeats allowed
                         block: int) -> int:  # reuse only at multiples of `block` tokens (1: at any length)
     "Prompt tokens a prefix cache must evaluate when it reuses a shared prefix only down to a multiple of `block`:"
@@ -276,6 +286,7 @@ def trie_tokens(prompts) -> int:  # token sequences; repeats allowed
     " tokens past its longest common prefix with any earlier prompt, in any order)."
     return chunked_trie_tokens(prompts, 1)
 
+# %% ../nbs/20_plan.ipynb #1c482616b
 def stub_pieces(text: str) -> tuple[str, ...]:  # a prompt's text (chat: the messages' contents joined by newlines, as the stub does)
     "The stub's tokens of `text`: its 4-character pieces, one empty piece for an empty text (`stub_tokens` counts them)."
     return tuple(text[i:i + 4] for i in range(0, len(text), 4)) or ("",)
@@ -289,6 +300,7 @@ def _stub_trie(texts) -> int:  # prompt texts; repeats allowed
         prev = s
     return total
 
+# %% ../nbs/20_plan.ipynb #1c482616c
 def _prompt_text(payload) -> str:
     "The text the stub counts for a request's payload: a completion's prompt, or a chat's contents joined by newlines."
     if isinstance(payload, list) and len(payload) == 1 and isinstance(payload[0], str): return payload[0]

@@ -165,6 +165,7 @@ def _text(v) -> str:
     if v is None or (isinstance(v, float) and v != v): return ""
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
+# %% ../nbs/16_report.ipynb #c012da
 _ENV = Environment(loader=DictLoader(_TEMPLATES), autoescape=True, finalize=_escape, undefined=StrictUndefined,
                    trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
 _ENV.filters.update(href=lambda path: Markup(href(path)),  # Markup: `href` escapes the path itself
@@ -180,6 +181,7 @@ def _render(name: str, **context) -> Markup:
     "Template `name` rendered; `Markup` because the environment escaped every value in it."
     return Markup(_ENV.get_template(name).render(**context))
 
+# %% ../nbs/16_report.ipynb #c012db
 def html_table(rows: list[dict] | pd.DataFrame,  # records (dicts) or a DataFrame
                columns: list[str] | None = None,  # columns to show, in order (default: every key, first seen first)
                max_rows: int | None = None) -> Markup:  # show at most this many rows, with a note on the rest
@@ -282,6 +284,7 @@ def artifact_files(entry: dict, cfg: Config) -> tuple[list[Path], list[str]]:
                              "the report copies only files the run wrote there (a link or a hand-edited manifest?)")
     return [p for p in paths if p.exists()], [str(p) for p in paths if not p.exists()]
 
+# %% ../nbs/16_report.ipynb #c021a
 def _caption(md: Path) -> str:
     "The caption line (`**...**`) of a table's Markdown file, or ''."
     first = md.read_text(errors="replace").splitlines()[:1] if md.exists() else []
@@ -291,6 +294,7 @@ def _dl(items: list[tuple[str, str]]) -> str:
     "A definition list; values are HTML already."
     return "<dl>" + "".join(f"<dt>{html.escape(k)}</dt><dd>{v}</dd>" for k, v in items if v) + "</dl>"
 
+# %% ../nbs/16_report.ipynb #c021b
 def rerun_command(manifest: dict,  # a run's manifest
                   only: str | None = None) -> str:  # artefact ids (default: the run's --only)
     "The `kgrag reproduce` command that reruns (part of) a run with its profile, model and `--set` values."
@@ -569,6 +573,7 @@ def _gold(v) -> list[str] | None:
     if v is None or (isinstance(v, float) and v != v): return None
     return [str(v)] if isinstance(v, str) else [str(x) for x in list(v)]
 
+# %% ../nbs/16_report.ipynb #9eda0f18a
 def trace_by_item(path: Path,  # a `kgqa.TraceWriter` JSONL file
                   ) -> dict[str, list[dict]]:
     "The records of a trace file grouped by item: a record's `question_id` up to its first `/` (a study may add"
@@ -583,6 +588,7 @@ def trace_by_item(path: Path,  # a `kgqa.TraceWriter` JSONL file
                 out.setdefault(str(r["question_id"]).split("/")[0], []).append(r)
     return out
 
+# %% ../nbs/16_report.ipynb #9eda0f18b
 _MISK_METRICS = {  # artefact -> {metric shown: per-question column of `missing.nq_scores` / `med_scores` / the predictions}
     "misk_table1": {"EM": "em", "EM (containment)": "em_contain", "F1": "f1", "Precision": "precision", "Recall": "recall",
                     "Context_Recall_OrigQ": "cr_llm_origq", "Context_Recall_MisQ": "cr_llm",

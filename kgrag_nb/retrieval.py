@@ -159,6 +159,7 @@ def _check_texts(texts, what="texts") -> list[str]:
     if bad: raise TypeError(f"{what}[{bad[0]}] is {type(texts[bad[0]]).__name__}, not str; convert it with str() or drop it")
     return texts
 
+# %% ../nbs/05_retrieval.ipynb #c015a
 _TORCH_DEFAULT_THREADS: list = []  # torch's own intra-op thread count, read once before any change here
 
 class OwnLoad:
@@ -178,6 +179,7 @@ class OwnLoad:
 
 _OWN_LOAD = OwnLoad()
 
+# %% ../nbs/05_retrieval.ipynb #c015b
 def encode_threads(cfg: Config | None = None) -> int:
     "torch threads for CPU encoding: `cfg.embed_threads` (KGRAG_EMBED_THREADS) when > 0, else `auto_threads` of torch's default and the load of other processes."
     cfg = cfg or get_config()
@@ -189,6 +191,7 @@ def encode_threads(cfg: Config | None = None) -> int:
     except (OSError, AttributeError): return _TORCH_DEFAULT_THREADS[0]  # no load average on this platform
     return auto_threads(_TORCH_DEFAULT_THREADS[0], max(0.0, load - _OWN_LOAD()))  # other processes' load only
 
+# %% ../nbs/05_retrieval.ipynb #c015c
 @contextlib.contextmanager
 def torch_threads(n: int):
     "Run the block with `n` torch intra-op threads, then restore the previous count."
@@ -199,6 +202,7 @@ def torch_threads(n: int):
     finally:
         if n != old: torch.set_num_threads(old)
 
+# %% ../nbs/05_retrieval.ipynb #c015d
 def embed(texts: Sequence[str],  # texts to embed
           embedder=None,  # a loaded SentenceTransformer, a model name, or None = `load_embedder()`
           cache_dir: Path | str | bool | None = None,  # cache folder; None = `cfg.cache_dir/"embeddings"`; False = no cache

@@ -155,11 +155,13 @@ def planning_sd(result: PairedResult,  # our comparison
     return sd_floor, f"assumed {sd_floor:g} (no spread in our {result.n} paired items)"
 
 
+# %% ../nbs/06b_stats.ipynb #s024a
 def min_n(alpha: float = 0.05) -> int:
     "The fewest paired items at which a two-sided exact sign or signed-rank test can reach p < `alpha` (6 at 0.05)."
     return next(n for n in range(1, 64) if 2 * 0.5 ** n < alpha)
 
 
+# %% ../nbs/06b_stats.ipynb #s024b
 def _power(d: float, n: float, alpha: float) -> float:
     from statsmodels.stats.power import TTestPower
     p = float(TTestPower().power(effect_size=d, nobs=n, alpha=alpha, alternative="two-sided"))
@@ -181,6 +183,7 @@ def mde(sd: float,  # σ of the paired differences
     return float(brentq(lambda d: _power(d, n, alpha) - power, 1e-9, hi)) * sd
 
 
+# %% ../nbs/06b_stats.ipynb #s024c
 def n_needed(effect: float,  # the effect to detect (e.g. the paper's), in the outcome's units
              sd: float,  # σ of the paired differences
              alpha: float = 0.05, power: float = 0.8) -> int | None:

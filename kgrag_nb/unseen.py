@@ -409,6 +409,7 @@ class UnseenConfig:
         if self.embedder is None or isinstance(self.embedder, (str, Path)): self.embedder = load_embedder(self.embedder)
         return self.embedder
 
+# %% ../nbs/15_unseen.ipynb #c036a
 def unseen_question(record,  # QARecord with a topic entity in `inc.topics`
                     inc: IncompleteKG,  # from `build_incomplete_kg`
                     dataset: str = "") -> Question:  # dataset name
@@ -416,6 +417,7 @@ def unseen_question(record,  # QARecord with a topic entity in `inc.topics`
     found = inc.topics[record.id]
     return Question(record.id, record.question, [e for e, _ in found], list(record.answers), dataset, [n for _, n in found])
 
+# %% ../nbs/15_unseen.ipynb #c036b
 def _decode_step(client, prompts: list, qids: list, method: str, stage: str, trace, parsers: list, constraint: Constraint,
                  decoding: str, restate: Restatement, **kw) -> tuple[list, list, list | None]:
     "One parsed step under `decoding` (`kgrag_nb.decoding.decode`): (outputs, parsed, the free answers restated or None), recorded like `complete_traced`."
@@ -427,6 +429,7 @@ def _decode_step(client, prompts: list, qids: list, method: str, stage: str, tra
         for qid, p, o, v in zip(qids, prompts, outs, parsed): trace.write(qid, method, stage, p, o, v)
     return outs, parsed, free
 
+# %% ../nbs/15_unseen.ipynb #c036c
 def unseen_stages(questions: Sequence[Question],  # `unseen_question`s
                   kg: KG,  # the incomplete KG
                   client,  # `kgrag_nb.llm.LLMClient`
@@ -509,6 +512,7 @@ def unseen_stages(questions: Sequence[Question],  # `unseen_question`s
             t["difar"] = h
     return recs
 
+# %% ../nbs/15_unseen.ipynb #c036d
 class UnseenMethod(BaseMethod):
     "A Table 3 row: shared stages (`unseen_stages`), then ten answers with the row's knowledge."
     needs = dict(ours=False, qd=False, difar=False)  # shared stages the row uses
@@ -544,6 +548,7 @@ class UnseenMethod(BaseMethod):
 class NoRAG(UnseenMethod):
     "The question alone (the No-RAG prompt)."
 
+# %% ../nbs/15_unseen.ipynb #c036e
 @register_method("DiFaR (question)", query="question")
 @register_method("DiFaR (entity)", query="entity")
 class DiFaRMethod(UnseenMethod):
@@ -560,6 +565,7 @@ class QDDiFaRMethod(UnseenMethod):
     def __init__(self, query: str = "question"): self.query = query
     def knowledge(self, t): return [h["text"] for h in t["difar"][f"QD-DiFaR ({self.query})"]]
 
+# %% ../nbs/15_unseen.ipynb #c036f
 def _register_ours():
     for name in KNOWLEDGE_SETS: register_method(f"Ours ({name})", knowledge_set=name)(OursMethod)
 
@@ -573,6 +579,7 @@ class OursMethod(UnseenMethod):
 
 _register_ours()
 
+# %% ../nbs/15_unseen.ipynb #c036g
 def run_unseen_entity_qa(records: list,  # QARecords (those without a topic entity in `inc` are skipped)
                          inc: IncompleteKG,  # from `build_incomplete_kg`
                          client,  # `kgrag_nb.llm.LLMClient` (completions endpoint)
@@ -708,6 +715,7 @@ def summarize_datasets(answers: pd.DataFrame,  # `run_unseen_entity_qa` frames c
     return pd.concat([summarize_unseen(answers[answers["dataset"] == d], seed=seed).assign(dataset=d)
                       for d in dict.fromkeys(answers["dataset"])], ignore_index=True)[SUMMARY_COLUMNS]
 
+# %% ../nbs/15_unseen.ipynb #c105a
 def trace_table(traces: dict,  # dataset -> the `trace` list of `run_unseen_entity_qa` (`frame.attrs["trace"]`)
                ) -> pd.DataFrame:
     "Per question: extracted relation, nearest KG relation, chosen T7 triple, inferred type, decomposition, DiFaR's top hit."
@@ -727,6 +735,7 @@ def fallback_table(traces: dict) -> pd.DataFrame:
                               disambiguation_fallback=sum(t.get("disambiguation", {}).get("fallback", True) for t in tr),
                               type_fallback=sum(t["type"]["fallback"] for t in tr)) for name, tr in traces.items()])
 
+# %% ../nbs/15_unseen.ipynb #c105b
 PARSED_STEPS = ("extraction", "disambiguation", "type")  # the parsed LLM steps of the Ours rows (type: free in every mode)
 
 def parse_table(traces: dict,  # dataset -> the `trace` list of `run_unseen_entity_qa`
