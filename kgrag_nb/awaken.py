@@ -20,7 +20,7 @@ from .retrieval import embed
 from .backends import LocalBackend, bench_relation_retrieval
 from .hooks import benchmark
 from .llm import Constraint
-
+from .reproduce import register_decoding_deviation  # StudyRun.deviations adds a run's decoding line
 
 # %% auto #0
 __all__ = ['AWAKENING_MAX_SUBGRAPH_TRIPLES', 'AWAKENING_IVF', 'AWAKENING_TEMPLATE', 'PROBE_TEMPLATE', 'PROBE_VERDICT', 'Triple',
@@ -791,6 +791,7 @@ def study_deviations(result: dict) -> list[str]:
     "`DEVIATIONS`, this run's probing-rule counts, and the decoding line when `result` was not decoded freely (what every artefact renders)."
     d = decoding_of(result)
     return list(DEVIATIONS) + [probing_rule_counts(result)] + ([DECODING_DEVIATION[d]] if d != "free" else [])
+register_decoding_deviation("awaken_task1", DECODING_DEVIATION)  # StudyRun.deviations lists the run's line
 
 # %% ../nbs/14_awaken.ipynb #c104
 def _json_columns(df: pd.DataFrame) -> list[str]:

@@ -8,6 +8,7 @@ import numpy as np, pandas as pd
 from .answers import first_line
 from .metrics import acc_r, percent_cis
 from .llm import Constraint
+from .reproduce import register_decoding_deviation  # StudyRun.deviations adds a run's decoding line
 
 # %% auto #0
 __all__ = ['AWAKENING_NO_RAG_TEMPLATE', 'SHORT_ANSWER_LABELS', 'SHORT_ANSWER', 'REFORMAT_SHORT', 'DEVIATIONS',
@@ -144,4 +145,4 @@ DECODING_DEVIATION = {  # listed by `closed_book_deviations` only when Step 1 wa
 def closed_book_deviations(decoding: str = "free") -> list[str]:  # the decoding Step 1 ran under
     "`DEVIATIONS`, plus the decoding line when Step 1 was not decoded freely (what the closed-book artefact renders)."
     return list(DEVIATIONS) + ([DECODING_DEVIATION[decoding]] if check_decoding(decoding) != "free" else [])
-
+register_decoding_deviation("closed_book_baseline", DECODING_DEVIATION)  # StudyRun.deviations lists the run's line

@@ -33,6 +33,7 @@ from .rules import APP_A2, mine_rules_cached
 from .brink import Benchmark, evaluate, failure_analysis, load_benchmark, build_benchmark, BRINK_TAU, DECODINGS, check_decoding
 from .llm import Constraint
 from .decoding import Restatement
+from .reproduce import register_decoding_deviation  # StudyRun.deviations adds a run's decoding line
 
 # %% auto #0
 __all__ = ['BRINK_METHODS', 'BRINK_SETTINGS', 'METHOD_FAMILIES', 'BENCHMARK_DEVIATIONS', 'DEVIATIONS', 'LLM_ONLY_PROMPT',
@@ -735,6 +736,7 @@ def decoding_note(setup: dict) -> str:  # the experiment's setup (`decoding` abs
     return (f" Decoding: {dec} ({how}); BRINK decodes freely. A plan or pruning that names no listed relation cannot occur, so "
             "the retrieval failures App. J analyses (and Fig. 3's retrieval step) are those of a model held to the listed "
             "relations: run `--set decoding=free` for App. J as the paper measures it.")
+register_decoding_deviation("brink_methods", {d: decoding_note({"decoding": d}).strip() for d in ("constrained", "decoupled")})
 
 # %% ../nbs/13_brink_methods.ipynb #c053b
 SETTING_COLORS = {"complete": "#d62728", "incomplete": "#1f77b4"}  # BRINK Fig. 1-2: complete red, incomplete blue

@@ -10,6 +10,7 @@ from .bench import print_bench  # importing bench also registers `kgrag bench ll
 from .config import PROFILES, get_config
 from .plan import plan  # importing plan registers `kgrag plan`
 from .reproduce import load_experiments, load_registry, reproduce
+from .bundle import replay_command  # `kgrag reproduce --bundle FILE`; importing it also registers `kgrag bundle`
 from .hooks import SUBCOMMANDS, BENCHMARKS, EVALUATORS, subcommand, load_study_modules
 
 # %% auto #0
@@ -35,7 +36,10 @@ def _reproduce(sub):
     p.add_argument("--cell-timeout", type=int, default=None, help="seconds per notebook cell (default by profile: tiny 1800, smoke 14400, full 172800)")
     p.add_argument("--cache-mode", choices=["live", "record", "replay"], default=None, help="LLM response cache mode")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a notebook parameter for every selected artefact")
+    p.add_argument("--bundle", default=None, metavar="FILE", help="replay a `kgrag bundle` archive: no model server, replay mode, "
+                   "0 requests, every table checked byte for byte (profile, selection and model come from the bundle)")
     def run(args):
+        if args.bundle: return replay_command(args)
         overrides = {}
         for item in args.set:
             if "=" not in item: raise SystemExit(f"--set {item!r}: expected KEY=VALUE, e.g. --set n_questions=5")

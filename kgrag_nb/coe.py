@@ -17,6 +17,7 @@ from .metrics import mann_whitney, bootstrap_ci
 from .stats import as_outcomes, judge_signal
 from .llm import Constraint
 from .kgqa import TraceWriter, complete_traced
+from .reproduce import register_decoding_deviation  # StudyRun.deviations adds a run's decoding line
 
 # %% auto #0
 __all__ = ['EXTRACT_INTENT_KEYWORDS_PROMPT', 'EXTRACT_RELATIONS_PROMPT', 'INTENT_PROMPT', 'KEYWORD_PROMPT', 'RELATION_PROMPT',
@@ -991,7 +992,7 @@ def deviations(decoding: str = "free") -> list[str]:  # the run's decoding (run_
     "`DEVIATIONS`, plus the decoding line when `decoding` is not free (constrained: the judges sample, `SAMPLER_NOTE`)."
     line = DECODING_DEVIATION.format(decoding=check_decoding(decoding)) + (" " + SAMPLER_NOTE if decoding == "constrained" else "")
     return DEVIATIONS + ([line] if decoding != "free" else [])
-
+register_decoding_deviation("coe_runs", {d: DECODING_DEVIATION.format(decoding=d) + (" " + SAMPLER_NOTE if d == "constrained" else "") for d in ("constrained", "decoupled")})
 
 # %% ../nbs/19_coe.ipynb #rl01
 GPT4O_ROLES = {"extraction": "§3.2, App. A", "discrimination": "§3.2, App. B; ScopeCoE §8.2.1", "broader terms (WordP)": "§4.2",

@@ -20,6 +20,7 @@ from .papers import paper_numbers, compare
 from .jcql_kbc import fb15k237_splits, build_kbc_data, metric_cis  # the KBC side of the format-tax arm (w/o complete: no checkpoint)
 from .kgqa import (BaseMethod, Question, Prediction, TraceWriter, register_method, get_method, METHODS, relation_names, candidate_steps,
                            parse_steps, step_label, expand_beam, beam_ends, beam_context, path_text, steps_constraint)
+from .reproduce import register_decoding_deviation  # StudyRun.deviations adds a run's decoding line
 
 # %% auto #0
 __all__ = ['ACTIONS', 'INSTRUCTION_HEAD', 'ACTION_SENTENCES', 'EXAMPLE_TRAIN', 'EXAMPLE_TEST', 'PROMPT_ENTITY',
@@ -1299,7 +1300,7 @@ def decoding_note(setup: dict) -> str:
     "The decoding of the run, for every table caption ('decoding: free' = the paper's protocol)."
     d = setup.get("decoding", "free")
     return f" [decoding: {d}{' (the paper decodes freely)' if d != 'free' else ''}]"
-
+register_decoding_deviation("jcql_kbqa", DECODING_DEVIATION)  # StudyRun.deviations lists the run's line
 
 # %% ../nbs/17b_jcql.ipynb #h8i22i7b
 def exclude_held_out(path_batches: Sequence[Sequence],  # one list of path triples (names) per update, in order

@@ -18,7 +18,7 @@ from .config import Config, get_config
 from .datasets import fetch, load_corpus, read_json_records
 from .llm import LLMClient, Constraint
 from . import papers
-from .reproduce import StudyRun
+from .reproduce import StudyRun, register_decoding_deviation
 from .stats import judge_signal
 from .retrieval import embed, load_embedder, embedder_name, DenseIndex, BM25Index, md5_key, md5_dedup
 from .answers import first_line
@@ -96,6 +96,7 @@ DECODING_DEVIATIONS = {  # listed by `deviations(settings)` only when the run's 
     "freely as in the paper, then a second, constrained pass (prompt + free answer + a one-line instruction of ours to "
     "restate it) only reformats the free answer into the required structure, which is what gets parsed.",
 }
+register_decoding_deviation("misk_runs", DECODING_DEVIATIONS)  # StudyRun.deviations lists the run's line
 
 # %% ../nbs/18_missing.ipynb #m007
 # missing_knowledge_rag.txt App. A, Fig. 4 (Natural Questions), verbatim

@@ -21,18 +21,21 @@ from traitlets import CaselessStrEnum, default
 from .config import EMBEDDED_MODEL_ALIAS, PROFILES, Config, get_config
 from .datasets import dataset_checksums
 from .llm import LLMClient, _own_start_time, check_decoding, process_alive
+from .store import write_json_atomic, write_text_atomic
 from .serve import LOOPBACK, STUB_MODEL, STUB_NOTE, EmbeddedServer, free_port, served_models
 
 # %% auto #0
 __all__ = ['MAX_REGISTRY_BYTES', 'MAX_REGISTRY_NODES', 'SAFE_ID', 'RUNNER_PARAMETERS', 'STUDY_PARAMETERS', 'FIXED_PDF_METADATA',
-           'CELL_TIMEOUT_S', 'KERNEL_NICENESS', 'PARAMETER_MINIMUM', 'RUN_ID', 'Artifact', 'is_safe_id',
-           'parameters_of', 'load_registry', 'load_experiments', 'experiments_for', 'select_artifacts',
-           'check_study_notebooks', 'save_figure', 'markdown_table', 'save_table', 'write_json_atomic', 'code_version',
-           'experiment_key', 'experiment_dir', 'ExperimentResults', 'save_result', 'peak_rss_mb', 'StudyRun',
-           'ExperimentRun', 'effective_parameters', 'llm_identity', 'plan_experiments', 'kernel_socket_dir',
+           'LATEX_ESCAPES', 'CELL_TIMEOUT_S', 'KERNEL_NICENESS', 'PARAMETER_MINIMUM', 'RUN_ID', 'DECODING_DEVIATIONS',
+           'NOTEBOOK_RUN', 'Artifact', 'is_safe_id', 'parameters_of', 'load_registry', 'load_experiments',
+           'experiments_for', 'select_artifacts', 'check_study_notebooks', 'save_figure', 'markdown_table',
+           'latex_escape', 'table_facts', 'latex_table', 'save_table', 'code_version', 'experiment_key',
+           'experiment_dir', 'ExperimentResults', 'save_result', 'peak_rss_mb', 'StudyRun', 'ExperimentRun',
+           'effective_parameters', 'llm_identity', 'experiment_llm', 'plan_experiments', 'kernel_socket_dir',
            'NiceKernelManager', 'run_notebook', 'ensure_experiment', 'check_parameter_range', 'check_overrides',
            'git_sha', 'new_run_id', 'mark_abandoned', 'mark_abandoned_runs', 'check_run_id', 'redact_url',
-           'url_secrets', 'scrub_secrets', 'config_environment', 'check_run_options', 'reproduce']
+           'url_secrets', 'scrub_secrets', 'config_environment', 'check_run_options', 'reproduce',
+           'register_decoding_deviation', 'profile_values', 'notebook_run_id', 'start_notebook_run', 'end_notebook_run']
 
 # %% ../nbs/07_reproduce.ipynb #c005
 @dataclass
@@ -302,37 +305,98 @@ def markdown_table(df, floatfmt: str = ".3f") -> str:
     rows += ["| " + " | ".join(fmt(v) for v in rec) + " |" for rec in df.itertuples(index=False)]
     return "\n".join(rows)
 
-def save_table(df, out_dir: str | Path, name: str, caption: str = "", notes: list[str] | None = None) -> list[Path]:
-    "Save `df` as CSV and as Markdown (caption, table, then notes such as model, sample size, seed, checksums)."
+# LaTeX's special characters and the Unicode the tables use, as text-mode LaTeX that pdfLaTeX, XeLaTeX and LuaLaTeX all
+# typeset with no package beyond the format's defaults ('[' and ']' are braced: a cell that starts a row with '[' would
+# otherwise be read as the optional argument of the previous row's `\\`); other non-ASCII characters stay as UTF-8.
+LATEX_ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
+                 "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "<": r"\textless{}", ">": r"\textgreater{}",
+                 "|": r"\textbar{}", "[": "{[}", "]": "{]}", "\n": " ", "\r": " ", "\t": " ",
+                 "§": r"\S{}", "¶": r"\P{}", "–": "--", "—": "---", "−": "-", "‘": "`", "’": "'", "“": "``", "”": "''",
+                 "…": r"\dots{}", "×": r"\ensuremath{\times}", "±": r"\ensuremath{\pm}", "≤": r"\ensuremath{\leq}",
+                 "≥": r"\ensuremath{\geq}", "≠": r"\ensuremath{\neq}", "≈": r"\ensuremath{\approx}", "→": r"\ensuremath{\rightarrow}",
+                 "←": r"\ensuremath{\leftarrow}", "·": r"\ensuremath{\cdot}", "°": r"\ensuremath{^\circ}", "µ": r"\ensuremath{\mu}",
+                 "α": r"\ensuremath{\alpha}", "β": r"\ensuremath{\beta}", "γ": r"\ensuremath{\gamma}", "δ": r"\ensuremath{\delta}",
+                 "ε": r"\ensuremath{\epsilon}", "κ": r"\ensuremath{\kappa}", "λ": r"\ensuremath{\lambda}", "μ": r"\ensuremath{\mu}",
+                 "ρ": r"\ensuremath{\rho}", "σ": r"\ensuremath{\sigma}", "τ": r"\ensuremath{\tau}", "\u00a0": "~"}
+_LATEX_SPECIAL = re.compile("|".join(map(re.escape, LATEX_ESCAPES)))
+
+def latex_escape(text) -> str:
+    "`text` as LaTeX text: the specials (`\\ & % $ # _ { } ~ ^`, `< > | [ ]`) escaped and common Unicode symbols"
+    " (§, –, ×, ≥, κ, ...) written as LaTeX commands; line breaks become spaces."
+    return _LATEX_SPECIAL.sub(lambda m: LATEX_ESCAPES[m.group(0)], str(text))
+
+def _latex_cell(v, floatfmt: str = ".3f") -> str:
+    "One table cell as LaTeX: a number in math mode (a true minus sign), floats as in the Markdown table, NaN empty, text escaped."
+    types = pd.api.types
+    if v is None or v is pd.NA or v is pd.NaT: return ""
+    if types.is_bool(v): return latex_escape(bool(v))
+    if types.is_integer(v): return f"${int(v)}$"
+    if types.is_float(v):
+        return "" if math.isnan(v) else f"${format(float(v), floatfmt)}$" if math.isfinite(v) else ("$\\infty$" if v > 0 else "$-\\infty$")
+    return latex_escape(v)
+
+_CI_STATED = re.compile(r"\d+(?:\.\d+)?\s*%[^.;]{0,40}?(?:CI|interval|confidence)", re.I)
+_CI_COLUMN = re.compile(r"\bCI\b|(?:^|_)ci(?:_|$)|interval", re.I)
+
+def table_facts(caption: str = "",  # the table's caption (what it states already is not repeated)
+                notes: list[str] | None = None,  # provenance lines (`StudyRun.notes()`: `model: ...`, `sample sizes: ...`)
+                columns=(),  # the table's columns (interval columns without a stated level are flagged)
+                decoding: str | list[str] | None = None,  # how the LLM outputs were decoded (free, constrained, decoupled)
+                ci_level: float | None = None,  # the intervals' level, e.g. 0.95
+               ) -> list[str]:
+    "The facts a LaTeX caption adds to `caption`: model, n (sample sizes), decoding and interval level, each where known"
+    " and not stated in the caption already."
+    notes, facts = list(notes or []), []
+    for key, label in (("model: ", "model"), ("sample sizes: ", "n")):
+        line = next((n for n in notes if n.startswith(key)), None)
+        if line and line[len(key):] not in ("n/a", ""): facts.append(f"{label}: {line[len(key):]}")
+    decs = [decoding] if isinstance(decoding, str) else sorted({d for d in decoding or [] if d})
+    if decs and "decoding" not in caption.lower(): facts.append(f"decoding: {', '.join(decs)}")
+    if ci_level is not None:
+        if not 0 < ci_level < 1: raise ValueError(f"ci_level={ci_level!r}: give the intervals' level as a fraction in (0, 1), e.g. 0.95")
+        facts.append(f"intervals: {ci_level:.0%}")
+    elif not _CI_STATED.search(caption) and any(_CI_COLUMN.search(str(c)) for c in columns):
+        facts.append("interval level not stated")
+    return facts
+
+def latex_table(df,  # the table
+                caption: str = "",  # the table's caption (plain text: escaped here)
+                notes: list[str] | None = None,  # provenance lines, written as LaTeX comments above the table
+                label: str | None = None,  # `\label` of the table (e.g. `tab:artefact:name`)
+                facts: list[str] | None = None,  # what the caption adds (`table_facts`)
+                floatfmt: str = ".3f",  # float format of the cells, as in the Markdown table
+                longtable_rows: int = 40,  # tables longer than this break across pages (`longtable`)
+               ) -> str:
+    "A booktabs LaTeX table of `df` rendered by pandas' Styler: cells and headers escaped (`latex_escape`), numbers in"
+    " math mode, caption followed by `facts`, `notes` as comments. Needs `booktabs` (and `longtable` for long tables)."
+    df = df.reset_index(drop=True)
+    df.columns = [str(c) for c in df.columns]  # one header row of plain labels (a MultiIndex level tuple is shown as text)
+    if not len(df.columns): df = pd.DataFrame({"(no columns)": [""] * len(df)})  # LaTeX refuses a tabular of no column
+    text = caption.strip() + ("" if not facts else (" " if caption.strip().endswith((".", ":")) or not caption.strip() else ". ")
+                                + "; ".join(facts) + ".")
+    styler = (df.style.hide(axis="index").format(lambda v: _latex_cell(v, floatfmt))
+              .format_index(latex_escape, axis=1))
+    long = len(df) > longtable_rows
+    body = styler.to_latex(caption=latex_escape(text) if text.strip() else None, label=label, hrules=True,
+                           environment="longtable" if long else None, position=None if long else "htbp",
+                           position_float=None if long else "centering")
+    head = "".join("% " + " ".join(str(n).splitlines()) + "\n" for n in notes or [])
+    return "% generated by kgrag_nb (booktabs" + (", longtable" if long else "") + ")\n" + head + body
+
+def save_table(df, out_dir: str | Path, name: str, caption: str = "", notes: list[str] | None = None,
+               decoding: str | list[str] | None = None,  # how the LLM outputs were decoded (for the LaTeX caption)
+               ci_level: float | None = None,  # the intervals' level, e.g. 0.95 (for the LaTeX caption)
+              ) -> list[Path]:
+    "Save `df` as CSV, as Markdown (caption, table, then notes such as model, sample size, seed, checksums) and as"
+    " LaTeX (`latex_table`: booktabs, the caption with model, n, decoding and interval level where known)."
     out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
-    csv, md = out_dir / f"{name}.csv", out_dir / f"{name}.md"
+    csv, md, tex = out_dir / f"{name}.csv", out_dir / f"{name}.md", out_dir / f"{name}.tex"
     df.to_csv(csv, index=False, float_format="%.6g")
     parts = ([f"**{caption}**", ""] if caption else []) + [markdown_table(df)] + ([""] + [f"- {n}" for n in notes] if notes else [])
     md.write_text("\n".join(parts) + "\n")
-    return [csv, md]
-
-# %% ../nbs/07_reproduce.ipynb #c022a
-def _write_text_atomic(path: Path, text: str, durable: bool = True) -> Path:
-    "Write `text` to `path` through a temporary file in the same folder and `os.replace` (flushed to disk first when `durable`)."
-    path = Path(path)
-    mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o644  # mkstemp's 0600 would hide the file from other readers
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text); f.flush()
-            if durable: os.fsync(f.fileno())
-        os.chmod(tmp, mode); os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True); raise
-    return path
-
-def write_json_atomic(path: str | Path,  # the file to (re)write; its folder must exist
-                      obj,  # a JSON value (other objects are written with `str`)
-                      durable: bool = True,  # fsync before the rename (False for files rewritten after every request)
-                      **dumps_kw) -> Path:  # `json.dumps` options; default `indent=1, default=str`
-    "Write `obj` as JSON to `path` so that a reader, a kill or a full disk sees the old file or the new one, never half of one."
-    return _write_text_atomic(Path(path), json.dumps(obj, **({"indent": 1, "default": str} | dumps_kw)) + "\n", durable)
-
+    facts = table_facts(caption, notes, df.columns, decoding, ci_level)
+    tex.write_text(latex_table(df, caption, notes, f"tab:{out_dir.name}:{name}", facts), encoding="utf-8")
+    return [csv, md, tex]
 
 # %% ../nbs/07_reproduce.ipynb #c024
 def code_version(cfg: Config | None = None,  # None = get_config()
@@ -451,12 +515,16 @@ class StudyRun:
         self.outputs, self.datasets, self.sample_sizes, self._clients, self._server = [], {}, {}, [], None
         self.experiments_used, self.deviation_list, self.run_notes = {}, [], []
         self.started, self._hooked, self.stages, self._cell = time.time(), False, [], None
+        self.notebook_run = False  # True: this run made its own run folder (executed outside `kgrag reproduce`)
+        self._exp_decodings, self._exp_paths = {}, {}  # experiment id -> its `decoding` parameter / results folder
         self._hook_usage()  # inside a reproduction run: usage, peak memory and per-cell stages after every cell
 
     @classmethod
     def from_papermill(cls, g: dict, cfg: Config | None = None):
         "The run of the notebook whose globals are `g`: id from `artifact`, paper from the registry, parameters from"
-        " the names the notebook's `parameters` cell declares, seed from `seed` (0 when absent)."
+        " the names the notebook's `parameters` cell declares, seed from `seed` (0 when absent). Outside the runner"
+        " (`run_dir` None: Jupyter, plain papermill or nbconvert) the profile's values fill the parameters left at the"
+        " notebook's defaults (`profile_values`) and the notebook is a run of its own (`start_notebook_run`)."
         cfg = cfg or get_config()
         sid = g.get("artifact")
         if not sid: raise ValueError("from_papermill: the parameters cell must declare `artifact = \"<id in studies.yaml>\"`")
@@ -466,11 +534,18 @@ class StudyRun:
             raise KeyError(f"{sid!r} is not an {'experiment' if reg is exps else 'artefact'} of studies.yaml; known: {sorted(reg)}")
         entry = reg[sid]
         declared = parameters_of(cfg.root / entry.notebook)
+        profile = g.get("profile", cfg.profile)
+        by_hand = g.get("run_dir") is None  # opened in Jupyter, or run with plain papermill / nbconvert: no runner
+        if by_hand: profile_values(g, entry, declared, profile, cfg)
         params = {k: g[k] for k in declared if k not in (*RUNNER_PARAMETERS, *STUDY_PARAMETERS) and k in g}
-        params["profile"] = g.get("profile", cfg.profile)
-        return cls(sid, paper=entry.paper, params=params, run_dir=g.get("run_dir"), llm_url=g.get("llm_url"),
-                   model=g.get("model"), seed=int(params.get("seed", 0) or 0), cfg=cfg,
-                   experiment_dirs=g.get("experiment_dirs"), profile=params["profile"])
+        params["profile"] = profile
+        if params.get("decoding") is not None: check_decoding(params["decoding"])  # before a run folder is made
+        run_dir = start_notebook_run(entry, cls.record_folder, params, g.get("llm_url"), cfg) if by_hand else g.get("run_dir")
+        run = cls(sid, paper=entry.paper, params=params, run_dir=run_dir, llm_url=g.get("llm_url"),
+                  model=g.get("model"), seed=int(params.get("seed", 0) or 0), cfg=cfg,
+                  experiment_dirs=g.get("experiment_dirs"), profile=profile)
+        run.notebook_run = by_hand
+        return run
 
     def llm(self,
             n_ctx: int | None = None,  # the embedded server's context window (None: the configured `embedded_n_ctx`)
@@ -527,6 +602,9 @@ class StudyRun:
                                     **{k: after[k] - before[k] for k in after}))
             self._cell = None
         if self.run_dir: self._write_usage()
+        err = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
+        if self.notebook_run and err is not None:  # run by hand: the run says which cell failed (a later finish() ends it)
+            self._end_notebook_run(status="failed", error=f"{type(err).__name__}: {str(err)[:500]}")
 
     def _llm_counts(self) -> dict:
         u = self.usage()
@@ -555,8 +633,10 @@ class StudyRun:
         "The results of experiment `exp_id` for this run's profile: the folder the runner injected, else the cached"
         " folder for the current parameters, else the experiment is executed here once (papermill), like the runner does."
         if exp_id in self.experiment_dirs: res = ExperimentResults(self.experiment_dirs[exp_id])
-        else: res = ensure_experiment(exp_id, self.profile, cfg=self.cfg, llm_url=self.llm_url, model=self.model_name)
+        else: res = ensure_experiment(exp_id, self.profile, cfg=self.cfg, llm_url=self.llm_url, model=self.model_name, run_dir=self.run_dir)
         self.experiments_used[exp_id] = res.key
+        self._exp_paths[exp_id] = res.path
+        if isinstance(res.params.get("decoding"), str): self._exp_decodings[exp_id] = res.params["decoding"]
         for k, v in (res.record.get("datasets") or {}).items(): self.datasets.setdefault(k, v)
         for m in res.record.get("models") or []: self._experiment_models.add(m)
         return res
@@ -566,10 +646,35 @@ class StudyRun:
         if not hasattr(self, "_exp_models"): self._exp_models = set()
         return self._exp_models
 
-    def deviations(self, *lists) -> list[str]:
+    @property
+    def decodings(self) -> dict[str, str]:
+        "`{notebook id: decoding}`: this notebook's `decoding` parameter and that of every experiment it read, where declared."
+        own = {self.artifact: self.params["decoding"]} if isinstance(self.params.get("decoding"), str) else {}
+        return own | {k: v for k, v in self._exp_decodings.items() if k != self.artifact}
+
+    @property
+    def decoding(self) -> str | None:
+        "The run's decoding: this notebook's `decoding` parameter, else the one decoding of the experiments it read"
+        " (None when none declares one, or they differ: `decodings` has each)."
+        if isinstance(self.params.get("decoding"), str): return self.params["decoding"]
+        modes = set(self._exp_decodings.values())
+        return modes.pop() if len(modes) == 1 else None
+
+    def decoding_lines(self) -> list[str]:
+        "The decoding deviation of every notebook of this run that did not decode as its paper: the line its study"
+        " registered (`register_decoding_deviation`) for the notebook's id and decoding."
+        lines = [DECODING_DEVIATIONS.get(nid, {}).get(mode) for nid, mode in self.decodings.items()]
+        return list(dict.fromkeys(l for l in lines if l))
+
+    def deviations(self, *lists,
+                   decoding: bool = True) -> list[str]:  # False: leave out the run's decoding lines (`decoding_lines`)
         "Show the deviations from the paper (a study module's `DEVIATIONS` plus this artefact's) as a numbered list"
-        " and record them in provenance.json (the report shows them)."
-        items = [d for lst in lists for d in ([lst] if isinstance(lst, str) else lst)]
+        " and record them in provenance.json (the report shows them). The run's decoding lines (`decoding_lines`) follow"
+        " the first list, unless a listed deviation already holds one (a study that still adds its own is not repeated)."
+        lists = [[lst] if isinstance(lst, str) else list(lst) for lst in lists] or [[]]
+        given = [d for lst in lists for d in lst] + self.deviation_list
+        lists[0] += [l for l in (self.decoding_lines() if decoding else []) if not any(l in d for d in given)]
+        items = [d for lst in lists for d in lst]
         self.deviation_list += [d for d in items if d not in self.deviation_list]
         _display_markdown("## Deviations from the paper\n\n" + "\n".join(f"{i}. {d}" for i, d in enumerate(self.deviation_list, 1)))
         return self.deviation_list
@@ -589,9 +694,12 @@ class StudyRun:
             lines.append("data sha256 (first 12 hex): " + "; ".join(f"{k}={v[:12]}" for k, v in sorted(self.datasets.items())))
         return lines
 
-    def save_table(self, df, name: str, caption: str = "") -> list[Path]:
-        "Write a table (CSV + Markdown with provenance notes) under `figures/<artefact>/`."
-        paths = save_table(df, self.out_dir, name, caption, self.notes())
+    def save_table(self, df, name: str, caption: str = "",
+                   ci_level: float | None = None,  # the level of the table's intervals, e.g. 0.95 (None: as the caption states it)
+                  ) -> list[Path]:
+        "Write a table under `figures/<artefact>/`: CSV, Markdown with provenance notes, and LaTeX whose caption names"
+        " the model, sample sizes, decoding (this notebook's `decoding` parameter and its experiments') and interval level."
+        paths = save_table(df, self.out_dir, name, caption, self.notes(), list(self.decodings.values()), ci_level)
         self.outputs += paths; return paths
 
     def save_figure(self, fig, name: str, footer: bool = True) -> list[Path]:
@@ -611,10 +719,11 @@ class StudyRun:
         return dict(artifact=self.artifact, paper=self.paper, models=self.models, seed=self.seed,
                     sample_sizes=self.sample_sizes, datasets=self.datasets, params=self.params, notes=self.run_notes,
                     experiments=self.experiments_used, deviations=self.deviation_list,
-                    outputs=[str(p.relative_to(self.cfg.root)) if p.is_relative_to(self.cfg.root) else str(p) for p in self.outputs])
+                    outputs=[str(p.relative_to(self.cfg.root)) if p.is_relative_to(self.cfg.root) else str(p) for p in self.outputs],
+                    **({"decoding": self.decodings} if self.decodings else {}))  # once per notebook: {notebook id: decoding}
 
-    def finish(self) -> dict:
-        "Write provenance (and the run record when inside a reproduction run); stop a server this run started."
+    def _write_records(self) -> dict:
+        "Write provenance.json and, in a run folder, the run record; returns the record with usage and wall time."
         record = self._record()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.out_dir / "provenance.json", record, sort_keys=True)
@@ -622,7 +731,18 @@ class StudyRun:
         if self.run_dir:
             (self.run_dir / self.record_folder).mkdir(parents=True, exist_ok=True)
             write_json_atomic(self.run_dir / self.record_folder / f"{self.artifact}.json", record)
+        return record
+
+    def _end_notebook_run(self, record: dict | None = None, status: str = "finished", error: str | None = None):
+        "A notebook run by hand: write its own run's manifest (`end_notebook_run`)."
+        end_notebook_run(self, record, status, error)
+
+    def finish(self) -> dict:
+        "Write provenance (and the run record when inside a run folder); stop a server this run started. A notebook"
+        " run by hand (`notebook_run`) also ends its own run: the manifest says `finished`, with its entry and usage."
+        record = self._write_records()
         if self._server: self._server.stop(); self._server = None
+        if self.notebook_run: self._end_notebook_run(record)
         return record
 
 # %% ../nbs/07_reproduce.ipynb #c034
@@ -643,10 +763,10 @@ class ExperimentRun(StudyRun):
             exp = load_experiments(cfg=self.cfg).get(artifact)
             if exp is None: raise KeyError(f"{artifact!r} is not an experiment of studies.yaml")
             values = {k: v for k, v in self.params.items() if k != "profile"}
-            llm = llm_identity(self.params.get("llm_url") or self.cfg.llm_url, self.params.get("model") or self.cfg.model)
+            llm = experiment_llm(self.llm_url, self.model_name, self.cfg) if exp.needs_llm else None  # as the runner keys it
             plan = plan_experiments([exp], self.profile, self.cfg, values={artifact: values}, llm=llm)[artifact]
             self.key, self.path, self.plan_params = plan["key"], plan["path"], values
-            self.experiment_dirs.update({d: str(p) for d, p in plan["dep_paths"].items()})
+            self.experiment_dirs.update({d: str(p) for d, p in plan["dep_paths"].items() if _success_record(p)})  # else computed when read
             self.experiment_dirs[artifact] = str(self.path)
         self.out_dir = self.path
 
@@ -662,11 +782,13 @@ class ExperimentRun(StudyRun):
 
     def finish(self) -> dict:
         "Write provenance, the run record and, last, `_SUCCESS.json` (the folder is complete)."
-        record = super().finish()
+        record = self._write_records()
+        if self._server: self._server.stop(); self._server = None
         done = dict(id=self.artifact, key=self.key, params=self.plan_params, models=self.models, datasets=self.datasets,
                     sample_sizes=self.sample_sizes, usage=record.get("usage", {}), wall_s=record.get("wall_s"),
                     finished=datetime.now(timezone.utc).isoformat())
         write_json_atomic(self.path / "_SUCCESS.json", done)
+        if self.notebook_run: self._end_notebook_run(record)  # after _SUCCESS.json: the run says finished once the folder is complete
         return record
 
 # %% ../nbs/07_reproduce.ipynb #c036
@@ -682,6 +804,14 @@ def llm_identity(llm_url: str | None,  # the endpoint (None = the embedded serve
                  model: str | None) -> str:  # the model asked for or served (None = the server's default)
     "What the results of an LLM experiment depend on besides its parameters: endpoint (credentials removed) and model."
     return f"{redact_url(llm_url) or 'embedded'} | {model or '(served default)'}"
+
+def experiment_llm(llm_url: str | None,  # the endpoint (None = the embedded server)
+                   model: str | None,  # the model asked for (None = the one the endpoint serves)
+                   cfg: Config) -> str:
+    "`llm_identity` as `kgrag reproduce` keys LLM experiments: an endpoint given without a model is asked which it serves,"
+    " so a notebook run by hand and the runner find each other's results."
+    if llm_url and not model: model = LLMClient.from_config(cfg, base_url=llm_url, progress=False).resolve_model()
+    return llm_identity(llm_url, model)
 
 def plan_experiments(exps: list, profile: str, cfg: Config, overrides: dict | None = None,
                      values: dict | None = None,  # experiment id -> parameter values to use as they are
@@ -765,20 +895,26 @@ def _inject(study: Artifact, cfg: Config, values: dict, profile: str, run_dir, l
     return params
 
 def ensure_experiment(exp_id: str, profile: str, cfg: Config | None = None, llm_url: str | None = None,
-                      model: str | None = None, overrides: dict | None = None, cell_timeout: int | None = None) -> ExperimentResults:
-    "The results of experiment `exp_id` at `profile`, executing it (and what it uses) first when not cached."
+                      model: str | None = None, overrides: dict | None = None, cell_timeout: int | None = None,
+                      run_dir: str | Path | None = None,  # the run that asks (its records and executed notebooks go there)
+                     ) -> ExperimentResults:
+    "The results of experiment `exp_id` at `profile`, executing it (and what it uses) first when not cached. With"
+    " `run_dir`, an experiment executed here records itself in that run, as under the runner (`experiments/<id>.json`,"
+    " `notebooks/experiments/<id>.ipynb`); without, its executed copy stays in its results folder."
     cfg = cfg or get_config()
     exps = load_experiments(cfg=cfg)
     if exp_id not in exps: raise KeyError(f"{exp_id!r} is not an experiment of studies.yaml; known: {sorted(exps)}")
-    plan = plan_experiments([exps[exp_id]], profile, cfg, overrides)
+    needs_llm = any(e.needs_llm for e in _topological([exps[exp_id]], exps))
+    plan = plan_experiments([exps[exp_id]], profile, cfg, overrides, llm=experiment_llm(llm_url, model, cfg) if needs_llm else None)
     for eid, p in plan.items():
         if p["done"]: continue
         _write_plan(p, eid)
-        params = _inject(p["study"], cfg, p["params"], profile, None, llm_url, model, {**p["dep_paths"], eid: p["path"]})
-        res = run_notebook(p["study"], params, p["path"] / "executed.ipynb", cfg, cell_timeout or CELL_TIMEOUT_S[profile])
+        params = _inject(p["study"], cfg, p["params"], profile, run_dir, llm_url, model, {**p["dep_paths"], eid: p["path"]})
+        out = Path(run_dir) / "notebooks" / "experiments" / f"{eid}.ipynb" if run_dir else p["path"] / "executed.ipynb"
+        res = run_notebook(p["study"], params, out, cfg, cell_timeout or CELL_TIMEOUT_S[profile])
         if res["status"] != "ok" or _success_record(p["path"]) is None:
             raise RuntimeError(f"experiment {eid} ({p['study'].notebook}) failed at {res['error'] or 'the end: it did not call finish()'}; "
-                               f"executed copy: {p['path'] / 'executed.ipynb'}")
+                               f"executed copy: {out}")
     return ExperimentResults(plan[exp_id]["path"])
 
 def _write_plan(p: dict, eid: str):
@@ -917,7 +1053,7 @@ def scrub_secrets(path: Path, secrets: list[str]) -> int:
     if not secrets or not path.exists(): return 0
     text = path.read_text(errors="replace"); n = sum(text.count(s) for s in secrets)
     for s in secrets: text = text.replace(s, "***")
-    if n: _write_text_atomic(path, text)
+    if n: write_text_atomic(path, text)
     return n
 
 
@@ -1290,3 +1426,89 @@ def reproduce(profile: str | None = None,  # `tiny`, `smoke` or `full` (default:
         status, why = _interruption(exc, signals)
         _finalise(manifest, run_dir, [*exps, *arts], t0, secrets, status, why)
         raise
+
+# %% ../nbs/07_reproduce.ipynb #6fd0e845
+DECODING_DEVIATIONS: dict[str, dict[str, str]] = {}  # notebook id (experiment or artefact) -> {decoding: deviation line}
+
+def register_decoding_deviation(notebook_ids: str | list[str],  # the experiments (or LLM-calling artefacts) that decode
+                                lines: dict[str, str]) -> dict[str, str]:  # decoding -> the study's sentence (none for its paper's own)
+    "Register a study's decoding deviation per decoding mode for the notebooks that decode; `StudyRun.deviations` adds"
+    " the line of a run's decoding. Returns `lines`."
+    if not isinstance(lines, dict) or not all(isinstance(v, str) and v for v in lines.values()):
+        raise ValueError(f"register_decoding_deviation: lines={lines!r} must map decoding modes to sentences")
+    for mode in lines: check_decoding(mode)
+    for nid in [notebook_ids] if isinstance(notebook_ids, str) else notebook_ids: DECODING_DEVIATIONS[nid] = dict(lines)
+    return lines
+
+def profile_values(g: dict,  # the notebook's globals()
+                   entry: Artifact,  # its registry entry
+                   declared: dict,  # its parameters cell (`parameters_of`)
+                   profile: str,  # the profile it runs at
+                   cfg: Config) -> dict:
+    "Outside the runner: set in `g` the profile's value (studies.yaml, `defaults:` included) of every parameter that is"
+    " still at the notebook's own default; returns (and prints) what it set."
+    if profile not in PROFILES: raise ValueError(f"profile={profile!r}: use one of {', '.join(PROFILES)} (papermill -p profile tiny)")
+    values = effective_parameters(entry, profile, cfg) if profile in entry.profiles else {}
+    changed = {k: v for k, v in values.items() if k in g and g[k] == declared.get(k) and v != g[k]}
+    g.update(changed)
+    if changed: print(f"parameters from studies.yaml (profile {profile}): " + ", ".join(f"{k}={v!r}" for k, v in changed.items()))
+    return changed
+
+NOTEBOOK_RUN = ("executed outside `kgrag reproduce` (Jupyter, papermill or nbconvert): one notebook, with the experiments "
+                "it computed or reused")
+
+def notebook_run_id(sid: str) -> str:
+    "The id of the run of notebook `sid` executed by hand: `nb-<id>-<UTC time>-<pid>`."
+    return f"nb-{sid}-{new_run_id()}"
+
+def start_notebook_run(entry: Artifact,  # the notebook's registry entry
+                       kind: str,  # "artifacts" or "experiments" (`StudyRun.record_folder`)
+                       params: dict,  # its parameters (with `profile`)
+                       llm_url: str | None,  # the endpoint it was given (None: the configured one, else the embedded server)
+                       cfg: Config) -> Path:
+    "Make the run folder of a notebook executed by hand, with a `running` manifest (this process's pid: a kernel that"
+    " dies leaves an `abandoned` run); parameters that differ from the profile's are its overrides. Returns the folder."
+    run_dir = check_run_id(notebook_run_id(entry.id), cfg)
+    run_dir.mkdir(parents=True)
+    profile = params.get("profile", cfg.profile)
+    values = effective_parameters(entry, profile, cfg) if profile in entry.profiles else {}
+    overrides = {k: v for k, v in params.items() if k in values and values[k] != v}
+    m = _new_manifest(run_dir.name, profile, entry.id, 1, llm_url or cfg.llm_url, overrides, {k: [entry.id] for k in overrides}, cfg)
+    write_json_atomic(run_dir / "manifest.json", m | dict(interactive=NOTEBOOK_RUN, notebook=entry.notebook, kind=kind))
+    return run_dir
+
+def end_notebook_run(run: StudyRun,  # a run made by `start_notebook_run`
+                     record: dict | None = None,  # its run record (`finish()`); None: the usage written after the last cell
+                     status: str = "finished",  # or "failed" (a cell raised)
+                     error: str | None = None) -> dict:
+    "Write the manifest of a notebook run by hand: its entry, the experiments computed here (their run records) or reused,"
+    " the model and the LLM usage, as `kgrag reproduce` would; secrets scrubbed. Returns the manifest."
+    path = run.run_dir / "manifest.json"
+    m = _read_manifest(path) or {}
+    kind = "experiment" if run.record_folder == "experiments" else "artifact"
+    own = dict(record or _read_record(run.run_dir, run.record_folder, run.artifact))
+    ok = "computed" if kind == "experiment" else "ok"
+    entry = {kind: run.artifact, **({"key": run.key, "path": str(run.path)} if kind == "experiment" else {}),
+             "paper": run.paper, "notebook": m.get("notebook"), "parameters": run.params,
+             "status": ok if status == "finished" else "failed", "error": error,
+             "wall_s": own.get("wall_s", round(time.time() - run.started, 3))}
+    entry.update({k: v for k, v in own.items() if k not in entry})
+    exps = []
+    for rec_path in sorted((run.run_dir / "experiments").glob("*.json")):  # computed here (`ensure_experiment` with run_dir)
+        eid = rec_path.stem
+        if rec_path.name.endswith(".usage.json") or eid == run.artifact: continue
+        rec = _read_record(run.run_dir, "experiments", eid)
+        e = dict(experiment=eid, key=run.experiments_used.get(eid), path=str(run._exp_paths.get(eid, "")), status="computed")
+        executed = Path("notebooks") / "experiments" / f"{eid}.ipynb"
+        if (run.run_dir / executed).exists(): e["executed"] = str(executed)
+        exps.append(e | {k: v for k, v in rec.items() if k not in e})
+    for eid, key in run.experiments_used.items():
+        if eid in {e["experiment"] for e in exps} or eid == run.artifact: continue
+        exps.append(dict(experiment=eid, key=key, path=str(run._exp_paths.get(eid, "")), status="reused", wall_s=0.0,
+                         models=(_success_record(run._exp_paths[eid]) or {}).get("models") if eid in run._exp_paths else None))
+    m["experiments"], m["artifacts"] = (exps + [entry], []) if kind == "experiment" else (exps, [entry])
+    if status == "finished": m.pop("error", None)  # a cell that failed before was rerun (Jupyter)
+    models = sorted({x for e in m["experiments"] + m["artifacts"] for x in e.get("models") or []})
+    m.update(_model_fields(", ".join(models) or None, bool(models)))
+    secrets = [os.environ.get(run.cfg.api_key_env, ""), *url_secrets(run.llm_url)]
+    return _finalise(m, run.run_dir, [], run.started, secrets, status, error, usage=_sum_usage(m["experiments"] + m["artifacts"]))

@@ -24,6 +24,7 @@ from .answers import first_line
 from .awaken import AWAKENING_MAX_SUBGRAPH_TRIPLES, awakening_prompt, check_decoding
 from .decoding import Restatement, decode
 from .store import write_jsonl
+from .reproduce import register_decoding_deviation  # StudyRun.deviations adds a run's decoding line
 
 # %% auto #0
 __all__ = ['EXTRACTION_TEMPLATE', 'EXTRACTION_FORMAT', 'EXTRACTION_RESTATE', 'DISAMBIGUATION_TEMPLATE', 'DISAMBIGUATION_RESTATE',
@@ -683,7 +684,7 @@ DECODING_DEVIATION = {  # listed only when the run did not decode freely (the pa
 def unseen_deviations(decoding: str = "free") -> list[str]:
     "`DEVIATIONS`, plus the decoding line when the run did not decode freely (what the Table 3 artefact should render)."
     return DEVIATIONS + ([DECODING_DEVIATION[check_decoding(decoding)]] if decoding != "free" else [])
-
+register_decoding_deviation("unseen_entity", DECODING_DEVIATION)  # StudyRun.deviations lists the run's line
 
 # %% ../nbs/15_unseen.ipynb #c103
 from .datasets import load_qa

@@ -384,6 +384,7 @@ def test_a_server_killed_with_sigill_stops_the_run_names_the_signal_and_a_rerun_
 import re, signal, subprocess, sys, time
 from urllib.parse import quote
 import kgrag_nb.reproduce as rp
+from kgrag_nb import store
 from kgrag_nb.reproduce import url_secrets, write_json_atomic
 
 _SLEEPER = '''import json, os, time
@@ -591,8 +592,9 @@ def test_json_writes_are_whole_or_not_at_all_on_a_full_disk(tmp_path):
 
 def test_reproduce_writes_json_only_through_write_json_atomic():
     src = Path(rp.__file__).read_text()
-    assert "write_text(json.dumps" not in src and ".write_text(text)" not in src
-    assert "os.replace" in src and src.count("write_json_atomic(") >= 8
+    assert "write_text(json.dumps" not in src and ".write_text(text)" not in src and "os.replace" not in src
+    assert src.count("write_json_atomic(") >= 8 and rp.write_json_atomic is store.write_json_atomic
+    assert "os.replace" in Path(store.__file__).read_text()
 
 
 def test_the_registry_is_confined_to_the_checkout_and_bounded(tmp_path):
