@@ -16,14 +16,16 @@ from .datasets import load_kg
 from .hooks import benchmark
 from .llm import Constraint, LLMClient, ResponseCache, constraint_body
 from .store import SqliteStore
-from .serve import STUB_MODEL, EmbeddedServer, StubServer, embedded_model_path, free_port, llm_endpoint, make_deterministic
+from .serve import (PROMPT_SNAPSHOTS, SNAPSHOT_BUDGET_MB, STUB_MODEL, EmbeddedServer, PrefixSnapshots, StubServer, chunk_spans,
+                            embedded_model_path, free_port, llm_endpoint, make_deterministic, reusable_boundary)
 from .retrieval import _TORCH_DEFAULT_THREADS, embed, encode_threads, load_embedder
 
 # %% auto #0
-__all__ = ['STUDY_OF_PAPER', 'print_bench', 'cache_write_rate', 'bench_llm', 'bench_kg', 'bench_embed', 'workload_requests',
-           'stage_request_body', 'stage_split', 'summarize_stages', 'stage_setting_name', 'profile_llm_stages',
-           'bench_llm_stages', 'study_groups', 'read_key_log', 'study_requests', 'find_bench_run', 'replay_body',
-           'reply_text', 'arm_settings', 'arm_name', 'summarize_llm_studies', 'profile_llm_studies',
+__all__ = ['STATE_BYTES_PER_TOKEN', 'LOGITS_BYTES', 'STUDY_OF_PAPER', 'print_bench', 'cache_write_rate', 'bench_llm', 'bench_kg',
+           'bench_embed', 'workload_requests', 'stage_request_body', 'stage_split', 'summarize_stages',
+           'stage_setting_name', 'profile_llm_stages', 'bench_llm_stages', 'cache_prompt_tokens', 'prefill_simulation',
+           'chunk_cost', 'bench_prefix_chunks', 'study_groups', 'read_key_log', 'study_requests', 'find_bench_run',
+           'replay_body', 'reply_text', 'arm_settings', 'arm_name', 'summarize_llm_studies', 'profile_llm_studies',
            'bench_llm_studies']
 
 # %% ../nbs/08_bench.ipynb #c004
@@ -345,6 +347,87 @@ def bench_llm_stages(n: int = 24,  # requests of the real workload
     "`profile_llm_stages` summarized: one row per setting (`summarize_stages`), with the run's facts in each row."
     rows, facts = profile_llm_stages(n, seed, cfg=cfg, **kw)
     return [{**r, "load_1min_mean": facts["load_1min_mean"], "source": facts["source"]} for r in summarize_stages(rows, facts["baseline"])]
+
+# %% ../nbs/08_bench.ipynb #3c2bf262
+STATE_BYTES_PER_TOKEN = 18_463  # llama_state_get_data of Gemma-3-270M: 1,181,658 bytes for 64 tokens (measured)
+LOGITS_BYTES = 262_144 * 4  # a whole prompt's snapshot also keeps its last token's logits
+
+def cache_prompt_tokens(cfg: Config | None = None,  # None = get_config(); reads `cfg.llm_cache_path` (read-only)
+                        model: str = EMBEDDED_MODEL_ALIAS) -> list[list[int]]:
+    "The prompt tokens (the embedded model's own vocabulary) of every completion request in the LLM cache, in the order"
+    " they were first stored, repeats included: the server's workload of the runs that filled the cache."
+    import llama_cpp  # optional: only where the embedded model runs
+    path, prompts = (cfg or get_config()).llm_cache_path, []
+    with SqliteStore(path, what="LLM response cache", readonly=True) as db:  # the one SQLite helper, read-only
+        for (text,) in db.read("SELECT request FROM responses WHERE request IS NOT NULL ORDER BY created, key"):
+            req = json.loads(text)
+            if req.get("kind") == "completion" and req.get("model") == model and isinstance(req.get("payload"), str):
+                prompts.append(req["payload"])
+    vocab = llama_cpp.Llama(str(embedded_model_path(cfg)), vocab_only=True, verbose=False)
+    seen = {p: vocab.tokenize(p.encode("utf-8"), add_bos=True, special=False) for p in dict.fromkeys(prompts)}
+    return [seen[p] for p in prompts]
+
+def prefill_simulation(prompts: list,  # token lists in request order (`cache_prompt_tokens`)
+                       chunk: int,  # B
+                       window: int = 512,  # the model's sliding window (reuse stops below it); 0 = none
+                       budget_mb: float = SNAPSHOT_BUDGET_MB,  # the store's memory cap
+                       snapshots: int = PROMPT_SNAPSHOTS) -> dict:  # states kept
+    "Prompt tokens the embedded server evaluates on this workload: `make_deterministic`'s rules replayed on the real"
+    " `PrefixSnapshots` store (states sized as measured), against the tokens of the distinct prompts."
+    store, evaluated, repeats = PrefixSnapshots(chunk, snapshots, budget_mb * 2**20), 0, 0
+    for toks in prompts:
+        whole = not (window and len(toks) >= window)
+        if whole and store.whole(toks) is not None: repeats += 1; continue
+        m, _ = store.deepest(toks, reusable_boundary(len(toks), len(toks), chunk, window))
+        evaluated += len(toks) - m
+        keep = toks if whole else toks[:reusable_boundary(len(toks), len(toks), chunk, window)]
+        if keep: store.put(keep, b"\0" * (len(keep) * STATE_BYTES_PER_TOKEN), b"\0" * LOGITS_BYTES if whole else None)
+    distinct = sum(len(t) for t in {tuple(t): 0 for t in prompts})
+    return dict(chunk=chunk, window=window, budget_mb=budget_mb, requests=len(prompts), distinct_prompt_tokens=distinct,
+                evaluated=evaluated, ratio=round(evaluated / distinct, 3), whole_prompt_hits=repeats)
+
+def chunk_cost(prompts: list,  # token lists (a sample of distinct prompts)
+               chunks=(512, 128, 64, 32, 16),  # the B to time (512: llama.cpp's own batch, the unchunked baseline)
+               threads: int = 1,  # one thread: CPU seconds of this process, comparable on a shared machine
+               cfg: Config | None = None) -> list[dict]:
+    "CPU milliseconds per prompt token when every prompt is evaluated from scratch in chunks of B, each B in turn."
+    import llama_cpp  # optional: only where the embedded model runs
+    cfg = cfg or get_config()
+    llm = llama_cpp.Llama(str(embedded_model_path(cfg)), n_ctx=cfg.embedded_n_ctx, n_threads=threads, n_threads_batch=threads,
+                          logits_all=False, verbose=False)
+    rows, n = [], sum(len(t) for t in prompts)
+    for b in chunks:
+        t0 = time.process_time()
+        for toks in prompts:
+            llm.reset(); llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+            for a, e in chunk_spans(0, len(toks), b): llm.eval(toks[a:e])
+        rows.append(dict(chunk=b, prompt_tokens=n, cpu_ms_per_token=round((time.process_time() - t0) * 1000 / n, 3)))
+    return rows
+
+def bench_prefix_chunks(n: int = 25,  # distinct prompts timed per B
+                        chunks=(512, 128, 64, 32, 16),  # B values (512 = unchunked)
+                        seed: int = 0, cfg: Config | None = None) -> list[dict]:
+    "Per B: CPU ms per prompt token (from scratch, chunked) and the prefill the cache's workload needs with prefix"
+    " snapshots (below the window, and what lifting the window limit would give), as a multiple of its distinct-prompt tokens."
+    prompts = cache_prompt_tokens(cfg)
+    uniq = list({tuple(t): 0 for t in prompts if len(t) < 1500})
+    sample = [list(uniq[i]) for i in np.random.default_rng(seed).choice(len(uniq), size=min(n, len(uniq)), replace=False)]
+    cost = {r["chunk"]: r for r in chunk_cost(sample, chunks, cfg=cfg)}
+    base = cost[max(cost)]["cpu_ms_per_token"]
+    rows = []
+    for b in chunks:
+        sim, free = prefill_simulation(prompts, b), prefill_simulation(prompts, b, window=0)
+        rows.append(dict(chunk=b, cpu_ms_per_token=cost[b]["cpu_ms_per_token"], vs_unchunked=round(cost[b]["cpu_ms_per_token"] / base, 3),
+                         prefill_ratio=sim["ratio"], prefill_ratio_no_window_limit=free["ratio"],
+                         cost_ratio=round(sim["ratio"] * cost[b]["cpu_ms_per_token"] / base, 3), distinct_prompt_tokens=sim["distinct_prompt_tokens"]))
+    return rows
+
+@benchmark("prefix-chunks", "per chunk length B: CPU ms per prompt token, prefill needed with prefix snapshots on the cache's workload")
+def _bench_prefix_chunks(n=None, llm_url=None, server=None, concurrency=None, **kw):
+    if llm_url or server or concurrency:
+        raise ValueError("prefix-chunks times the embedded model in this process and replays the LLM cache's prompts: "
+                         "drop --llm-url, --server and --concurrency")
+    return bench_prefix_chunks(**({"n": n} if n else {}), **kw)
 
 # %% ../nbs/08_bench.ipynb #ls02
 STUDY_OF_PAPER = {"awakening_unseen_entity_kgqa.txt": "awakening", "brink_incomplete_kg_benchmark.txt": "brink",

@@ -4,7 +4,7 @@
 
 # %% ../nbs/03_llm.ipynb #c002
 from __future__ import annotations
-import asyncio, ctypes, email.utils, functools, hashlib, json, math, os, random, re, socket, sqlite3, ssl, sys, tempfile, threading, time, uuid, warnings
+import asyncio, ctypes, email.utils, functools, hashlib, importlib.metadata, json, math, os, random, re, socket, sqlite3, ssl, sys, tempfile, threading, time, uuid, warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, asdict, fields, replace
 from pathlib import Path
@@ -19,11 +19,12 @@ from .config import CACHE_MODES, EMBEDDED_MODEL_ALIAS, Config, get_config
 from .store import SqliteStore
 
 # %% auto #0
-__all__ = ['SAMPLER_LAZY', 'CONSTRAINT_KINDS', 'MAX_CHOICE_OPTIONS', 'MAX_REGEX_DEPTH', 'MAX_GRAMMAR_CHARS', 'MAX_GRAMMAR_DEPTH',
-           'DECODINGS', 'BACKENDS', 'VLLM_STRUCTURED_OUTPUTS_SINCE', 'VLLM_N_SEEDED_SINCE', 'MAX_CHARS_PER_TOKEN',
-           'CacheMissError', 'ModelNotServedError', 'EndpointUnreachableError', 'UnsupportedConstraintError',
-           'ConstraintTooLargeError', 'ConstraintRejectedError', 'ConstraintViolationWarning', 'ServerDiedError',
-           'MalformedResponseError', 'public_url', 'canonical_json', 'request_key', 'regex_depth', 'gbnf_scan',
+__all__ = ['EMBEDDED_CHUNK_TOKENS', 'SAMPLER_LAZY', 'CONSTRAINT_KINDS', 'MAX_CHOICE_OPTIONS', 'MAX_REGEX_DEPTH',
+           'MAX_GRAMMAR_CHARS', 'MAX_GRAMMAR_DEPTH', 'DECODINGS', 'BACKENDS', 'VLLM_STRUCTURED_OUTPUTS_SINCE',
+           'VLLM_N_SEEDED_SINCE', 'MAX_CHARS_PER_TOKEN', 'CacheMissError', 'ModelNotServedError',
+           'EndpointUnreachableError', 'UnsupportedConstraintError', 'ConstraintTooLargeError',
+           'ConstraintRejectedError', 'ConstraintViolationWarning', 'ServerDiedError', 'MalformedResponseError',
+           'public_url', 'canonical_json', 'request_key', 'engine_fingerprint', 'regex_depth', 'gbnf_scan',
            'Constraint', 'check_decoding', 'parse_regex', 'simplify_regex', 'check_gbnf', 'regex_to_gbnf',
            'choice_gbnf', 'constraint_gbnf', 'gbnf_problem', 'fill_constraint', 'vllm_version_tuple', 'constraint_body',
            'check_constraint', 'constraint_violation', 'process_alive', 'seal_response', 'open_response',
@@ -92,6 +93,7 @@ def request_key(
     sample_index: int = 0,  # which of the n samples of this request
     constraint=None,  # a `Constraint` (or its `spec()` dict); None = unconstrained, the key is as before constraints existed
     sampler: str | None = None,  # how a constrained sample at temperature > 0 is drawn (`SAMPLER_LAZY`); None = eager masking
+    engine: str | None = None,  # how the server computes an answer (the embedded server's `engine_fingerprint`); None = not keyed
 ) -> str:
     "sha256 of the canonical JSON of one request; no URL, no API key."
     if kind not in ("completion", "chat"): raise ValueError(f"kind={kind!r}: use 'completion' or 'chat'")
@@ -101,7 +103,23 @@ def request_key(
     if constraint is not None:  # only then: every unconstrained key (and cache) stays valid
         body["constraint"] = (constraint if isinstance(constraint, Constraint) else Constraint.from_spec(constraint)).key_spec()
     if sampler is not None: body["sampler"] = sampler  # only then: every eagerly masked key stays valid
+    if engine is not None: body["engine"] = engine  # only then: keys of vLLM and other endpoints stay as they were
     return hashlib.sha256(canonical_json(body).encode()).hexdigest()
+
+# The embedded server evaluates every prompt in chunks of B tokens that end at fixed positions (`serve.make_deterministic`),
+# which may round differently from a whole-prompt evaluation. Its answers' keys therefore name the engine: the llama.cpp
+# build and the evaluation scheme, so that answers computed one way never mix with answers computed another way.
+EMBEDDED_CHUNK_TOKENS = 32  # B of the embedded server (chosen by measurement in `04_serve`)
+
+def engine_fingerprint(chunk: int = EMBEDDED_CHUNK_TOKENS,  # B
+                       deterministic: bool = True) -> str:  # chunked evaluation (False: llama.cpp's own history-dependent prefix reuse)
+    "How the embedded server computes an answer: its llama.cpp build (llama-cpp-python's version) and evaluation scheme."
+    " The server reports it in `/v1/models` (`kgrag_engine`); the LLM cache keys of its answers include it."
+    try: build = f"llama-cpp-python {importlib.metadata.version('llama_cpp_python')}"
+    except importlib.metadata.PackageNotFoundError: build = "llama-cpp-python (not installed)"
+    scheme = (f"chunked prefill B={int(chunk)}, boundary snapshots below the sliding window" if deterministic
+              else "llama.cpp prefix reuse (history-dependent)")
+    return f"{build}; {scheme}"
 
 # The embedded server samples a constrained token lazily (draw from the full distribution, then check the grammar, and
 # mask only when the draw is rejected); vLLM and llama.cpp's own sampler mask first. Greedy decoding gives the same token
@@ -1411,6 +1429,7 @@ async def _resolve_model(self: LLMClient, api) -> str:
         try:
             listed = (await retrying(self.max_retries, self.backoff)(models)).data
             self._served, self._owners = [m.id for m in listed], [getattr(m, "owned_by", None) for m in listed]
+            self._engines = {m.id: getattr(m, "kgrag_engine", None) for m in listed}  # the embedded server's fingerprint
         except openai.NotFoundError:  # endpoint without /models: trust the given name
             if not self.model: raise ValueError(f"{self.endpoint} has no /models listing; pass the model id (model=... / KGRAG_MODEL)")
             self._served, self._owners = [self.model], []
@@ -1424,6 +1443,14 @@ async def _resolve_model(self: LLMClient, api) -> str:
         raise ModelNotServedError(f"model {self.model!r} is not served at {self.endpoint}; it serves {served}. "
                                   f"Pass one of those (--model / KGRAG_MODEL) or leave the model unset to use the served one")
     return self.model
+
+@patch
+def _engine_of(self: LLMClient, model: str) -> str | None:
+    "The engine fingerprint in the cache keys of `model`'s answers: the one the server listed, else (model given, or replay"
+    " mode: no server asked) this installation's embedded one for the embedded alias; None for every other model."
+    listed = getattr(self, "_engines", None) or {}
+    if model in listed: return listed[model]
+    return engine_fingerprint() if model == EMBEDDED_MODEL_ALIAS else None
 
 # %% ../nbs/03_llm.ipynb #k021
 @patch
@@ -1709,13 +1736,14 @@ async def _generate(self: LLMClient, kind, payloads, n, temperature, params, des
             api = self._api()
             if model is None or self.mode == "record": model = await self._resolve_model(api)
         lazy = constraint is not None and any(t > 0 for t in temps) and await self._samples_lazily(api, model)
+        engine = self._engine_of(model)  # the embedded server's evaluation scheme is part of its answers' keys
         jobs, rows = {}, []  # key -> (payload, params); per prompt: its n keys
         for payload, temp in zip(payloads, temps):
             row = []
             for s in range(n):
                 seed = params.get("seed")
                 prm = {k: v for k, v in {**params, "temperature": temp, "seed": None if seed is None else seed + s}.items() if v is not None}
-                key = request_key(kind, model, payload, prm, s, constraint, SAMPLER_LAZY if lazy and temp > 0 else None)
+                key = request_key(kind, model, payload, prm, s, constraint, SAMPLER_LAZY if lazy and temp > 0 else None, engine)
                 jobs.setdefault(key, (payload, prm, s)); row.append(key)
             rows.append(row)
         if self.key_log is not None:  # every key this call needs (hits too): `kgrag plan` prices a run from these

@@ -13,7 +13,8 @@ import pandas as pd
 
 from .config import PROFILES, Config, get_config
 from .hooks import subcommand
-from .llm import ResponseCache, request_key
+from .config import EMBEDDED_MODEL_ALIAS
+from .llm import ResponseCache, engine_fingerprint, request_key
 from .reproduce import _read_registry, experiments_for, markdown_table, select_artifacts
 from .serve import STUB_MODEL
 
@@ -353,8 +354,9 @@ def price_keys(keys_path: Path,  # a key log (one request key a line; repeats al
             out["completion_tokens_max"] += budget
             if req["model"] == model: target[k] = (prompt, budget, pid, text)  # a run of the model itself: its own keys
             elif req["model"] == STUB_MODEL:
+                # the embedded server's answers are keyed with its engine fingerprint (`llm.engine_fingerprint`)
                 target[request_key(req["kind"], model, req["payload"], req["params"], req.get("sample_index", 0),
-                              req.get("constraint"))] = (prompt, budget, pid, text)
+                              req.get("constraint"), engine=engine_fingerprint() if model == EMBEDDED_MODEL_ALIAS else None)] = (prompt, budget, pid, text)
             else: out["other_models"] += 1; send(req["model"], prompt, budget, pid, text)  # stand-ins for the other models of a comparison
     held = {}
     if target_cache is not None and Path(target_cache).exists() and target:

@@ -14,15 +14,16 @@ import numpy as np
 from fastcore.basics import patch
 
 from .config import EMBEDDED_MODEL_ALIAS, Config, get_config
-from .llm import ServerDiedError, fill_constraint, local_server_death, process_alive
+from .llm import EMBEDDED_CHUNK_TOKENS, ServerDiedError, engine_fingerprint, fill_constraint, local_server_death, process_alive
 
 # %% auto #0
-__all__ = ['LOOPBACK', 'PROMPT_SNAPSHOTS', 'SNAPSHOT_BUDGET_MB', 'MASK_SLICE', 'SIGNAL_CAUSES', 'REBUILD_COMMAND', 'STUB_MODEL',
-           'STUB_NOTE', 'embedded_model_path', 'free_port', 'port_in_use', 'served_models', 'EmbeddedServer',
-           'server_state', 'make_deterministic', 'run_llama_server', 'GrammarError', 'RequestCancelled', 'check_gone',
-           'grammar_error', 'mask_in_slices', 'lazy_grammar', 'request_seed', 'seed_from_request',
-           'first_token_logprobs', 'RequestWatch', 'answer_refusals', 'server_threads', 'describe_exit', 'llm_endpoint',
-           'vllm_command', 'serve_vllm', 'stub_tokens', 'stub_reply', 'stub_models', 'run_stub_server', 'StubServer']
+__all__ = ['LOOPBACK', 'PROMPT_SNAPSHOTS', 'SNAPSHOT_BUDGET_MB', 'CHUNK_TOKENS', 'ENGINE_STATS', 'MASK_SLICE', 'SIGNAL_CAUSES',
+           'REBUILD_COMMAND', 'STUB_MODEL', 'STUB_NOTE', 'embedded_model_path', 'free_port', 'port_in_use',
+           'served_models', 'EmbeddedServer', 'server_state', 'chunk_spans', 'reusable_boundary', 'PrefixSnapshots',
+           'make_deterministic', 'run_llama_server', 'GrammarError', 'RequestCancelled', 'check_gone', 'grammar_error',
+           'mask_in_slices', 'lazy_grammar', 'request_seed', 'seed_from_request', 'first_token_logprobs',
+           'RequestWatch', 'answer_refusals', 'server_threads', 'describe_exit', 'llm_endpoint', 'vllm_command',
+           'serve_vllm', 'stub_tokens', 'stub_reply', 'stub_models', 'run_stub_server', 'StubServer']
 
 # %% ../nbs/04_serve.ipynb #c005
 _ASSEMBLED: dict[Path, Path] = {}
@@ -78,8 +79,9 @@ class EmbeddedServer:
                  model_path: str | Path | None = None,  # GGUF file; None = embedded_model_path(cfg)
                  startup_timeout: float = 120.0,  # seconds to wait for the server to report its model
                  shared: bool = False,  # other processes may reuse it (`kgrag serve embedded`); owned servers are never adopted
-                 deterministic: bool = True,  # evaluate every prompt from scratch (no KV prefix reuse), see above
-                 prompt_snapshots: int | None = None):  # deterministic: prompts kept as snapshots; None = PROMPT_SNAPSHOTS (`make_deterministic`)
+                 deterministic: bool = True,  # chunks at fixed positions, exact prefix reuse only (no history-dependent reuse), see below
+                 prompt_snapshots: int | None = None,  # deterministic: states kept as snapshots; None = PROMPT_SNAPSHOTS (`make_deterministic`)
+                 chunk: int | None = None):  # deterministic: B, prompts are evaluated in chunks ending at multiples of B; None = CHUNK_TOKENS
         self.cfg = cfg or get_config()
         self.host, self.port = self.cfg.embedded_host, int(port or self.cfg.embedded_port)
         if self.host not in LOOPBACK:
@@ -90,6 +92,8 @@ class EmbeddedServer:
         self.model, self.proc, self.reused = EMBEDDED_MODEL_ALIAS, None, False
         self.shared, self.deterministic, self.replaced_orphan = shared, deterministic, None
         self.prompt_snapshots = PROMPT_SNAPSHOTS if prompt_snapshots is None else int(prompt_snapshots)
+        self.chunk = CHUNK_TOKENS if chunk is None else int(chunk)
+        if self.chunk < 1: raise ValueError(f"chunk={chunk}: give the chunk length in tokens (>= 1), or None for {CHUNK_TOKENS}")
         self.died, self.exit_status, self._stopping = None, None, False  # set by the watchdog when the process dies
 
     @property
@@ -180,92 +184,196 @@ def _exit_with_owner(every_s: float = 1.0):
 
 
 # %% ../nbs/04_serve.ipynb #snap1
-PROMPT_SNAPSHOTS = 512  # prompts kept (LRU): a smoke run repeats a prompt up to ~250 distinct prompts later (measured)
-SNAPSHOT_BUDGET_MB = 1024  # and at most this many MB of them (about 3 MB for a 120-token prompt: state 2.2 + logits 1)
+PROMPT_SNAPSHOTS = 512  # snapshots kept (LRU): a smoke run repeats a prompt up to ~250 distinct prompts later (measured)
+SNAPSHOT_BUDGET_MB = 1024  # and at most this many MB of them (about 18 KB of state per token, plus 1 MB of logits for a whole prompt)
+CHUNK_TOKENS = EMBEDDED_CHUNK_TOKENS  # B: every prompt is evaluated in chunks that end at multiples of B (chosen by measurement, see above)
+
+def chunk_spans(start: int,  # position of the first token to evaluate (tokens before it are in the KV cache)
+                n: int,  # tokens to evaluate
+                chunk: int = CHUNK_TOKENS) -> list[tuple[int, int]]:  # B
+    "Positions `[a, b)` of the chunks that evaluate positions `start .. start+n-1`: each chunk ends at the next multiple"
+    " of `chunk`, the last one at the end. The grouping depends on the positions alone, never on what was cached."
+    if int(chunk) < 1: raise ValueError(f"chunk={chunk}: give the chunk length in tokens (>= 1)")
+    spans, a, end = [], int(start), int(start) + int(n)
+    while a < end:
+        b = min(end, (a // chunk + 1) * chunk)
+        spans.append((a, b)); a = b
+    return spans
+
+def reusable_boundary(shared: int,  # leading tokens the prompt shares with a snapshot
+                      n: int,  # the prompt's length in tokens
+                      chunk: int = CHUNK_TOKENS,  # B
+                      window: int = 0) -> int:  # the model's sliding window (`llama_model_n_swa`); 0 = none
+    "The deepest chunk boundary a prompt of `n` tokens may restore: a multiple of `chunk`, at most `shared`, below `n` (one"
+    " token at least is evaluated, for the logits) and below `window` (llama.cpp restores a state with its slot search at"
+    " cell 0, a live evaluation continues at the end: past the window they place new tokens in different cells)."
+    m = min(int(shared), int(n) - 1, int(window) - 1 if window else int(n))
+    return max(0, m // int(chunk) * int(chunk))
+
+class PrefixSnapshots:
+    "LRU store of llama.cpp states keyed by their tokens, found by any chunk-boundary prefix (hashes of `tokens[:k*B]`)."
+    def __init__(self,
+                 chunk: int = CHUNK_TOKENS,  # B
+                 max_entries: int = PROMPT_SNAPSHOTS,  # states kept
+                 budget_bytes: float = SNAPSHOT_BUDGET_MB * 2**20):  # their memory cap: the least recently used go first
+        self.chunk, self.max_entries, self.budget_bytes = int(chunk), int(max_entries), budget_bytes
+        self.entries: OrderedDict = OrderedDict()  # tokens -> (state, logits of the last token or None)
+        self.index: dict = {}  # digest of a boundary prefix -> {tokens of the entries that hold it: None}
+        self.bytes = 0
+
+    def digests(self, tokens, upto: int | None = None) -> list[bytes]:
+        "Digests of `tokens[:k*B]` for k = 1 .. upto // B (upto None = every full chunk of `tokens`)."
+        upto = len(tokens) if upto is None else min(int(upto), len(tokens))
+        h, out = hashlib.blake2b(digest_size=16), []
+        for k in range(self.chunk, upto + 1, self.chunk):
+            h.update(np.asarray(tokens[k - self.chunk:k], dtype=np.int64).tobytes()); out.append(h.copy().digest())
+        return out
+
+    def put(self, tokens, state: bytes, logits: bytes | None = None):
+        "Keep the state after evaluating `tokens` (with the last token's logits when it is a whole prompt)."
+        key = tuple(tokens)
+        if key in self.entries: self._drop(key)
+        if len(state) + len(logits or b"") > self.budget_bytes or self.max_entries < 1: return
+        self.entries[key] = (state, logits); self.bytes += len(state) + len(logits or b"")
+        for d in self.digests(key): self.index.setdefault(d, {})[key] = None
+        while len(self.entries) > self.max_entries or self.bytes > self.budget_bytes: self._drop(next(iter(self.entries)))
+
+    def _drop(self, key):
+        state, logits = self.entries.pop(key); self.bytes -= len(state) + len(logits or b"")
+        for d in self.digests(key):
+            holders = self.index.get(d)
+            if holders is not None:
+                holders.pop(key, None)
+                if not holders: del self.index[d]
+
+    def whole(self, tokens):
+        "The (state, logits) kept for exactly these tokens with their logits, or None; marks it recently used."
+        key = tuple(tokens)
+        snap = self.entries.get(key)
+        if snap is None or snap[1] is None: return None
+        self.entries.move_to_end(key); return snap
+
+    def deepest(self, tokens, limit: int) -> tuple[int, tuple | None]:
+        "(m, key): the deepest boundary m <= limit whose prefix `tokens[:m]` a kept state holds, and that state's tokens;"
+        " (0, None) when none. Marks the state recently used."
+        m, key = 0, None
+        for k, d in enumerate(self.digests(tokens, limit), 1):
+            holders = self.index.get(d)
+            if not holders: break
+            cand = next(reversed(holders))
+            if list(cand[:k * self.chunk]) != list(tokens[:k * self.chunk]): break  # a digest collision: stop here
+            m, key = k * self.chunk, cand
+        if key is not None: self.entries.move_to_end(key)
+        return m, key
+
+ENGINE_STATS: Counter = Counter()  # this process's counters (every patched `Llama`): the server reports them at /kgrag/engine
 
 def make_deterministic(target,  # the `llama_cpp.Llama` class (server process) or one `Llama` instance (tests)
-                       snapshots: int = PROMPT_SNAPSHOTS,  # prompts whose evaluated state is kept (LRU); 0 = evaluate every prompt
+                       snapshots: int = PROMPT_SNAPSHOTS,  # states kept (LRU); 0 = evaluate every prompt whole
                        budget_mb: float = SNAPSHOT_BUDGET_MB,  # the snapshots' memory cap: the oldest go first
+                       chunk: int = CHUNK_TOKENS,  # B: chunks end at multiples of B, from scratch too
                       ):
-    "Make every completion of `target` behave as if its prompt were evaluated from scratch (no KV prefix reuse), and"
-    " serve repeated prompts from a snapshot of their from-scratch evaluation: same bytes, no second evaluation."
+    "Make every completion of `target` compute what a from-scratch evaluation in `chunk`-token chunks at fixed positions"
+    " computes, and reuse the deepest chunk boundary it shares with a kept state (a repeated prompt: the whole prompt)."
     import llama_cpp  # only where llama.cpp runs (the server process, or a test that loads the model)
     cls = target if isinstance(target, type) else type(target)
     generate, evaluate = cls.generate, cls.eval
-    if snapshots < 0: raise ValueError(f"snapshots={snapshots}: use 0 (off) or a positive number of prompts")
+    if snapshots < 0: raise ValueError(f"snapshots={snapshots}: use 0 (off) or a positive number of states")
     if budget_mb <= 0: raise ValueError(f"budget_mb={budget_mb}: give the snapshots' memory cap in MB (> 0)")
+    if int(chunk) < 1: raise ValueError(f"chunk={chunk}: give the chunk length in tokens (>= 1)")
+    chunk = int(chunk)
 
-    def store(self) -> OrderedDict:
-        if "_kgrag_snapshots" not in self.__dict__: self._kgrag_snapshots, self._kgrag_stats = OrderedDict(), Counter()
-        return self._kgrag_snapshots
+    def store(self) -> PrefixSnapshots:
+        if "_kgrag_store" not in self.__dict__:
+            self._kgrag_store, self._kgrag_stats = PrefixSnapshots(chunk, snapshots, budget_mb * 2**20), Counter()
+        return self._kgrag_store
 
-    def eval_and_snapshot(self, tokens):
-        pending, self._kgrag_pending = getattr(self, "_kgrag_pending", None), None
-        evaluate(self, tokens)
-        if pending is None or self.n_tokens != len(pending) or tuple(tokens) != pending: return
-        n_swa = int(llama_cpp.llama_model_n_swa(self._model.model)) if hasattr(llama_cpp, "llama_model_n_swa") else 0
-        if n_swa and len(pending) >= n_swa: return  # restored sliding-window caches drift past the window (measured): no snapshot
+    def window(self) -> int:
+        return int(llama_cpp.llama_model_n_swa(self._model.model)) if hasattr(llama_cpp, "llama_model_n_swa") else 0
+
+    def save(self, logits: bool) -> tuple[bytes, bytes | None] | None:
         ctx = self._ctx.ctx
-        logits = llama_cpp.llama_get_logits_ith(ctx, -1)
-        if not logits: return  # no output row: nothing to restore from
+        row = llama_cpp.llama_get_logits_ith(ctx, -1) if logits else None
+        if logits and not row: return None  # no output row: nothing to restore from
         size = llama_cpp.llama_state_get_size(ctx)
         buf = (ctypes.c_uint8 * int(size))()
         n = int(llama_cpp.llama_state_get_data(ctx, buf, size))
-        snaps = store(self)
-        snaps[pending] = snap = (bytes(buf)[:n], ctypes.string_at(logits, self._n_vocab * 4))
-        self._kgrag_bytes = getattr(self, "_kgrag_bytes", 0) + len(snap[0]) + len(snap[1])
-        while snaps and (len(snaps) > snapshots or self._kgrag_bytes > budget_mb * 2**20):
-            old = snaps.popitem(last=False)[1]; self._kgrag_bytes -= len(old[0]) + len(old[1])
+        return bytes(buf)[:n], (ctypes.string_at(row, self._n_vocab * 4) if logits else None)
 
-    def restore(self, tokens: list) -> bool:
-        "Load the snapshot of exactly these prompt tokens; False when there is none (or it cannot be loaded)."
-        snap = store(self).get(tuple(tokens))
-        if snap is None: return False
-        state, logits = snap
+    def count(self, **inc):
+        store(self)  # makes the per-instance store and its counters on first use
+        for k, v in inc.items(): self._kgrag_stats[k] += v; ENGINE_STATS[k] += v
+
+    def eval_chunked(self, tokens):
+        pending, self._kgrag_pending = getattr(self, "_kgrag_pending", None), None
+        tokens, done = list(tokens), 0
+        w = window(self)
+        keep = reusable_boundary(len(pending), len(pending), chunk, w) if pending and w and len(pending) >= w else 0  # a long prompt's deepest boundary
+        for a, b in chunk_spans(self.n_tokens, len(tokens), chunk):
+            evaluate(self, tokens[done:done + b - a]); done += b - a
+            if snapshots and pending and b == keep and len(pending) > keep and tuple(pending[:keep]) not in store(self).entries:
+                if (snap := save(self, logits=False)): store(self).put(pending[:keep], *snap)  # a prompt past the window
+        if pending is None: return
+        count(self, prompt_tokens_evaluated=done)
+        if self.n_tokens != len(pending) or list(self.input_ids[:self.n_tokens]) != list(pending): return
+        if not snapshots or (w and len(pending) >= w): return  # past the window a restored state places the next token elsewhere
+        if (snap := save(self, logits=True)): store(self).put(pending, *snap)
+
+    def restore(self, state: bytes) -> bool:
         ctx = self._ctx.ctx
-        if llama_cpp.llama_state_set_data(ctx, (ctypes.c_uint8 * len(state)).from_buffer_copy(state), len(state)) != len(state):
-            return False
-        out = llama_cpp.llama_get_logits_ith(ctx, -1)
-        if not out: return False
-        ctypes.memmove(out, logits, len(logits))  # the state holds no logits: put back those of the prompt's last token
-        self.input_ids[:len(tokens)] = tokens
-        self.n_tokens, self._requires_eval = len(tokens), False  # generate() then samples at once (its exact-prompt path)
-        self._kgrag_snapshots.move_to_end(tuple(tokens))
-        return True
+        return llama_cpp.llama_state_set_data(ctx, (ctypes.c_uint8 * len(state)).from_buffer_copy(state), len(state)) == len(state)
 
     def generate_deterministic(self, tokens, *args, **kwargs):
         if kwargs.get("reset", True):
             tokens = list(tokens)
-            hit = snapshots > 0 and restore(self, tokens)
-            if not hit:
-                self.n_tokens = 0  # forget the previous request: the whole prompt is evaluated
-                self._kgrag_pending = tuple(tokens) if snapshots > 0 else None
-            store(self)  # makes the per-instance snapshot store and its counters on first use
+            snaps = store(self) if snapshots > 0 else None
+            w = window(self)
+            whole = snaps.whole(tokens) if snaps is not None and not (w and len(tokens) >= w) else None
+            hit, m = False, 0
+            if whole is not None and restore(self, whole[0]) and (out := llama_cpp.llama_get_logits_ith(self._ctx.ctx, -1)):
+                ctypes.memmove(out, whole[1], len(whole[1]))  # the state holds no logits: put back those of the last token
+                self.input_ids[:len(tokens)] = tokens
+                self.n_tokens, self._requires_eval, hit = len(tokens), False, True  # generate() samples at once
+            else:
+                if snaps is not None:
+                    m, key = snaps.deepest(tokens, reusable_boundary(len(tokens), len(tokens), chunk, w))
+                    if m and not restore(self, snaps.entries[key][0]): m = 0
+                self.input_ids[:m] = tokens[:m]
+                # m > 0: generate() keeps these m tokens (it removes the restored cells past them) and evaluates the rest;
+                # m = 0: it forgets the previous request and evaluates the whole prompt
+                self.n_tokens, self._requires_eval = m, True
+                self._kgrag_pending = tuple(tokens)
+            count(self, requests=1, snapshot_hits=int(hit), prefix_hits=int(m > 0), prefix_tokens_reused=m + len(tokens) * hit,
+                  prompt_tokens=len(tokens))
             stats = self._kgrag_stats
-            stats["requests"] += 1; stats["snapshot_hits"] += hit
             if stats["requests"] % 50 == 0:
-                print(f"kgrag prompt snapshots: {stats['snapshot_hits']} hits of {stats['requests']} requests", file=sys.stderr, flush=True)
+                print(f"kgrag prompt snapshots: {stats['snapshot_hits']} hits of {stats['requests']} requests, "
+                      f"{stats['prefix_hits']} prefix hits, prompt tokens evaluated {stats['prompt_tokens_evaluated']} "
+                      f"of {stats['prompt_tokens']}", file=sys.stderr, flush=True)
         return generate(self, tokens, *args, **kwargs)
 
-    for name, fn in (("generate", generate_deterministic), ("eval", eval_and_snapshot)):
+    for name, fn in (("generate", generate_deterministic), ("eval", eval_chunked)):
         setattr(target, name, fn if isinstance(target, type) else types.MethodType(fn, target))
     return target
 
-def run_llama_server(deterministic: bool = True,  # evaluate every prompt as from scratch (no KV prefix reuse)
-                     snapshots: int = 16,  # deterministic: prompts kept as snapshots (`make_deterministic`); 0 = off
-                     lazy: bool = True):  # check the grammar only on the drawn token first (`lazy_grammar`), as llama.cpp's server does
-    "Entry point of the embedded server process: `llama_cpp.server`, ended when its owner ends, with KV prefix reuse"
-    " turned off, repeated prompts restored from snapshots and unseeded requests seeded by themselves when `deterministic`;"
-    " bad grammars answered as HTTP 400, abandoned completions stopped and `/v1/models` answered while a completion runs."
+def run_llama_server(deterministic: bool = True,  # chunked evaluation at fixed positions (no history-dependent prefix reuse)
+                     snapshots: int = 16,  # deterministic: states kept as snapshots (`make_deterministic`); 0 = off
+                     lazy: bool = True,  # check the grammar only on the drawn token first (`lazy_grammar`), as llama.cpp's server does
+                     chunk: int = CHUNK_TOKENS,  # deterministic: B
+                     budget_mb: float = SNAPSHOT_BUDGET_MB):  # deterministic: the snapshots' memory cap
+    "Entry point of the embedded server process: `llama_cpp.server`, ended when its owner ends, with every prompt evaluated"
+    " in chunks at fixed positions and shared prefixes restored from snapshots, unseeded requests seeded by themselves when"
+    " `deterministic`; bad grammars answered as HTTP 400, abandoned completions stopped, `/v1/models` answered while a"
+    " completion runs, with the engine fingerprint (`kgrag_engine`); `GET /kgrag/engine` gives fingerprint and counters."
     import llama_cpp, llama_cpp.server.__main__ as server_main, llama_cpp.server.errors as server_errors  # only inside the server process (heavy)
     _exit_with_owner()
-    if deterministic: make_deterministic(llama_cpp.Llama, snapshots)
+    if deterministic: make_deterministic(llama_cpp.Llama, snapshots, budget_mb, chunk)
     if lazy: lazy_grammar(llama_cpp.Llama)  # also: bad grammars are `GrammarError`, a gone client stops the completion
     first_token_logprobs(llama_cpp.Llama)  # `logprobs` answered for the first position (an LLM judge's score)
     if deterministic: seed_from_request(llama_cpp.Llama)  # outermost: an unseeded request is seeded by all it asks
     answer_refusals(server_errors.RouteErrorHandler)  # GrammarError -> HTTP 400, RequestCancelled -> 499
-    create_app = server_main.create_app
-    setattr(server_main, "create_app", lambda **kw: RequestWatch(create_app(**kw)))  # /v1/models without the lock; disconnects
+    create_app, fingerprint = server_main.create_app, engine_fingerprint(chunk, deterministic)
+    setattr(server_main, "create_app", lambda **kw: RequestWatch(create_app(**kw), engine=lambda: fingerprint))  # /v1/models without the lock
     server_main.main()
 
 # %% ../nbs/04_serve.ipynb #70756086
@@ -488,10 +596,12 @@ def first_token_logprobs(target):  # the `llama_cpp.Llama` class (server process
 # %% ../nbs/04_serve.ipynb #8914167e
 class RequestWatch:
     "ASGI wrapper of the embedded server's app: `/v1/models` answered without the model lock, and a running completion"
-    " told (`_REQUEST_GONE`) when its client disconnects."
+    " told (`_REQUEST_GONE`) when its client disconnects; each listed model carries the engine fingerprint (`kgrag_engine`),"
+    " and `GET /kgrag/engine` answers the fingerprint and this process's evaluation counters (`ENGINE_STATS`)."
     def __init__(self, app,  # llama-cpp-python's FastAPI app
-                 models=None):  # callable giving the served model ids; None = the ids of llama-cpp-python's model proxy
-        self.app, self.models = app, models
+                 models=None,  # callable giving the served model ids; None = the ids of llama-cpp-python's model proxy
+                 engine=None):  # callable giving the engine fingerprint (`engine_fingerprint`); None = none reported
+        self.app, self.models, self.engine = app, models, engine
 
     def _served(self) -> list[str] | None:
         if self.models is not None: return list(self.models())
@@ -502,9 +612,11 @@ class RequestWatch:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http": return await self.app(scope, receive, send)
-        if scope["method"] == "GET" and scope["path"].rstrip("/") == "/v1/models" and (served := self._served()) is not None:
-            body = json.dumps({"object": "list", "data": [{"id": m, "object": "model", "owned_by": "me", "permissions": []}
-                                                          for m in served]}).encode()
+        engine = self.engine() if self.engine is not None else None
+        if scope["method"] == "GET" and scope["path"].rstrip("/") in ("/v1/models", "/kgrag/engine") and (served := self._served()) is not None:
+            if scope["path"].rstrip("/") == "/kgrag/engine": body = json.dumps({"fingerprint": engine, "stats": dict(ENGINE_STATS)}).encode()
+            else: body = json.dumps({"object": "list", "data": [{"id": m, "object": "model", "owned_by": "me", "permissions": [],
+                                                                 **({"kgrag_engine": engine} if engine else {})} for m in served]}).encode()
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
             return await send({"type": "http.response.body", "body": body})
@@ -559,7 +671,8 @@ def server_threads(n_threads: int | None = None) -> int:  # a fixed count, or No
 
 @patch
 def _command(self: EmbeddedServer, model_path: Path) -> list[str]:
-    code = f"from kgrag_nb.serve import run_llama_server; run_llama_server(deterministic={bool(self.deterministic)}, snapshots={self.prompt_snapshots})"
+    code = (f"from kgrag_nb.serve import run_llama_server; run_llama_server(deterministic={bool(self.deterministic)}, "
+            f"snapshots={self.prompt_snapshots}, chunk={int(self.chunk)})")
     batch = server_threads(self.n_threads)
     # decode threads: half the free cores unless fixed. Measured on this 2-core machine (`kgrag bench llm --n 12`, A-B-A-B,
     # quiet): decode on 1 thread 3.26 / 3.12 requests/s, on 2 threads 3.16 / 2.78: one token of a 270M model is too little

@@ -733,7 +733,7 @@ def test_the_sampler_is_part_of_a_sampled_constrained_key():
 @pytest.mark.llm
 def test_the_embedded_server_keys_its_sampled_constrained_requests_as_lazy(embedded_server, tmp_path):
     "On the embedded server: temperature > 0 under a constraint is keyed with the lazy sampler; greedy and free requests are not."
-    from kgrag_nb.llm import LLMClient, SAMPLER_LAZY, request_key
+    from kgrag_nb.llm import LLMClient, SAMPLER_LAZY, engine_fingerprint, request_key
     cl = LLMClient(embedded_server.url, cache=tmp_path / "c.sqlite", progress=False)
     cl.key_log = tmp_path / "keys"
     c = Constraint.choice([" yes", " no"])
@@ -742,6 +742,7 @@ def test_the_embedded_server_keys_its_sampled_constrained_requests_as_lazy(embed
     cl.complete(["Is Paris in France? Answer:"], temperature=0.7, max_tokens=2, seed=3)
     keys = cl.key_log.read_text().split()
     m, p = cl.resolve_model(), "Is Paris in France? Answer:"
-    assert keys == [request_key("completion", m, p, {"max_tokens": 2, "seed": 3, "temperature": 0.0}, 0, c),
-                    request_key("completion", m, p, {"max_tokens": 2, "seed": 3, "temperature": 0.7}, 0, c, SAMPLER_LAZY),
-                    request_key("completion", m, p, {"max_tokens": 2, "seed": 3, "temperature": 0.7}, 0)]
+    e = engine_fingerprint()  # the embedded server's answers are keyed with its engine fingerprint
+    assert keys == [request_key("completion", m, p, {"max_tokens": 2, "seed": 3, "temperature": 0.0}, 0, c, engine=e),
+                    request_key("completion", m, p, {"max_tokens": 2, "seed": 3, "temperature": 0.7}, 0, c, SAMPLER_LAZY, e),
+                    request_key("completion", m, p, {"max_tokens": 2, "seed": 3, "temperature": 0.7}, 0, engine=e)]

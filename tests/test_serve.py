@@ -396,7 +396,8 @@ def test_a_prompt_restored_from_its_snapshot_gets_the_bytes_a_from_scratch_evalu
     # Issue 23 item 2: the fixture's server keeps prompt snapshots (the default), `plain` evaluates every prompt from
     # scratch. Every (prompt, seed, temperature, grammar) request must return the same text from both, whatever the order.
     facts = lambda n: "Facts: " + " ".join(f"Entity {k} is related to entity {k * 7 % 13} by relation r{k % 5}." for k in range(n)) + "\n"
-    # ~390-token prompts (snapshotted), ~610-token ones (longer than Gemma 3's 512-token window: evaluated from scratch), short ones
+    # ~390-token prompts (snapshotted), ~610-token ones (longer than Gemma 3's 512-token window: their first 480 tokens are
+    # restored from a boundary snapshot, the rest evaluated), short ones; all share the `facts` prefix (prefix hits)
     prompts = [facts(25) + f"Q: {q}\nA:" for q in _QUESTIONS[:4]] + [facts(40) + f"Q: {q}\nA:" for q in _QUESTIONS[4:6]]
     prompts += [f"Q: {q}\nA:" for q in _QUESTIONS[:4]]
     grammar = 'root ::= " True" | " False"'
