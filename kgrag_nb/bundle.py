@@ -255,11 +255,15 @@ def _restore(data: bytes, name: str, cfg: Config) -> bytes:
     for p, ph in (("$KGRAG_DATA", cfg.data_dir), ("$KGRAG_CACHE", cfg.cache_dir)): text = text.replace(p, str(ph))
     return text.encode("utf-8")
 
-def replay_plan(info: dict, members: dict[str, bytes]) -> dict[str, str]:
-    "`{experiment id: 'rerun' | 'results'}`: an experiment that called the LLM in the run (its key log is in the bundle)"
-    " runs again from the bundled answers; one that did not (a CPU experiment, or one the run reused) is read from the"
-    " bundled results: retraining a model or recomputing a CPU stage is neither cheap nor promised to be bit-stable."
-    return {eid: "rerun" if e.get("needs_llm") and f"run/experiments/{eid}.keys" in members else "results"
+def replay_plan(info: dict, members: dict[str, bytes],
+                rerun_experiments: bool = False) -> dict[str, str]:  # rerun the LLM experiments from the bundled answers
+    "`{experiment id: 'rerun' | 'results'}`. By default every experiment is read from the bundled results and every artefact"
+    " notebook runs again (an artefact that calls the LLM answers from the bundled rows): the run re-rendered, every table"
+    " byte for byte. With `rerun_experiments` an experiment that called the LLM in the run (its key log is in the bundle)"
+    " also runs again from the bundled answers, a stronger check whose tables may differ where they time the run itself"
+    " (`MEASURED_COLUMN`); a CPU experiment, or one the run reused, is always read: retraining a model or recomputing a CPU"
+    " stage is neither cheap nor promised to be bit-stable."
+    return {eid: "rerun" if rerun_experiments and e.get("needs_llm") and f"run/experiments/{eid}.keys" in members else "results"
             for eid, e in info.get("experiments", {}).items()}
 
 # Columns that account for the run itself (wall seconds, requests sent, cache hits and misses, tokens per request): a
@@ -321,7 +325,8 @@ def compare_results(members: dict[str, bytes], info: dict, plan: dict, how: dict
 def replay_bundle(bundle: str | Path,  # a `kgrag bundle` archive
                   cfg: Config | None = None,  # the checkout to replay in (default: get_config())
                   run_id: str | None = None,  # the replay's run id (default: `<run>-replay-<UTC time>`)
-                  progress: bool = True) -> dict:
+                  progress: bool = True,
+                  rerun_experiments: bool = False) -> dict:  # also rerun the LLM experiments from the rows (`replay_plan`)
     "Re-render a bundled run here, with no model server, in replay mode: the bundle's LLM rows go into a fresh cache"
     " (`<cache>/replay/<run id>/`), experiments are rerun or read as `replay_plan` says, every artefact notebook runs, and"
     " every bundled table must come out byte-identical. BundleReplayError names a failed notebook (and the request the"
@@ -339,7 +344,7 @@ def replay_bundle(bundle: str | Path,  # a `kgrag bundle` archive
     exps = experiments_for(arts, load_experiments(cfg=rcfg))
     url = REPLAY_URL  # never the embedded server: nothing is started, nothing can answer
     plan = plan_experiments(exps, info["profile"], rcfg, info.get("overrides") or None, llm=llm_identity(url, model))
-    how = replay_plan(info, members)
+    how = replay_plan(info, members, rerun_experiments)
     for eid, p in plan.items():
         if how.get(eid, "results") != "results": continue
         e = info["experiments"].get(eid)
@@ -359,6 +364,9 @@ def replay_bundle(bundle: str | Path,  # a `kgrag bundle` archive
     m = reproduce(profile=info["profile"], only=info.get("only"), llm_url=url, model=model, run_id=run_id,
                   overrides=info.get("overrides") or None, cfg=rcfg, progress=progress, jobs=int(info.get("jobs") or 1))
     cmp = compare_outputs(members, rcfg.figures_dir, rcfg) | compare_results(members, info, plan, how)
+    if not rerun_experiments:  # re-rendered from the run's own results: a timing column has nothing to differ by
+        cmp["differ"] += sorted(n for t in cmp["measured"] for n in (str(Path(t).with_suffix(s)) for s in TABLE_SUFFIXES) if n in members)
+        cmp["measured"] = {}
     requests = int((m.get("llm_usage") or {}).get("requests", 0))
     problems = []
     for e in m["experiments"] + m["artifacts"]:
@@ -401,7 +409,7 @@ def replay_command(args) -> int:
     given = [f"--{k.replace('_', '-')}" for k in REPLAY_EXCLUSIVE if getattr(args, k, None) not in (None, [], False)]
     if given: raise BundleError(f"--bundle replays the run as it was: drop {', '.join(given)} (profile, selection, model and "
                                 "parameters come from the bundle)")
-    r = replay_bundle(args.bundle, run_id=getattr(args, "run_id", None))
+    r = replay_bundle(args.bundle, run_id=getattr(args, "run_id", None), rerun_experiments=bool(getattr(args, "rerun_experiments", False)))
     c = r["compare"]
     print(f"replay {r['run_id']}: {r['requests']} LLM requests; tables {c['same_tables']}/{c['tables']} byte-identical; "
           f"figures {c['same_figures']}/{c['figures']} byte-identical; experiment results rerun {c['same_results']}/{c['results']} "

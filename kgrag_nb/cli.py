@@ -38,6 +38,8 @@ def _reproduce(sub):
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a notebook parameter for every selected artefact")
     p.add_argument("--bundle", default=None, metavar="FILE", help="replay a `kgrag bundle` archive: no model server, replay mode, "
                    "0 requests, every table checked byte for byte (profile, selection and model come from the bundle)")
+    p.add_argument("--rerun-experiments", action="store_true", help="with --bundle: also rerun the LLM experiments from the "
+                   "bundled answers (a stronger check; tables that time the run itself may then differ in those columns)")
     def run(args):
         if args.bundle: return replay_command(args)
         overrides = {}

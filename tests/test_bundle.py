@@ -112,8 +112,8 @@ def test_replay_in_a_fresh_clone_sends_nothing_and_renders_identical_tables(tiny
                            capture_output=True, text=True, check=True).stdout
     assert where.startswith(str(clone)), where  # the clone's package, not the checkout's
     t0 = time.time()
-    p = subprocess.run([sys.executable, "-m", "kgrag_nb.cli", "reproduce", "--bundle", str(tiny["bundle"]["out"]), "--run-id", "replayed"],
-                       env=env, cwd=clone, capture_output=True, text=True, timeout=1800)
+    p = subprocess.run([sys.executable, "-m", "kgrag_nb.cli", "reproduce", "--bundle", str(tiny["bundle"]["out"]), "--run-id", "replayed",
+                        "--rerun-experiments"], env=env, cwd=clone, capture_output=True, text=True, timeout=1800)
     wall = round(time.time() - t0, 1)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     m = json.loads((clone / "runs" / "replayed" / "manifest.json").read_text())
@@ -127,6 +127,14 @@ def test_replay_in_a_fresh_clone_sends_nothing_and_renders_identical_tables(tiny
         assert (clone / name).read_bytes() == data, name  # the clone's figures/<artefact>/<table>
     assert not list((clone / ".cache").glob("logs/llama_server_*"))  # no server was started
     print(f"\nreplay in a fresh clone: {wall} s, {len(tables)} tables byte-identical, {hits} cache hits, 0 requests\n{p.stdout[-400:]}")
+    # the default replay re-renders from the bundled experiment results (read, not rerun): the same tables, strictly
+    for name in tables: (clone / name).unlink()
+    p = subprocess.run([sys.executable, "-m", "kgrag_nb.cli", "reproduce", "--bundle", str(tiny["bundle"]["out"]), "--run-id", "rendered"],
+                       env=env, cwd=clone, capture_output=True, text=True, timeout=1800)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    m = json.loads((clone / "runs" / "rendered" / "manifest.json").read_text())
+    assert m["llm_usage"].get("requests", 0) == 0 and [e["status"] for e in m["experiments"]] != ["computed"]
+    for name, data in tables.items(): assert (clone / name).read_bytes() == data, name
 
 
 @pytest.mark.llm

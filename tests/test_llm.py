@@ -14,7 +14,7 @@ from _http import JSONHandler
 from hypothesis import given, settings, strategies as st
 
 from kgrag_nb.config import EMBEDDED_MODEL_ALIAS, get_config
-from kgrag_nb.llm import (CacheMissError, EndpointUnreachableError, LLMClient, MalformedResponseError, ModelNotServedError,
+from kgrag_nb.llm import (engine_fingerprint, CacheMissError, EndpointUnreachableError, LLMClient, MalformedResponseError, ModelNotServedError,
                           ResponseCache, Usage, canonical_json, parse_response, process_alive, request_key, run_sync)
 from kgrag_nb.serve import free_port
 
@@ -674,7 +674,8 @@ def test_completions_deterministic_at_temperature_zero(embedded_server):
     assert all(r[0]["completion_tokens"] > 0 and r[0]["prompt_tokens"] > 20 and not r[0]["cached"] for r in recs)
     assert a.usage.requests == 3 and a.usage.completion_tokens == sum(r[0]["completion_tokens"] for r in recs)
     # the key uses the model the server reports
-    assert recs[0][0]["key"] == request_key("completion", EMBEDDED_MODEL_ALIAS, PROMPTS[0], {"temperature": 0.0, "max_tokens": 8, "stop": ["\n"]}, 0)
+    assert recs[0][0]["key"] == request_key("completion", EMBEDDED_MODEL_ALIAS, PROMPTS[0], {"temperature": 0.0, "max_tokens": 8, "stop": ["\n"]}, 0,
+                                            engine=engine_fingerprint())  # the embedded server's answers are keyed with its engine
 
 
 @pytest.mark.llm
@@ -699,7 +700,8 @@ def test_other_model_name_is_another_key(embedded_server, tmp_path):
 @pytest.mark.llm
 def test_record_overwrites_and_live_trusts_cache(embedded_server, tmp_path):
     cache = ResponseCache(tmp_path / "llm.sqlite")
-    key = request_key("completion", EMBEDDED_MODEL_ALIAS, PROMPTS[0], {"temperature": 0.0, "max_tokens": 8, "stop": ["\n"]}, 0)
+    key = request_key("completion", EMBEDDED_MODEL_ALIAS, PROMPTS[0], {"temperature": 0.0, "max_tokens": 8, "stop": ["\n"]}, 0,
+                      engine=engine_fingerprint())
     cache.put(key, {"text": "SENTINEL", "finish_reason": "stop", "prompt_tokens": 0, "completion_tokens": 0})
     live = LLMClient(embedded_server.url, cache=cache, progress=False)
     assert live.complete(PROMPTS[:1], max_tokens=8, stop="\n") == [["SENTINEL"]] and live.usage.requests == 0
