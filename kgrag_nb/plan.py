@@ -340,6 +340,7 @@ def price_keys(keys_path: Path,  # a key log (one request key a line; repeats al
         new = prompt * ((m, pid) not in sent); sent[m, pid] = (prompt, text)
         b["requests"] += 1; b["prompt_tokens"] += prompt; b["prefill_tokens"] += new; b["completion_tokens_max"] += budget
         out["to_send_tokens_max"] += budget; out["to_send_prompt_tokens"] += prompt; out["to_send_prefill_tokens"] += new
+    engine = engine_fingerprint() if model == EMBEDDED_MODEL_ALIAS else None  # the embedded server keys its answers with it
     with ResponseCache(rehearsal_cache) as src:
         answers = src.get_many(keys)
         target = {}
@@ -354,9 +355,8 @@ def price_keys(keys_path: Path,  # a key log (one request key a line; repeats al
             out["completion_tokens_max"] += budget
             if req["model"] == model: target[k] = (prompt, budget, pid, text)  # a run of the model itself: its own keys
             elif req["model"] == STUB_MODEL:
-                # the embedded server's answers are keyed with its engine fingerprint (`llm.engine_fingerprint`)
                 target[request_key(req["kind"], model, req["payload"], req["params"], req.get("sample_index", 0),
-                              req.get("constraint"), engine=engine_fingerprint() if model == EMBEDDED_MODEL_ALIAS else None)] = (prompt, budget, pid, text)
+                              req.get("constraint"), engine=engine)] = (prompt, budget, pid, text)
             else: out["other_models"] += 1; send(req["model"], prompt, budget, pid, text)  # stand-ins for the other models of a comparison
     held = {}
     if target_cache is not None and Path(target_cache).exists() and target:
