@@ -18,15 +18,16 @@ from .config import Config, get_config
 from .hooks import subcommand
 from .papers import ledger_claims
 from .reproduce import ExperimentResults, experiment_dir, is_safe_id, load_experiments, load_registry, mark_abandoned
-from . import awaken, coe, metrics, missing  # per-item pages score items with the studies' own functions
+from . import awaken, brink, coe, jcql, jcql_kbc, metrics, missing  # per-item pages score items with the studies' own functions
 
 # %% auto #0
-__all__ = ['REF', 'CSP', 'ITEM_STATUSES', 'ITEM_ADAPTERS', 'REPORT_MARKER', 'list_runs', 'find_run', 'check_manifest',
-           'paper_ref', 'Link', 'href', 'html_table', 'anchor', 'sizes_text', 'index_rows', 'sanitize_html',
-           'render_notebook', 'artifact_files', 'rerun_command', 'provenance_mismatch', 'artifact_section',
-           'run_summary', 'ItemSet', 'check_items', 'trace_by_item', 'misk_items', 'coe_items', 'brink_items',
-           'awaken_items', 'unseen_items', 'method_summary', 'write_item_pages', 'artifact_items', 'ledger_summary',
-           'build_report']
+__all__ = ['REF', 'CSP', 'ITEM_STATUSES', 'ITEM_ADAPTERS', 'FILE_ITEM_ADAPTERS', 'NO_ITEM_PAGES', 'REPORT_MARKER', 'list_runs',
+           'find_run', 'check_manifest', 'paper_ref', 'Link', 'href', 'html_table', 'anchor', 'sizes_text',
+           'index_rows', 'sanitize_html', 'render_notebook', 'artifact_files', 'rerun_command', 'provenance_mismatch',
+           'artifact_section', 'run_summary', 'ItemSet', 'check_items', 'trace_by_item', 'misk_items', 'coe_items',
+           'brink_items', 'coe_discrimination_items', 'awaken_items', 'jcql_kbc_items', 'jcql_qa_items', 'unseen_items',
+           'format_tax_items', 'closed_book_items', 'method_summary', 'write_item_pages', 'artifact_items',
+           'ledger_summary', 'build_report']
 
 # %% ../nbs/16_report.ipynb #c006
 def list_runs(cfg: Config | None = None) -> list[Path]:
@@ -719,7 +720,9 @@ _BRINK_SETS = {  # artefact -> (labelling modes shown (None: all), methods (None
     "brink_fig3": (("private_id",), None, {k: _BRINK_STRICT[k] for k in ("Hits@Any", "Hits@Hard")}),
     "brink_fig4": (None, None, {"F1": "f1", "Hits@Any": "hits_any"}),
     "brink_table6": (("private_id",), ("oracle",), {k: _BRINK_STRICT[k] for k in ("Hits@Any", "Hits@Hard", "F1")}),
-    "brink_table7": (("private_id",), None, {**{k: _BRINK_STRICT[k] for k in ("Hits@Any", "Precision", "Recall", "F1")}, **_BRINK_PERM})}
+    "brink_table7": (("private_id",), None, {**{k: _BRINK_STRICT[k] for k in ("Hits@Any", "Precision", "Recall", "F1")}, **_BRINK_PERM}),
+    "brink_appj": (("private_id",), ("rog", "trained_paths", "tog", "knn_triples"), {"Hits@Any": "hits_any"})}  # its `appj_methods`
+_APPJ = "retrieval failure"  # App. J's label of a wrong answer: no shown path links the topic entity to a gold answer (else reasoning)
 
 def brink_items(aid: str,  # a BRINK artefact id with items (`_BRINK_SETS`)
                 results: dict, cfg: Config) -> list[ItemSet]:  # {'brink_methods': ExperimentResults}
@@ -750,60 +753,320 @@ def brink_items(aid: str,  # a BRINK artefact id with items (`_BRINK_SETS`)
             perm = {f"perm_{k}": v for k, v in metrics.permissive_scores(r["prediction"], list(r["answers"])).items()}
             scores = {**strict, **perm}
             method = f"{r['method']} · {r['setting']}" + ("" if r["mode"] == "private_id" else f" · {r['mode']}")
+            correct = {m: (bool(v) if c in ("hits_any", "hits_hard", "perm_hits_at_1") else v)
+                       for m, c in names.items() for v in [_py(scores.get(c))] if v is not None}
+            label = None
+            if aid == "brink_appj":  # App. J, per answer: `brink.failure_analysis` on the paths the method showed the LLM
+                label = brink.failure_analysis([dict(id=iid, prediction=r["prediction"], answers=list(r["answers"]), topic_entity=r.get("topic_entity"),
+                                                     retrieved_paths=list(r.get("retrieved_paths_shown") or []))])["labels"][0]
+                correct[_APPJ] = None if label == "correct" else label == "retrieval"
             it["outputs"][method] = dict(
                 raw=str(last[0]["completion"]) if last else None, parsed=_py(r.get("prediction")),
                 status=None if r.get("answer_parsed") is None else ("ok" if r["answer_parsed"] else "failed"),
-                correct={m: (bool(v) if c in ("hits_any", "hits_hard", "perm_hits_at_1") else v)
-                         for m, c in names.items() for v in [_py(scores.get(c))] if v is not None},
+                correct=correct,
                 details={k: v for k, v in {"hard answer": _py(r.get("hard_answer")), "rule type": _py(r.get("rule_type")),
-                                           "LLM calls": _py(r.get("llm_calls"))}.items() if v is not None})
+                                           "LLM calls": _py(r.get("llm_calls")), "App. J label": label}.items() if v is not None})
         for it in items.values(): it["trace"] = it["trace"] or None
         notes = ["Status: whether the answer parsed as a list in the App. E answer format (`answer_parsed`); the study"
                  " records no repairs. The parsed value is the answer the metrics score.",
                  "Trace records carry `trace_file`: the setting and labelling mode they come from."]
-        sets.append(check_items(ItemSet(f"{kg} test questions", list(names), list(items.values()),
+        if aid == "brink_appj": notes.append("Retrieval failure (App. J): a wrong answer (no gold answer predicted) with no shown"
+                                             " path linking the topic entity to a gold answer; no: a reasoning failure; n/r: correct.")
+        sets.append(check_items(ItemSet(f"{kg} test questions", list(names) + [_APPJ] * (aid == "brink_appj"), list(items.values()),
                                         status_of="the answer list's parse (App. E format)", notes=notes), f"{aid} {kg}"))
     return sets
 
 ITEM_ADAPTERS = {**{a: misk_items for a in _MISK_METRICS}, **{a: coe_items for a in _COE_SETS},  # artefact -> its items
                  **{a: brink_items for a in _BRINK_SETS}}
 
-# %% ../nbs/16_report.ipynb #fdfba45a
-def awaken_items(aid: str,  # 'awaken_table2' (the intersection of questions) or 'awaken_table4' (each type its own)
-                 results: dict, cfg: Config) -> list[ItemSet]:  # {'awaken_task1': ExperimentResults}
-    "Per Step-1-unanswerable CWQ question (the No-RAG population, `awaken.base_ids`): the No-RAG answer and the answer"
-    " with each main knowledge type (triple ranking, NLI probing, the run's temperature), as `awaken.task1_table` scores"
-    " them: Hits@1 and Hits@10 over the sampled answers, and whether the table counts the question for that row."
-    result = awaken.load_task1(results["awaken_task1"])
-    p, types, mode = result["params"], list(awaken.MAIN_TYPES), "triple"
-    temp = p.get("temperature", 0.7)
-    base = awaken.base_ids(result)
-    per = {t: awaken.passing_ids(result["knowledge"], t, mode, "nli", p.get("min_true")) & base for t in types}
-    common = awaken.intersect_ids(list(per.values()))
-    counted = {"No RAG": common if aid == "awaken_table2" else base,
-               **{t: common if aid == "awaken_table2" else per[t] for t in types}}
-    ans = result["answers"]
-    ans = ans[ans["id"].isin(base) & ((ans["type"] == "No RAG") | (ans["type"].isin(types) & (ans["mode"] == mode)
-                                                                   & np.isclose(ans["temperature"], temp)))]
-    qs = result["questions"].set_index("id")
+# %% ../nbs/16_report.ipynb #6e31add7
+_COE_EXPECTED = "discriminated as the paper expects"  # App. B: CoE accepted, SenP / WordP rejected (Table 1's rates)
+
+def coe_discrimination_items(aid: str,  # 'coe_table1'
+                             results: dict, cfg: Config) -> list[ItemSet]:  # {'coe_runs': ExperimentResults}
+    "Per released sample of Table 1's discrimination (App. B, `coe_runs` `discrimination`): per variant (CoE, SenP, WordP)"
+    " the yes/no completions of its feature questions (the trace), whether it was judged a CoE, the verdicts' readability"
+    " and whether that is what the paper expects (CoE accepted, SenP / WordP rejected: the rates Table 1 reports)."
+    xp = results["coe_runs"]
+    if "discrimination" not in xp.names(): return []
+    rows = xp.load("discrimination")
+    if rows.empty: return []
+    released = _coe_questions(set(rows["id"]), cfg)
+    traces = trace_by_item(xp.path / "trace.jsonl")
     items: dict[str, dict] = {}
-    for r in ans.to_dict("records"):
-        iid = str(r["id"])
-        q = qs.loc[iid] if iid in qs.index else {}
-        it = items.setdefault(iid, dict(item_id=iid, question=_py(q.get("question")), gold=_gold(q.get("answers")), outputs={}, trace=None))
-        label = "No RAG" if r["type"] == "No RAG" else f"{awaken.KNOWLEDGE_TYPES[r['type']]} ({r['type']})"
-        it["outputs"][label] = dict(raw=None, parsed=" | ".join(map(str, r["samples"])) if r.get("samples") is not None else None, status=None,
-                                    correct={"Hits@1": bool(r["hits1"]), "Hits@10": bool(r["hits10"])},
-                                    details={"counted in this table": "yes" if iid in counted.get(r["type"], set()) else "no",
-                                             "samples correct": "".join(str(int(c)) for c in r.get("correct") if c is not None)})
+    for r in rows.to_dict("records"):
+        iid, v, q = str(r["id"]), str(r["variant"]), released.get(str(r["id"]), {})
+        mine = [x for x in traces.get(iid, []) if x.get("method") == "coe_discrimination" and x.get("question_id") == f"{iid}/{v}"]
+        it = items.setdefault(iid, dict(item_id=iid, question=q.get("question"), gold=_gold(q.get("answer")), outputs={}, trace=[]))
+        it["trace"] += mine
+        is_coe = bool(r["is_coe"])
+        it["outputs"][v] = dict(
+            raw=" | ".join(f"{x.get('feature', x.get('stage'))} '{x.get('feature_text', '')}': {str(x.get('completion', '')).strip()}" for x in mine) or None,
+            parsed="CoE" if is_coe else "not CoE", status="failed" if _py(r.get("unreadable")) else "ok",
+            correct={_COE_EXPECTED: is_coe if v == "CoE" else not is_coe},
+            details={"intent": {True: "yes", False: "no"}.get(_py(r.get("intent"))),
+                     "keywords yes": f"{_py(r.get('keywords_yes'))} of {_py(r.get('keywords'))}",
+                     "relations yes": f"{_py(r.get('relations_yes'))} of {_py(r.get('relations'))}",
+                     "unreadable verdicts": _py(r.get("unreadable")), "LLM calls": _py(r.get("calls")), "dataset": _py(r.get("dataset"))})
+    for it in items.values(): it["trace"] = it["trace"] or None
+    notes = ["Raw: each discrimination call of the variant (feature, its text, the yes/no completion); parsed: the App. B"
+             " verdict (a CoE when every feature is judged present). Status 'failed': a verdict was unreadable.",
+             "Table 1's other columns (samples, knowledge pieces, quirks of the released files, rebuilt samples) count the"
+             " released files: no model answers an item in them."]
+    if not released: notes.append("The released CoE files are not in this checkout's data mirror: question and gold read 'not recorded'.")
+    return [check_items(ItemSet("released samples (App. B discrimination)", [_COE_EXPECTED], list(items.values()),
+                                status_of="the discrimination verdicts (readable or not)", notes=notes), aid)]
+
+ITEM_ADAPTERS["coe_table1"] = coe_discrimination_items
+
+# %% ../nbs/16_report.ipynb #fdfba45a
+_AW_FIG1 = ("T1", "T2", "T3", "T4")
+_AW_QUERY = {"triple": "A_q-R_q^1-B query", "head_relation": "A_q-R_q^1 query"}  # App. B.8's two rankings (Table 11)
+_AW_ARTEFACTS = {  # artefact -> (knowledge types, No-RAG row, Hits metrics its table reports)
+    "awaken_table2": (awaken.MAIN_TYPES, True, ("Hits@1", "Hits@10")), "awaken_table4": (awaken.MAIN_TYPES, True, ("Hits@1", "Hits@10")),
+    "awaken_fig1": (_AW_FIG1, True, ("Hits@1", "Hits@10")), "awaken_table7": (awaken.MAIN_TYPES, True, ("Hits@1", "Hits@10")),
+    "awaken_table8_9": (("T3", "T7", "T8"), False, ("Hits@1",)), "awaken_table11": (awaken.MAIN_TYPES, True, ("Hits@1", "Hits@10")),
+    "awaken_fig5": (awaken.MAIN_TYPES, False, ("Hits@1", "Hits@10")), "awaken_fig6": (awaken.MAIN_TYPES, True, ("Hits@1", "Hits@10")),
+    "awaken_fig7": (("T7",), False, ("Hits@1", "Hits@10"))}
+
+def _aw_rows(aid: str, runs: dict) -> list[dict]:
+    "The artefact's rows as `awaken`'s table functions build them: per row the model, type, query mode, temperature and"
+    " the questions it counts (`counted`), or per probing block (`blocks`, Table 7)."
+    types, no_rag, _ = _AW_ARTEFACTS[aid]
+    rows = []
+    passing = lambda r, t, mode="triple", method="nli": (awaken.passing_ids(r["knowledge"], t, mode, method, r["params"].get("min_true"))
+                                                         & awaken.base_ids(r))
+    for model, r in runs.items():
+        p, base = r["params"], awaken.base_ids(r)
+        temp = p.get("temperature", 0.7)
+        pre = f"{model} · " if aid in ("awaken_fig5", "awaken_fig6") else ""
+        row = lambda t, counted, mode="triple", temperature=temp, label="", **kw: dict(
+            model=model, type=t, mode="-" if t == "No RAG" else mode, temperature=temperature, counted=counted,
+            label=pre + awaken.knowledge_label(t) + label, **kw)
+        if aid == "awaken_table11":  # both ranking queries, each on its own intersection (Table 2 protocol)
+            for mode, q in _AW_QUERY.items():
+                common = awaken.intersect_ids([passing(r, t, mode) for t in types])
+                rows += [row(t, common, mode, label=f" · {q}") for t in ["No RAG", *types]]
+        elif aid == "awaken_table7":  # `awaken.probing_table`'s blocks: a question counts in each block whose ids hold it
+            ok = {(m, t): passing(r, t, "triple", m) for m in ("qa", "nli") for t in types}
+            for t in ["No RAG", *types]:
+                tt = "T1" if t == "No RAG" else t
+                blocks = {f"{m}/{b}": (base if (t, m, b) == ("No RAG", "nli", "original") else ok[(m, tt)] if b == "original"
+                                       else ok[("qa", tt)] & ok[("nli", tt)]) for m in ("qa", "nli") for b in ("original", "intersection")}
+                rows.append(row(t, None, blocks=blocks))
+        elif aid == "awaken_fig7":  # `awaken.temperature_sweep`: each temperature of the run, the type's own questions
+            rows += [row(t, passing(r, t), temperature=float(x), label=f" · T={float(x):g}")
+                     for x in p.get("temperatures") or [temp] for t in types]
+        elif aid == "awaken_fig5":  # `awaken.size_table`: each type on the questions it passed for every model
+            common = {t: awaken.intersect_ids([passing(o, t) for o in runs.values()]) for t in types}
+            rows += [row(t, common[t]) for t in types]
+        else:
+            per = {t: passing(r, t) for t in types}
+            common = awaken.intersect_ids(list(per.values())) if aid == "awaken_table2" else None
+            rows += [row(t, base if common is None else common) for t in ["No RAG"] * no_rag]
+            rows += [row(t, per[t] if common is None else common) for t in types]
+    return rows
+
+def _aw_verdicts(k: dict, method: str) -> str | None:
+    "A probing's verdicts and their parse outcomes, e.g. 'True, False, True (ok, ok, repaired)'."
+    v, st = k.get(f"{method}_probe_verdicts"), k.get(f"{method}_probe_status")
+    if v is None or (isinstance(v, float) and v != v): return None
+    return ", ".join(map(str, v)) + (f" ({', '.join(map(str, st))})" if st is not None and not isinstance(st, float) else "")
+
+def awaken_items(aid: str,  # an awakening Task 1 artefact (`_AW_ARTEFACTS`)
+                 results: dict, cfg: Config) -> list[ItemSet]:  # {'awaken_task1': ExperimentResults}
+    "Per Step-1-unanswerable CWQ question (the No-RAG population, `awaken.base_ids`): the answer of each row of the"
+    " artefact's table (knowledge type, and where the table varies them the ranking query, temperature or model), as"
+    " `awaken`'s table functions score it: Hits@1 / Hits@10 over the sampled answers, whether the row counts the question"
+    " (per probing block for Table 7), the selected knowledge and its probing verdicts."
+    xp = results["awaken_task1"]
+    models = awaken.task1_models(xp)
+    runs = {m: awaken.load_task1(xp, m) for m in (models if aid in ("awaken_fig5", "awaken_fig6") else models[:1])}
+    metrics_shown = list(_AW_ARTEFACTS[aid][2])
+    items: dict[str, dict] = {}
+    for spec in _aw_rows(aid, runs):
+        r = runs[spec["model"]]
+        ans, know = r["answers"], r["knowledge"]
+        base = awaken.base_ids(r)
+        a = ans[ans["id"].isin(base) & (ans["type"] == spec["type"])]
+        if spec["type"] != "No RAG": a = a[(a["mode"] == spec["mode"]) & np.isclose(a["temperature"], spec["temperature"])]
+        qs = r["questions"].set_index("id")
+        kn = {x["id"]: x for x in know[(know["type"] == spec["type"]) & (know["mode"] == spec["mode"])].to_dict("records")}
+        for x in a.to_dict("records"):
+            iid = str(x["id"])
+            q = qs.loc[iid] if iid in qs.index else {}
+            it = items.setdefault(iid, dict(item_id=iid, question=_py(q.get("question")), gold=_gold(q.get("answers")), outputs={}, trace=None))
+            details = ({"counted in this table": "yes" if iid in spec["counted"] else "no"} if spec.get("blocks") is None else
+                       {"counted in": ", ".join(b for b, ids in spec["blocks"].items() if iid in ids) or "no block"})
+            details["samples correct"] = "".join(str(int(c)) for c in x.get("correct") if c is not None)
+            k = kn.get(iid, {})
+            details |= {k2: v for k2, v in {"knowledge": _py(k.get("text")), "NLI probing": _aw_verdicts(k, "nli"),
+                                            "QA probing": _aw_verdicts(k, "qa") if aid == "awaken_table7" else None,
+                                            "hops to answer": _py(k.get("dist_to_answer")) if aid == "awaken_table8_9" else None}.items()
+                        if v is not None}
+            it["outputs"][spec["label"]] = dict(
+                raw=None, parsed=" | ".join(map(str, x["samples"])) if x.get("samples") is not None else None, status=None,
+                correct={m: bool(x["hits1" if m == "Hits@1" else "hits10"]) for m in metrics_shown}, details=details)
+    p = next(iter(runs.values()))["params"]
     notes = ["The experiment keeps each answer's sampled short answers (parsed), not the raw completions: raw reads"
-             " 'not recorded'; the study records no parse outcome per answer and writes no per-call trace.",
-             f"Knowledge ranked by triple, NLI probing, temperature {temp:g}; a question counts for a row only when that"
-             " knowledge type passed probing" + (" for every main type (the intersection)." if aid == "awaken_table2" else ".")]
-    return [check_items(ItemSet("Step-1-unanswerable CWQ questions", ["Hits@1", "Hits@10"], list(items.values()),
+             " 'not recorded'; the study records no parse outcome per answer and writes no per-call trace (the probing"
+             " verdicts' parse outcomes are in the details).",
+             f"NLI probing (min_true {p.get('min_true')}), knowledge ranked by the A_q-R_q^1-B query and temperature"
+             f" {p.get('temperature', 0.7):g} unless the method names another; a question counts for a row only when its"
+             " knowledge passed probing" + {"awaken_table2": " for every main type (the intersection).",
+                                           "awaken_table11": " for every main type under that row's query (the intersection).",
+                                           "awaken_fig5": " for every model (Table 10's intersection).",
+                                           "awaken_table7": ": per block, 'counted in' names the probing/block pairs that count it."}.get(aid, ".")]
+    return [check_items(ItemSet("Step-1-unanswerable CWQ questions", metrics_shown, list(items.values()),
                                 status_of="not recorded", notes=notes), aid)] if items else []
 
-ITEM_ADAPTERS |= {a: awaken_items for a in ("awaken_table2", "awaken_table4")}
+ITEM_ADAPTERS |= {a: awaken_items for a in _AW_ARTEFACTS}
+
+# %% ../nbs/16_report.ipynb #94a8b6d5
+_KBC_METRICS = {"MRR": "mrr", "Hits@1": "hits@1", "Hits@3": "hits@3", "Hits@10": "hits@10"}  # filtered, per triple (`jcql_kbc.triple_values`)
+_JCQL_KBC = {  # artefact -> (experiment, result with the per-triple rows, models shown (None: all))
+    "jcql_table1": ("jcql_kbc", "per_triple", None), "jcql_table9": ("jcql_kbc", "per_triple", ("JCQL_T5-small", "KGT5")),
+    "jcql_fig2": ("jcql_kbqa", "fig2_triples", None)}
+
+def _num(v, digits: int | None = None):
+    "A JSON number: a whole float as an int (a rank of 3.0 reads 3), others rounded to `digits`; None for NaN and infinities."
+    v = _py(v)
+    if isinstance(v, float) and v in (float("inf"), float("-inf")): return None
+    return int(v) if isinstance(v, float) and v.is_integer() else (round(v, digits) if isinstance(v, float) and digits else v)
+
+def _rank(v):
+    "A filtered rank as shown: a number, or why there is none (a tail the sampling never drew)."
+    v = _py(v)
+    return "none: the sampled sequences never drew the gold tail (RR 0)" if v == float("inf") else _num(v)
+
+def jcql_kbc_items(aid: str,  # a JCQL KBC artefact (`_JCQL_KBC`)
+                   results: dict, cfg: Config) -> list[ItemSet]:  # {'jcql_kbc' or 'jcql_kbqa': ExperimentResults}
+    "Per evaluated KBC test triple, one set per KB setting (and dataset, Fig. 2): the query (head, relation, ?), the gold"
+    " tail, each model's filtered rank of it and score, and the per-triple MRR / Hits@k the tables average"
+    " (`jcql_kbc.triple_values`: 1/rank and rank <= k; the random ranking's expected values); the top-k tails where the"
+    " experiment stored them (`topk`)."
+    eid, name, models = _JCQL_KBC[aid]
+    xp = results[eid]
+    pt = pd.DataFrame(xp.load(name))
+    if models is not None: pt = pt[pt["model"].isin(models)]
+    if pt.empty: return []
+    vals = jcql_kbc.triple_values(pt.reset_index(drop=True))
+    own = pt["rr"].notna().to_numpy() if "rr" in pt else np.zeros(len(pt), bool)  # expected values, not a rank's
+    key = lambda r: (r.get("model"), r.get("variant"), r.get("setting"), r.get("scoring"), r["head"], r["relation"], r["tail"])
+    top = {key(r): r["topk"] for r in xp.load("topk")} if "topk" in xp.names() and eid == "jcql_kbc" else {}
+    group = ["dataset", "setting"] if "dataset" in pt else ["setting"]
+    cols = [c for c in ("model", "variant", "scoring") if c in pt]
+    many = pt.groupby([c for c in ("model", "scoring") if c in pt])["variant"].transform("nunique").gt(1) if "variant" in pt else None
+    sets = []
+    for gk, g in pt.groupby(group, sort=False):
+        gk = gk if isinstance(gk, tuple) else (gk,)
+        items: dict[str, dict] = {}
+        for i, r in zip(g.index, g.to_dict("records")):
+            iid = f"{r['head']} | {r['relation']} | {r['tail']}"
+            it = items.setdefault(iid, dict(item_id=iid, question=f"({r['head']}, {r['relation']}, ?)", gold=[str(r["tail"])],
+                                            outputs={}, trace=None))
+            label = " · ".join(str(r[c]) for c in cols if c != "variant" or (many is not None and many.loc[i]))
+            v = vals.iloc[pt.index.get_loc(i)]
+            tk = top.get(key(r))
+            it["outputs"][label] = dict(
+                raw=None, parsed=" | ".join(str(t[0]) for t in tk) if tk else None, status=None,
+                correct={m: (float(v[c]) if own[pt.index.get_loc(i)] or c == "mrr" else bool(v[c])) for m, c in _KBC_METRICS.items()},
+                details={k: x for k, x in {"filtered rank": _rank(r.get("rank")), "score of the gold tail": _num(r.get("score"), 4),
+                                           "candidates": _num(r.get("candidates")), "variant": _py(r.get("variant")),
+                                           "gold tail in the Eq. 2 context": {True: "yes", False: "no"}.get(_py(r.get("tail_in_context")))}.items()
+                         if x is not None})
+        notes = ["Each item is a test triple: the query (head, relation, ?) and its gold tail. The experiment stores each"
+                 " model's filtered rank of the gold tail and its score" + (", and the top-k tails (parsed)." if top else
+                 "; it stores no ranked list of predicted tails, so raw and parsed read 'not recorded'."),
+                 "MRR and Hits@k per triple: 1/rank and rank <= k (ties at their mean rank; a tail the sampling never drew"
+                 " has RR 0); the random ranking's are its expected values. Nothing is parsed: status reads n/p."]
+        title = " ".join(map(str, gk)) if len(gk) > 1 else str(gk[0])
+        sets.append(check_items(ItemSet(f"KBC test triples, {title}" if aid != "jcql_fig2" else f"special test triples, {title}",
+                                        list(_KBC_METRICS), list(items.values()), status_of="none (ranked by score)", notes=notes),
+                                f"{aid} {title}"))
+    return sets
+
+ITEM_ADAPTERS |= {a: jcql_kbc_items for a in _JCQL_KBC}
+
+# %% ../nbs/16_report.ipynb #64167d81
+_JCQL_QA = {  # artefact -> (methods shown (None: every method, and JCQL with each other LLM), metrics)
+    "jcql_table2": (None, ("Hits@1",)), "jcql_table3": (tuple(jcql.TABLE3_ROW), ("Hits@1",)),
+    "jcql_table4": (None, ("LLM call", "Time (s)", "Hits@1"))}
+
+def _jcql_questions(xp, setup: dict, cfg: Config) -> dict[str, str]:
+    "Question texts by id: the experiment's `questions` result, else the questions that seeded its KBC slice (`jcql_kbc`)."
+    if "questions" in xp.names(): return {str(r["id"]): str(r["question"]) for r in xp.load("questions")}
+    key = str(setup.get("kbc_key") or "")
+    if not is_safe_id(key): return {}
+    try: sq = ExperimentResults(experiment_dir(cfg, "jcql_kbc", key)).load("slice_questions")
+    except (FileNotFoundError, ValueError, KeyError): return {}
+    return dict(zip(sq["id"].astype(str), sq["question"].astype(str)))
+
+def _jcql_status(r: dict) -> str:
+    "A prediction's parse outcome: failed (a recorded failure: no Finish within L, an empty or unparsable answer),"
+    " repaired (an agent step parsed after a repair), ok."
+    if _py(r.get("failure")): return "failed"
+    return "repaired" if (_py(r.get("steps_repaired")) or 0) > 0 else "ok"
+
+def jcql_qa_items(aid: str,  # a JCQL KBQA artefact (`_JCQL_QA`)
+                  results: dict, cfg: Config) -> list[ItemSet]:  # {'jcql_kbqa': ExperimentResults}
+    "Per KBQA test question, one set per dataset and KB setting: each method's raw output (the completion of its last"
+    " answering call in the trace: the agent's last Thought/Action step, IO / CoT / ToG's answer, SC's samples), the ranked"
+    " answers Hits@1 scores (`metrics.kbqa_hits_at_1`), the parse outcome and, for Table 4, the question's online LLM calls"
+    " and seconds of online cache misses (`jcql.efficiency_table` per question); the question's trace records."
+    xp = results["jcql_kbqa"]
+    preds, _, setup = jcql.experiment_frames(xp)
+    methods, names = _JCQL_QA[aid]
+    frames = [preds.assign(llm=None)]
+    if methods is None and len(other := jcql.llm_predictions(xp)): frames.append(other)
+    allp = pd.concat(frames, ignore_index=True)
+    if methods is not None: allp = allp[allp["method"].isin(methods)]
+    texts = _jcql_questions(xp, setup, cfg)
+    sets = []
+    for (ds, setting), g in allp.groupby(["dataset", "setting"], sort=False):
+        traces: dict[str | None, dict] = {}
+        for llm in {x if isinstance(x, str) else None for x in g["llm"]}:
+            path = xp.path / "traces" / jcql.trace_file(ds, setting, llm)
+            traces[llm] = trace_by_item(path) if _inside(path, [xp.path]) else {}
+        items: dict[str, dict] = {}
+        for r in g.to_dict("records"):
+            iid, llm = str(r["id"]), r.get("llm") if isinstance(r.get("llm"), str) else None  # None: the main LLM
+            mine = [x for x in traces.get(llm, {}).get(iid, []) if x.get("method") == r["method"]]
+            it = items.setdefault(iid, dict(item_id=iid, question=texts.get(iid), gold=_gold(r.get("gold")), outputs={}, trace=[]))
+            it["trace"] += [dict(x, llm=llm) for x in mine] if llm else mine
+            steps = [x for x in mine if str(x.get("stage", "")).startswith("step")] if _py(r.get("finished")) is not None else []
+            last = (steps or [x for x in mine if x.get("stage") not in ("relation selection", "entity selection")] or mine)[-1:]
+            raw = last[0].get("completion") if last else None
+            online = (_py(r.get("llm_calls")) or 0) - (_py(r.get("llm_calls_offline")) or 0)
+            correct = {"Hits@1": bool(r["hits1"]), "LLM call": online,
+                       "Time (s)": round((_py(r.get("miss_time_s")) or 0.0) - (_py(r.get("miss_time_offline_s")) or 0.0), 3)}
+            details = {"agent steps": _num(r.get("n_steps")) if _py(r.get("finished")) is not None else None,
+                       "steps parsed": _num(r.get("steps_ok")), "steps repaired": _num(r.get("steps_repaired")),
+                       "reached Finish": {True: "yes", False: "no"}.get(_py(r.get("finished"))),
+                       "failure": _py(r.get("failure")),
+                       "failures and repairs": ", ".join(f"{k} x{v}" for k, v in (r.get("failures") or {}).items() if v),
+                       "LLM calls (all, offline)": f"{_py(r.get('llm_calls'))}, {_py(r.get('llm_calls_offline')) or 0}",
+                       "Complete calls": _py(r.get("complete_calls")) or None}
+            label = str(r["method"]) + (f" ({llm})" if llm else "")
+            it["outputs"][label] = dict(raw=" | ".join(map(str, raw)) if isinstance(raw, list) else raw,
+                                        parsed=" | ".join(map(str, r.get("ranked") or [])) or None, status=_jcql_status(r),
+                                        correct={m: correct[m] for m in names}, details={k: v for k, v in details.items() if v not in (None, "")})
+        for it in items.values(): it["trace"] = it["trace"] or None
+        notes = ["Raw: the completion of the method's last answering call in the trace (the agent: its last Thought/Action"
+                 " step; SC: its samples); parsed: the ranked answers Hits@1 scores (`metrics.kbqa_hits_at_1`, the first"
+                 " answer against the gold answers).",
+                 f"{setup.get('llm')} ran every method; other LLMs ran JCQL only (their rows name them). The question"
+                 " text comes from the experiment's `questions` result, else from the KBC slice's seed questions"
+                 " (`jcql_kbc` `slice_questions`): 'not recorded' when neither holds it."]
+        if aid == "jcql_table4": notes.append("LLM call: the question's online LLM calls (every traced call but the offline"
+                                              " schema summaries, App. E); Time (s): seconds of its online cache misses.")
+        sets.append(check_items(ItemSet(f"{jcql.DATASET_LABEL.get(ds, ds)} test questions, {setting}", list(names), list(items.values()),
+                                        status_of="the agent's trajectory (failed: no Finish within L; repaired: a step parsed"
+                                                  " after a repair) or a baseline's answer parse (failed: empty or no 'So the answer is')",
+                                        notes=notes), f"{aid} {ds} {setting}"))
+    return sets
+
+ITEM_ADAPTERS |= {a: jcql_qa_items for a in _JCQL_QA}
 
 # %% ../nbs/16_report.ipynb #090ac997
 def unseen_items(aid: str,  # 'awaken_table3'
@@ -836,6 +1099,84 @@ def unseen_items(aid: str,  # 'awaken_table3'
     return sets
 
 ITEM_ADAPTERS["awaken_table3"] = unseen_items
+
+# %% ../nbs/16_report.ipynb #f9d5427c
+_FT_MECHANISM = {"fired": "second retrieval fired", "finished": "reached Finish", "kept": "knowledge kept by probing"}
+_FT_SHOWN = ("prediction", "answer_text", "relation")  # the scored output, by study (first present)
+
+def _ft_value(v):
+    "A format-tax outcome: 0/1 as a bool, a share as a number, None when not recorded."
+    v = _py(v)
+    if v is None: return None
+    return bool(v) if v in (0, 1) else float(v)
+
+def format_tax_items(aid: str,  # 'format_tax'
+                     results: dict, cfg: Config) -> list[ItemSet]:  # {'format_tax_runs': ExperimentResults}
+    "Per item of each study's parsed step (`format_tax_runs` `records`), one set per study: the output each decoding arm"
+    " (free, constrained, decoupled) scored, whether it parsed, the study's headline metric (CoE: the answer contained"
+    " and the judge's ACC, as the artefact reads them) and whether the method's mechanism operated."
+    xp = results["format_tax_runs"]
+    rec, info = pd.DataFrame(xp.load("records")), pd.DataFrame(xp.load("studies")).set_index("study")
+    sets = []
+    for study, g in rec.groupby("study", sort=False):
+        metric = str(info["metric"].get(study, "metric")) if study in info.index else "metric"
+        mech = [c for c in _FT_MECHANISM if c in g and g[c].notna().any()]
+        names = (["answer contained", "ACC (judge)"] if study == "coe" else [metric]) + ["parsed"] + [_FT_MECHANISM[c] for c in mech]
+        items: dict[str, dict] = {}
+        for r in g.to_dict("records"):
+            iid = str(r["item"])
+            gold = r.get("answers") if study != "coe" else r.get("answer")
+            it = items.setdefault(iid, dict(item_id=iid, question=_py(r.get("question")) if isinstance(r.get("question"), str) else None,
+                                            gold=_gold(gold) if isinstance(gold, (str, list)) else None, outputs={}, trace=None))
+            shown = next((r[c] for c in _FT_SHOWN if isinstance(r.get(c), (str, list))), None)
+            if study == "coe":
+                texts = list(r.get("answer_text") or []) if isinstance(r.get("answer_text"), list) else []
+                correct = {"answer contained": any(coe.contains(t, str(gold)) for t in texts) if isinstance(gold, str) else None,
+                           "ACC (judge)": _ft_value(r.get("metric"))}
+            else: correct = {metric: _ft_value(r.get("metric"))}
+            correct |= {"parsed": _ft_value(r.get("parsed")), **{_FT_MECHANISM[c]: _ft_value(r.get(c)) for c in mech}}
+            st = _py(r.get("parse_status")) if isinstance(r.get("parse_status"), str) else {True: "ok", False: "failed"}.get(correct["parsed"])
+            used = {"item", "study", "decoding", "metric", "parsed", "question", "answers", "parse_status", "missing_text", *_FT_SHOWN, *mech,
+                    *(["answer"] if study == "coe" else [])}
+            details = {k: (v if isinstance(v, str) else json.dumps(_py(v) if not isinstance(v, (list, dict)) else v, default=str))[:300]
+                       for k, v in r.items() if k not in used and v is not None and not (isinstance(v, float) and v != v)}
+            it["outputs"][str(r["decoding"])] = dict(
+                raw=_py(r.get("missing_text")) if isinstance(r.get("missing_text"), str) else None,
+                parsed=(" | ".join(map(str, shown)) if isinstance(shown, list) else str(shown)) or None if shown is not None else None, status=st,
+                correct={k: v for k, v in correct.items() if v is not None}, details=details)
+        step = str(info["step"].get(study, "")) if study in info.index else ""
+        notes = [f"The step each arm decodes: {step}." if step else "", "Raw: the verdict's raw text where the study keeps it"
+                 " (MisK); the other studies keep the scored output (parsed) and the parse outcome, not the completion.",
+                 "CoE's parsed value is a share of the answer's parsed pieces: status reads n/p." if study == "coe" else ""]
+        sets.append(check_items(ItemSet(f"{study}: the parsed step under each decoding", names, list(items.values()),
+                                        status_of="the study's parsed step (ok / repaired / failed; parsed or not)",
+                                        notes=[n for n in notes if n]), f"{aid} {study}"))
+    return sets
+
+ITEM_ADAPTERS["format_tax"] = format_tax_items
+
+# %% ../nbs/16_report.ipynb #b77dbb1a
+def closed_book_items(aid: str,  # 'closed_book_baseline'
+                      files: list[Path], cfg: Config) -> list[ItemSet]:  # the artefact's files (`artifact_files`)
+    "Per question of the closed-book baseline, one set per dataset, from the artefact's own `closed_book_answers` table"
+    " (it runs no experiment): the first sampled answer, Hits@1 / Hits@10 over the samples and Step 1's answerability."
+    csv = next((p for p in files if p.name == "closed_book_answers.csv"), None)
+    if csv is None: return []
+    t = pd.read_csv(csv, keep_default_na=False, dtype=str)
+    yes = lambda v: None if v == "" else float(v) == 1
+    sets = []
+    for ds, g in t.groupby("dataset", sort=False):
+        items = [dict(item_id=str(r["id"]), question=r["question"] or None, gold=[x for x in r["gold"].split(" | ") if x] or None,
+                      outputs={"No RAG (closed book)": dict(raw=None, parsed=r["first answer"] or None, status=None,
+                                                            correct={"Hits@1": yes(r["hits1"]), "Hits@10": yes(r["hits10"])},
+                                                            details={"answerable (Step 1)": {True: "yes", False: "no"}.get(yes(r["answerable"]))})},
+                      trace=None) for r in g.to_dict("records")]
+        notes = ["The artefact keeps each question's first sampled answer (parsed) and at most three gold answers, not the raw"
+                 " completions or the other samples; Hits@1 / Hits@10 are over all its samples (ACC_R, awakening App. C)."]
+        sets.append(check_items(ItemSet(f"{ds} questions", ["Hits@1", "Hits@10"], items, status_of="not recorded", notes=notes), f"{aid} {ds}"))
+    return sets
+
+FILE_ITEM_ADAPTERS = {"closed_book_baseline": closed_book_items}  # artefacts that run no experiment: items from their own files
 
 # %% ../nbs/16_report.ipynb #196dc353
 _TEMPLATES["items.html"] = """\
@@ -948,13 +1289,32 @@ def _study_items(results: dict) -> list[ItemSet]:
                                     f"{eid}/items.json sets[{i}]"))
     return sets
 
+NO_ITEM_PAGES = {  # artefact -> why it has no item pages: its numbers are aggregates, or it shows no model's answer per item
+    "brink_table3": "Table 3 counts the benchmarks' triples and questions; no model answers an item in it.",
+    "jcql_table8": "Table 8 counts GoG's reasoning-path triples that are KBC test triples; no model answers an item in it.",
+    "jcql_fig3": "Fig. 3 is a KBC ranking curve: the experiment keeps MRR / Hits@k per R (`r_sweep`), not each triple's rank"
+                 " at each R; the evaluated triples' exact and sampled ranks are on jcql_table1's item pages.",
+    "jcql_fig4": "Fig. 4 times Algorithm 1 (seconds and LLM calls per training question); no answer is scored in it.",
+    "jcql_fig5": "Fig. 5 keeps MRR / Hits@k per replay size with their CIs (`fig5`), not the per-triple ranks behind them.",
+    "misk_table2": "Table 2 counts the knowledge bases' text chunks; its NQ gold-passage recall per TopK and row averages the"
+                   " questions of misk_table1's item pages.",
+    "kg_statistics": "It counts each KG's entities, relations, triples and degrees; no model answers an item in it.",
+    "brink_table1": "Table 1 counts the Horn rules mined per type (App. A.2 thresholds); no model answers an item in it.",
+    "claims_ledger": "The ledger's rows are paired tests over claims; the items behind each claim are on its artefacts' item pages."}
+
 def artifact_items(entry: dict,  # an artefact's manifest entry (its `experiments`: id -> key)
                    cfg: Config) -> tuple[list[ItemSet], str]:
     "(item sets of the artefact, '' or why it has none): the study's own `items` result, else the report's adapter"
     " (`ITEM_ADAPTERS`) over the experiments the artefact used."
     aid, used = entry["artifact"], entry.get("experiments") or {}
     if entry.get("status") != "ok": return [], ""
+    if aid in NO_ITEM_PAGES: return [], "No item pages: " + NO_ITEM_PAGES[aid]
     no_reader = "No item pages: the report has no per-item reader for this artefact's study yet."
+    if aid in FILE_ITEM_ADAPTERS and not used:  # an artefact that ran no experiment: its items are in its own files
+        try: sets = FILE_ITEM_ADAPTERS[aid](aid, artifact_files(entry, cfg)[0], cfg)
+        except (KeyError, ValueError, OSError, TypeError) as e:
+            return [], f"No item pages: the artefact's files could not be read as items ({type(e).__name__}: {e})."
+        return (sets, "") if sets else ([], "No item pages: the artefact's per-question table is not among its files.")
     if not isinstance(used, dict) or not used: return [], "No item pages: the artefact used no experiment."
     results = {}
     for eid, key in used.items():
@@ -971,7 +1331,9 @@ def artifact_items(entry: dict,  # an artefact's manifest entry (its `experiment
     except (KeyError, ValueError, OSError, TypeError) as e:
         return [], f"No item pages: the experiment's results could not be read as items ({type(e).__name__}: {e})."
     if sets: return sets, ""
-    return [], ("No item pages: this artefact has no per-item records." if aid.startswith(("misk_", "coe_")) else no_reader)
+    if aid.startswith(("misk_", "coe_")): return [], "No item pages: this artefact has no per-item records."
+    return [], ("No item pages: no item of this run enters the artefact's rows (e.g. no question passed its filters at"
+                " this profile)." if aid in ITEM_ADAPTERS else no_reader)
 
 # %% ../nbs/16_report.ipynb #c025
 def _links(items: list) -> tuple | str:

@@ -267,9 +267,10 @@ def test_real_report_opens_with_no_broken_link_image_or_console_error(browser, r
     assert not res["problems"], "\n".join(res["problems"])
     assert not [e for e in res["external"] if e[0].endswith("/index.html")], f"the index links outside the report: {res['external']}"
     site = real_report["index"].parent
-    # both artefacts' notebooks were opened, and every figure the run wrote shows as a thumbnail on the index
+    # both artefacts' notebooks were opened, and every figure the run wrote shows as a thumbnail on the index; the
+    # closed-book baseline's questions have an item page (from its own per-question table: it runs no experiment)
     assert {Path(unquote(urlparse(p).path)).relative_to(site).as_posix() for p in res["pages"]} == {
-        "index.html", "notebooks/kg_statistics.html", "notebooks/closed_book_baseline.html"}
+        "index.html", "notebooks/kg_statistics.html", "notebooks/closed_book_baseline.html", "items/closed_book_baseline/1-1.html"}
     thumbs = {src for page, src in res["images"] if page.endswith("/index.html")}
     assert thumbs == {"files/kg_statistics/mean_degree.png", "files/closed_book_baseline/closed_book_hits.png"}
     read = {Path(unquote(urlparse(f).path)).relative_to(site).as_posix() for f in res["files"]}
@@ -633,6 +634,14 @@ from kgrag_nb.report import ItemSet, check_items, method_summary, write_item_pag
 ITEMS_DATA = Path(__file__).parent / "data" / "report_items"  # real records of a tiny run: misk_runs and coe_runs results folders
 MISK_KEY, COE_KEY = "8ca4c79fc5f9abd2975b8c4a89ecd351cb14e31047f9e79b10de7545d2907632", "be94b549bb85fd6897e7fcc32802e3cc0a3db24debcf8616e93f0f51833f43d3"
 AWAKEN_KEY = "368ee16ee837185ed82bde0d52f23c43d6a71cfcb961409aa08f83cb3eccd3ac"
+FORMAT_TAX_KEY = "34466c8e8b7fe4e7649cc62f2d832f616712f94a30a39c88c8a002a5f8b00194"
+KBQA_KEY, KBC_KEY = "4991cf85e30a95eedfffda7b8920d8819b5958e72325979c3dd75f60260773da", "089fd04e4e7fbfb147f318c26a0711ffbd5f15fcf5d0215100b539a220afb84f"
+# the tiny run before jcql_kbqa saved `questions` and jcql_kbc `topk` (its LLM answers timed live: Table 4's seconds)
+KBQA_KEY_OLD, KBC_KEY_OLD = "9c54be3cc09d9dbf8d0418a3f96a458f55dccb34cf085484f9f718e2954c358e", "4c19aff18f0a2c0fdd3b4d0f29b605f01c7b9c6c102a752820c414a927caa775"
+JCQL_ARTEFACTS = [(a, "jcql_kbqa", KBQA_KEY) for a in ("jcql_table2", "jcql_table3", "jcql_fig2", "jcql_fig4", "jcql_fig5")] \
+    + [("jcql_table4", "jcql_kbqa", KBQA_KEY_OLD)] + [(a, "jcql_kbc", KBC_KEY) for a in ("jcql_table1", "jcql_table9", "jcql_fig3", "jcql_table8")]
+AWAKEN_MORE = [(a, "awaken_task1", AWAKEN_KEY) for a in ("awaken_fig1", "awaken_fig5", "awaken_fig6", "awaken_fig7", "awaken_table7",
+                                                        "awaken_table8_9", "awaken_table11")]
 UNSEEN_KEY = "50f4c30f3ff6665a3a110a91b12f50e9b72b57ae29c750ebfa04b1a218d13d63"
 BRINK_KEY = "57d95d05c6d1f7c29bd5c9c1a7f841e92302c61112185d60af52af58edf1a675"
 
@@ -667,19 +676,27 @@ def test_method_summary_hand_case():
 
 
 def _items_run(tmp_path, per_page: int = 100) -> tuple[Path, object]:
-    "A run whose artefacts used the real tiny misk_runs, coe_runs, brink_methods, awaken_task1 and unseen_entity results"
-    " (tests/data/report_items), plus one artefact"
-    " with no item reader and one whose experiment results are gone; its report with `per_page` items a page."
+    "A run whose artefacts used the real tiny misk_runs, coe_runs, brink_methods, awaken_task1, unseen_entity, jcql_kbqa"
+    " and jcql_kbc results (tests/data/report_items), plus aggregates with no items, one artefact with no item reader"
+    " and one whose experiment results are gone; its report with `per_page` items a page."
     cfg = get_config(runs_dir=tmp_path / "runs", figures_dir=tmp_path / "figures", cache_dir=tmp_path / "cache")
     shutil.copytree(ITEMS_DATA / "experiments", cfg.cache_dir / "experiments")
+    shutil.copytree(ITEMS_DATA / "artifacts", cfg.figures_dir)  # an artefact that runs no experiment keeps its items itself
     _manifest(cfg.runs_dir / "r-i", run_id="r-i", started="2026", status="finished", profile="tiny", artifacts=[
-        {"artifact": a, "status": "ok", "outputs": [], "experiments": {e: k}}
-        for a, e, k in [("misk_table1", "misk_runs", MISK_KEY), ("misk_table3", "misk_runs", MISK_KEY), ("misk_table2", "misk_runs", MISK_KEY),
+        {"artifact": "closed_book_baseline", "status": "ok", "experiments": {},
+         "outputs": [str(cfg.figures_dir / "closed_book_baseline/closed_book_answers.csv")]},
+        {"artifact": "kg_statistics", "status": "ok", "outputs": [], "experiments": {}},
+        *({"artifact": a, "status": "ok", "outputs": [], "experiments": {e: k}}
+          for a, e, k in [("misk_table1", "misk_runs", MISK_KEY), ("misk_table3", "misk_runs", MISK_KEY), ("misk_table2", "misk_runs", MISK_KEY),
                         ("coe_table2", "coe_runs", COE_KEY), ("coe_table3", "coe_runs", COE_KEY), ("coe_table5", "coe_runs", COE_KEY),
+                        ("coe_table1", "coe_runs", COE_KEY),
                         ("brink_table7", "brink_methods", BRINK_KEY), ("brink_fig4", "brink_methods", BRINK_KEY),
                         ("awaken_table2", "awaken_task1", AWAKEN_KEY), ("awaken_table4", "awaken_task1", AWAKEN_KEY),
                         ("awaken_table3", "unseen_entity", UNSEEN_KEY),
-                        ("brink_table3", "brink_benchmarks", "b" * 64), ("misk_fig3", "misk_runs", "c" * 64)]])
+                        ("brink_table3", "brink_benchmarks", "b" * 64), ("misk_fig3", "misk_runs", "c" * 64),
+                        ("new_study_fig1", "new_runs", "d" * 64), ("format_tax", "format_tax_runs", FORMAT_TAX_KEY),
+                        ("brink_appj", "brink_methods", BRINK_KEY), *JCQL_ARTEFACTS,
+                        *AWAKEN_MORE])])
     return kgrag_nb.report.build_report("r-i", cfg=cfg, items_per_page=per_page), cfg
 
 
@@ -698,8 +715,22 @@ def test_item_pages_of_real_misk_and_coe_records(tmp_path):
     assert '<a href="items/misk_table1/1-1.html">Natural Questions (nq)</a>: 3 items, 10 methods, 1 page' in sec("misk_table1")
     assert '<a href="items/misk_table3/1-1.html">medical questions (Chinese) (med)</a>: 2 items, 10 methods' in sec("misk_table3")
     assert '<a href="items/coe_table2/1-1.html">questions, irrelevant condition</a>: 2 items' in sec("coe_table2")
-    assert "this artefact has no per-item records" in sec("misk_table2")
-    assert "no per-item reader for this artefact" in sec("brink_table3")
+    assert "No item pages: Table 2 counts the knowledge bases&#x27; text chunks" in sec("misk_table2")
+    assert "No item pages: It counts each KG&#x27;s entities" in sec("kg_statistics")
+    # the closed-book baseline runs no experiment: its items come from its own per-question table (3 CWQ questions)
+    assert '<a href="items/closed_book_baseline/1-1.html">cwq questions</a>: 3 items, 1 methods' in sec("closed_book_baseline")
+    cb = (site / "items/closed_book_baseline/1-1.html").read_text()
+    assert ("<dt>gold</dt><dd>Belmont University</dd>" in cb and
+            '<td class="raw">In Paris</td><td>n/p</td><td class="n">no</td><td class="n">no</td><td class="note">answerable (Step 1): no</td>' in cb)
+    # CoE Table 1: App. B discrimination of the released samples; the tiny model said yes to every feature of every
+    # variant, so all are judged CoE: as expected for CoE, not for SenP / WordP
+    assert '<a href="items/coe_table1/1-1.html">released samples (App. B discrimination)</a>: 2 items, 3 methods' in sec("coe_table1")
+    c1 = (site / "items/coe_table1/1-1.html").read_text()
+    assert ('<tr><td>CoE</td><td class="raw">intent &#x27;Location of school&#x27;: yes | keywords &#x27;Sunyani West District&#x27;: yes</td>'
+            '<td class="raw">CoE</td><td>ok</td><td class="y">yes</td>') in c1
+    assert c1.count('<td class="raw">CoE</td><td>ok</td><td class="n">no</td>') == 4  # SenP and WordP of both samples
+    assert "no per-item reader for this artefact" in sec("new_study_fig1")
+    assert "No item pages: Table 3 counts the benchmarks&#x27; triples and questions" in sec("brink_table3")
     assert "are not in" in sec("misk_fig3") and "rerun the artefact" in sec("misk_fig3")
     nq = (site / "items/misk_table1/1-1.html").read_text()
     assert "who performed the first c section in 1794" in nq and "<dd>Dr. Jesse Bennett</dd>" in nq
@@ -744,9 +775,142 @@ def test_item_pages_of_real_misk_and_coe_records(tmp_path):
         assert re.search(r'<tr><td>No RAG</td><td class="raw">not recorded</td><td class="raw">JFK \| [^<]*</td><td>n/p</td>'
                          r'<td class="n">no</td><td class="y">yes</td><td class="note">counted in this table: ' + counted
                          + '; samples correct: 0000100000</td></tr>', item), item[:3000]
+    # App. J: RoG, trained paths, ToG and k-NN in both settings; family-000029's RoG answer on the complete KG is wrong and
+    # RoG showed no path from the topic entity to a gold answer: a retrieval failure
+    assert '<a href="items/brink_appj/1-1.html">family test questions</a>: 3 items, 8 methods' in sec("brink_appj")
+    aj = (site / "items/brink_appj/1-1.html").read_text()
+    assert "<th>Hits@Any</th><th>retrieval failure</th><th>details</th>" in aj
+    assert re.search(r'<tr><td>rog · complete</td>[^\n]*?<td class="n">no</td><td class="y">yes</td><td class="note">[^<]*App. J label: retrieval</td>', aj)
     t3 = (site / "items/awaken_table3/1-1.html").read_text()  # unseen entities: the No-RAG call's raw samples start ' George Herbert'
     assert re.search(r'<tr><td>No RAG</td><td class="raw"> George Herbert \| [^<]*</td><td class="raw">George Herbert \| ', t3)
     assert re.search(r'<a href="\.\./traces/WebQTest-1686[^"]+">14 records', t3)
+
+
+def _section(page: str, aid: str) -> str:
+    s = page[page.index(f'<section id="art-{aid}">'):]
+    return s[:s.index("</section>")]
+
+
+def test_item_pages_of_real_jcql_records(tmp_path):
+    "JCQL's KBQA questions (Tables 2-4) and KBC test triples (Tables 1, 9, Fig. 2) get item pages from the real tiny"
+    " jcql_kbqa / jcql_kbc records; its aggregates (Figs. 3-5, Table 8) say in one line why they have none."
+    index, cfg = _items_run(tmp_path)
+    page, site = index.read_text(), index.parent
+    for aid, link in [("jcql_table2", "CWQ test questions, 50% KB</a>: 1 items, 7 methods"),
+                      ("jcql_table3", "CWQ test questions, 50% KB</a>: 1 items, 3 methods"),
+                      ("jcql_table4", "CWQ test questions, 50% KB</a>: 1 items, 7 methods"),
+                      ("jcql_table1", "KBC test triples, 50% KB</a>: 10 items, 10 methods"),
+                      ("jcql_table9", "KBC test triples, 50% KB</a>: 10 items, 4 methods"),
+                      ("jcql_fig2", "special test triples, cwq 50% KB</a>: 1 items, 3 methods")]:
+        assert f'<a href="items/{aid}/1-1.html">{link}, 1 page' in _section(page, aid), aid
+    for aid, why in [("jcql_fig3", "Fig. 3 is a KBC ranking curve"), ("jcql_fig4", "Fig. 4 times Algorithm 1"),
+                     ("jcql_fig5", "Fig. 5 keeps MRR / Hits@k per replay size"), ("jcql_table8", "Table 8 counts GoG")]:
+        assert f"No item pages: {why}" in _section(page, aid) and "items/" not in _section(page, aid), aid
+    t2 = (site / "items/jcql_table2/1-1.html").read_text()
+    assert "<dt>question</dt><dd>What movie featuring Taylor Swift was produced by Billy Ray Cyrus?</dd>" in t2
+    assert "<dt>gold</dt><dd>Hannah Montana: The Movie</dd>" in t2
+    # the agent (L = 2 in the tiny profile) searched twice and never wrote Finish: raw = its last step, nothing parsed, failed
+    assert ('<tr><td>jcql</td><td class="raw"> I would like to watch this movie.\nAction 2: Search[Hannah Montana, Taylor Swift]</td>'
+            '<td class="raw"><span class="nr">n/r</span></td><td>failed</td><td class="n">no</td>') in t2
+    assert "failure: no Finish within L steps" in t2
+    # CoT's answer line parsed to '"T Miley Cyrus"' (not the gold): ok, Hits@1 no
+    assert re.search(r'<tr><td>jcql cot</td><td class="raw"> [^<]*So the answer is &quot;T Miley Cyrus&quot;.</td>'
+                     r'<td class="raw">&quot;T Miley Cyrus&quot;</td><td>ok</td><td class="n">no</td>', t2)
+    (name, n), = re.findall(r'<a href="\.\./traces/([^"]+)">(\d+) records', t2)
+    recs = [json.loads(l) for l in (site / "items/traces" / name).read_text().splitlines()]
+    assert int(n) == len(recs) == 19  # 21 calls in the trace file, 2 of them Algorithm 1's training question
+    assert {r["question_id"] for r in recs} == {"WebQTest-538_3c662be721b9c2107f0dd05ba38cf729"}
+    assert {r["method"] for r in recs} == {"jcql io", "jcql cot", "jcql sc", "jcql tog", "jcql", "jcql w/o generate", "jcql w/o complete"}
+    t3 = (site / "items/jcql_table3/1-1.html").read_text()
+    assert re.findall(r"<tr><td>(jcql[^<]*)</td><td class=\"raw\">", t3) == ["jcql", "jcql w/o generate", "jcql w/o complete"]
+    t4 = (site / "items/jcql_table4/1-1.html").read_text()  # a run with no `questions`: the text of the KBC slice's seed question
+    assert "<dt>question</dt><dd>What movie featuring Taylor Swift was produced by Billy Ray Cyrus?</dd>" in t4
+    # SC: three CoT samples = 3 online calls, 4.214 s of cache misses (the run's `miss_time_s`)
+    assert "<th>LLM call</th><th>Time (s)</th><th>Hits@1</th>" in t4 and re.search(
+        r'<tr><td>jcql sc</td>.*?<td>ok</td><td>3</td><td>4.214</td><td class="n">no</td>', t4)
+    k1 = (site / "items/jcql_table1/1-1.html").read_text()
+    assert "<dt>question</dt><dd>(Taylor Swift, people person profession, ?)</dd><dt>gold</dt><dd>Songwriter-GB</dd>" in k1
+    # rank 43 of the gold tail: RR 1/43 = 0.02326, no Hits@1/3/10; parsed: the SLM's filtered top-10 tails (`topk`)
+    assert ('<tr><td>JCQL_T5-small · exact</td><td class="raw">not recorded</td><td class="raw">Utah | Guitar | Marriage | Male | '
+            'Utah County | Country pop | Africa | Country | Pop rock | Country rock</td>'
+            '<td>n/p</td><td>0.02326</td><td class="n">no</td><td class="n">no</td><td class="n">no</td>'
+            '<td class="note">filtered rank: 43;') in k1
+    # (World War II, combatants, ?) -> France at filtered rank 10: 10th of the top-10, Hits@10 yes, Hits@3 no
+    item = k1[k1.index("World War II | military military conflict combatants."):]
+    assert re.search(r'<tr><td>JCQL_T5-small · exact</td><td class="raw">not recorded</td><td class="raw">(?:[^|<]+ \| ){9}France</td>'
+                     r'<td>n/p</td><td>0.1</td><td class="n">no</td><td class="n">no</td><td class="y">yes</td>', item)
+    assert "Random ranking · exact</td><td class=\"raw\">not recorded</td><td class=\"raw\"><span class=\"nr\">n/r</span>" in k1  # no top-k
+    assert "filtered rank: none: the sampled sequences never drew the gold tail (RR 0)" in k1
+    # the per-method summary over the 10 triples equals the experiment's Table 1 row (kbc_results: MRR 0.026541, Hits@10 0.1)
+    assert re.search(r"<tr><td>JCQL_T5-small · exact</td><td>10</td><td>0</td><td>0</td><td>0</td><td>10</td>"
+                     r"<td>0.0265 \(n=10\)</td><td>0 \(n=10\)</td><td>0 \(n=10\)</td><td>0.1 \(n=10\)</td></tr>", k1)
+    assert "Random ranking · exact" not in (site / "items/jcql_table9/1-1.html").read_text()
+    f2 = (site / "items/jcql_fig2/1-1.html").read_text()  # oracle fine-tuning moved the gold tail from rank 37 to 33
+    assert "<td>0.0303</td>" in f2 and "filtered rank: 33" in f2 and f2.count("filtered rank: 37") == 2
+
+
+def test_jcql_items_show_jcql_with_each_other_llm(tmp_path):
+    "Table 2's JCQL_<LLM> rows: JCQL run with another LLM (`llm_predictions`, its own trace file) is one more output of the"
+    " question, named by its LLM, with that LLM's calls in the trace; Table 3 (the main LLM's ablations) leaves it out."
+    from kgrag_nb import jcql
+    xp = tmp_path / "jcql_kbqa" / KBQA_KEY[:16]
+    shutil.copytree(ITEMS_DATA / "experiments/jcql_kbqa" / KBQA_KEY[:16], xp)
+    main = next(r for r in json.loads((xp / "predictions.json").read_text()) if r["method"] == "jcql")
+    other = {**main, "llm": "org/Other-7B", "answer": "Hannah Montana: The Movie", "ranked": ["Hannah Montana: The Movie"], "hits1": 1.0,
+             "failure": None, "finished": True, "steps_repaired": 1, "n_steps": 1, "steps_ok": 1}
+    (xp / "llm_predictions.json").write_text(json.dumps([other]))
+    step = {"question_id": main["id"], "method": "jcql", "stage": "step 1", "completion": " Thought 1: x\nAction 1: Finish[Hannah Montana: The Movie]"}
+    (xp / "traces" / jcql.trace_file("cwq", "50% KB", "org/Other-7B")).write_text(json.dumps(step) + "\n")
+    res = {"jcql_kbqa": kgrag_nb.report.ExperimentResults(xp)}
+    it = kgrag_nb.report.jcql_qa_items("jcql_table2", res, get_config())[0].items[0]
+    o = it["outputs"]["jcql (org/Other-7B)"]
+    assert (o["raw"], o["parsed"], o["status"], o["correct"]) == (step["completion"], "Hannah Montana: The Movie", "repaired", {"Hits@1": True})
+    assert it["outputs"]["jcql"]["status"] == "failed" and len(it["outputs"]) == 8
+    assert len(it["trace"]) == 20 and it["trace"][-1]["llm"] == "org/Other-7B" and "llm" not in it["trace"][0]
+    t3 = kgrag_nb.report.jcql_qa_items("jcql_table3", res, get_config())[0].items[0]
+    assert list(t3["outputs"]) == ["jcql", "jcql w/o generate", "jcql w/o complete"]
+
+
+def test_item_pages_of_every_awakening_task1_artefact(tmp_path):
+    "Figs. 1, 5-7 and Tables 7, 8/9, 11 of awakening Task 1 read the same answers as Tables 2 and 4, each with its own rows"
+    " (types, query, temperature, model) and the questions each row counts."
+    index, cfg = _items_run(tmp_path)
+    page, site = index.read_text(), index.parent
+    for aid, methods in [("awaken_fig1", 5), ("awaken_fig5", 5), ("awaken_fig6", 6), ("awaken_table7", 6), ("awaken_table8_9", 1),
+                         ("awaken_table11", 12)]:
+        assert (f'<a href="items/{aid}/1-1.html">Step-1-unanswerable CWQ questions</a>: 2 items, {methods} methods, 1 page'
+                in _section(page, aid)), aid
+    assert "No item pages: no item of this run enters the artefact&#x27;s rows" in _section(page, "awaken_fig7")  # no T7 passed probing
+    t89 = (site / "items/awaken_table8_9/1-1.html").read_text()
+    assert "<th>Hits@1</th><th>details</th>" in t89 and "Hits@10" not in t89  # Tables 8/9 report F, Hits@1 and hops only
+    assert "knowledge: Inglourious Basterds, country, France; NLI probing: False, True, False (ok, ok, ok); hops to answer: 1" in t89
+    t7 = (site / "items/awaken_table7/1-1.html").read_text()
+    # min_true = 1: WebQTest-743's T6 knowledge passed QA probing (True x3) but not NLI (False x3): only the qa/original block
+    assert ('<tr><td>A_q-R_x-Z-R_x-B (T6)</td><td class="raw">not recorded</td>' in t7 and
+            "counted in: qa/original; samples correct: 0000000000; knowledge: John F. Kennedy, gender, Male; Ted Kennedy, gender, Male;"
+            " NLI probing: False, False, False (ok, ok, ok); QA probing: True, True, True (ok, ok, ok)" in t7)
+    t11 = (site / "items/awaken_table11/1-1.html").read_text()
+    assert "<td>No RAG · A_q-R_q^1-B query</td>" in t11 and "<td>No RAG · A_q-R_q^1 query</td>" in t11
+    f6 = (site / "items/awaken_fig6/1-1.html").read_text()
+    assert "<td>gemma-3-270m-q4_k_m · No RAG</td>" in f6  # rows per model
+
+
+def test_item_pages_of_the_format_tax(tmp_path):
+    "The format tax's per-item records: one set per study, one output per decoding arm, with the study's own metric."
+    index, cfg = _items_run(tmp_path)
+    page, site = index.read_text(), index.parent
+    links = re.findall(r'<a href="items/format_tax/(\d)-1.html">([^<]*)</a>: 1 items, 3 methods', _section(page, "format_tax"))
+    assert links == [(str(i), f"{s}: the parsed step under each decoding")
+                     for i, s in enumerate(("awakening", "unseen_entity", "brink", "jcql", "misk", "coe"), 1)]
+    misk = (site / "items/format_tax/5-1.html").read_text()
+    # NQ question 0: the free arm's verdict was cut at max_tokens (failed, no second retrieval); the constrained one repaired
+    assert "<th>EM (strict, SQuAD-normalised) of the Misk Merged KB answer on NQ</th><th>parsed</th><th>second retrieval fired</th>" in misk
+    assert re.search(r'<tr><td>free</td><td class="raw">- First round answer:[^<]*</td><td class="raw">George Washington</td>'
+                     r'<td>failed</td><td class="n">no</td><td class="n">no</td><td class="n">no</td><td class="note">[^<]*'
+                     r'parse_reason: truncated: no object \(output cut\)', misk)
+    assert '<td class="raw">George Washington</td><td>repaired</td>' in misk and "<dd>Dr. Jesse Bennett</dd>" in misk
+    coe_page = (site / "items/format_tax/6-1.html").read_text()  # CoE: a share of parsed pieces (5 of 7) under free decoding
+    assert "<th>answer contained</th><th>ACC (judge)</th><th>parsed</th>" in coe_page and "<td>0.7143</td>" in coe_page
 
 
 def test_item_pages_are_paged_and_rebuilt(tmp_path):
@@ -780,6 +944,10 @@ def test_item_pages_pass_the_browser_check(browser, tmp_path):
     site = index.parent
     pages = {Path(unquote(urlparse(p).path)).relative_to(site).as_posix() for p in res["pages"]}
     assert {"items/misk_table1/1-1.html", "items/misk_table1/1-3.html", "items/coe_table5/1-3.html"} <= pages
+    assert {"items/jcql_table2/1-1.html", "items/jcql_table4/1-1.html", "items/jcql_table1/1-10.html", "items/jcql_fig2/1-1.html",
+            "items/awaken_fig1/1-2.html", "items/awaken_table7/1-2.html", "items/awaken_table11/1-2.html", "items/format_tax/6-1.html",
+            "items/brink_appj/1-3.html", "items/coe_table1/1-2.html",
+            "items/closed_book_baseline/1-3.html"} <= pages
     assert len([p for p in pages if p.startswith("items/")]) == len(list((site / "items").rglob("*.html")))
     traces = [f for f in res["files"] if "/items/traces/" in f]
     assert len(traces) == len(list((site / "items/traces").iterdir())) > 0
@@ -810,6 +978,32 @@ def test_a_page_of_500_items_stays_small(browser, tmp_path):
     assert browser.eval("Array.from(document.querySelectorAll('a[href^=\"#\"]')).every(a => document.getElementById(a.getAttribute('href').slice(1)))")
     print(f"opened in {opened:.2f} s")
     assert opened < 10  # a shared CI machine: the measured time is printed above
+
+
+@pytest.mark.parametrize("aid, eid, key", [("jcql_table1", "jcql_kbc", KBC_KEY), ("jcql_table2", "jcql_kbqa", KBQA_KEY),
+                                           ("awaken_table11", "awaken_task1", AWAKEN_KEY)])
+def test_500_items_of_the_new_adapters_stay_small(tmp_path, aid, eid, key):
+    "The new adapters' real items (KBC triples with ten model rows and their top-10, KBQA questions with seven methods'"
+    " raw outputs, awakening's twelve rows) repeated to 500: one page under 4 MB, pages of 100 under 1 MB (sizes printed)."
+    res = {eid: kgrag_nb.report.ExperimentResults(ITEMS_DATA / "experiments" / eid / key[:16])}
+    s = kgrag_nb.report.ITEM_ADAPTERS[aid](aid, res, get_config())[0]
+    many = ItemSet(s.title, s.metrics, [dict(s.items[i % len(s.items)], item_id=f"{s.items[i % len(s.items)]['item_id']}-{i}")
+                                        for i in range(500)], s.status_of, s.notes)
+    write_item_pages(aid, [check_items(many)], tmp_path / "one", per_page=500)
+    write_item_pages(aid, [many], tmp_path / "paged", per_page=100)
+    one = (tmp_path / f"one/items/{aid}/1-1.html").stat().st_size
+    paged = [p.stat().st_size for p in (tmp_path / f"paged/items/{aid}").iterdir()]
+    print(f"\n{aid}: 500 items on one page {one / 1024:.0f} KB; pages of 100 at most {max(paged) / 1024:.0f} KB")
+    assert len(paged) == 5 and one < 4 * 2**20 and max(paged) < 2**20
+
+
+def test_every_registered_artefact_has_item_pages_or_says_why():
+    "No artefact is left with 'no per-item reader yet': each has an adapter (from its experiments or its own files) or a"
+    " one-line reason in `NO_ITEM_PAGES` (an aggregate)."
+    r = kgrag_nb.report
+    assert [a for a in load_registry() if a not in r.ITEM_ADAPTERS and a not in r.NO_ITEM_PAGES and a not in r.FILE_ITEM_ADAPTERS] == []
+    assert not set(r.NO_ITEM_PAGES) & (set(r.ITEM_ADAPTERS) | set(r.FILE_ITEM_ADAPTERS))
+    assert all(len(why) < 250 and "\n" not in why for why in r.NO_ITEM_PAGES.values())
 
 
 def test_a_study_can_write_its_own_items(tmp_path):
