@@ -18,7 +18,7 @@ $(STAMP): settings.ini setup.py tools/llama_wheel.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) tools/llama_wheel.py --install
 	$(PY) -m pip install -q -e ".[cpu,dev]"
-	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (kgrag_nb)"
+	$(PY) -c "from kgrag_nb.reproduce import install_kernelspec; install_kernelspec()"
 	touch $(STAMP)
 
 setup: $(STAMP)

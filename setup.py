@@ -15,6 +15,7 @@ setuptools.setup(
     python_requires=">=" + c["min_python"],
     install_requires=req("requirements"),
     extras_require={"cpu": req("cpu_requirements"), "gpu": req("gpu_requirements"), "dev": req("dev_requirements")},
-    entry_points={"console_scripts": req("console_scripts"), "kgrag_nb.studies": req("study_modules"), "nbdev": [f"{c['lib_path']}={c['lib_path']}._modidx:d"]},
+    entry_points={"console_scripts": req("console_scripts"), "kgrag_nb.studies": req("study_modules"),
+                  "jupyter_client.kernel_provisioners": req("kernel_provisioners"), "nbdev": [f"{c['lib_path']}={c['lib_path']}._modidx:d"]},
     zip_safe=False,
 )

@@ -9,12 +9,15 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
+from importlib.metadata import entry_points
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import pandas as pd
 import yaml
+from ipykernel import kernelspec as ipykernel_spec
 from jupyter_client.manager import AsyncKernelManager
+from jupyter_client.provisioning import LocalProvisioner
 from tqdm.auto import tqdm
 from traitlets import CaselessStrEnum, default
 
@@ -26,13 +29,14 @@ from .serve import LOOPBACK, STUB_MODEL, STUB_NOTE, EmbeddedServer, free_port, s
 
 # %% auto #0
 __all__ = ['MAX_REGISTRY_BYTES', 'MAX_REGISTRY_NODES', 'SAFE_ID', 'RUNNER_PARAMETERS', 'STUDY_PARAMETERS', 'FIXED_PDF_METADATA',
-           'LATEX_ESCAPES', 'CELL_TIMEOUT_S', 'KERNEL_NICENESS', 'PARAMETER_MINIMUM', 'RUN_ID', 'DECODING_DEVIATIONS',
-           'NOTEBOOK_RUN', 'Artifact', 'is_safe_id', 'parameters_of', 'load_registry', 'load_experiments',
-           'experiments_for', 'select_artifacts', 'check_study_notebooks', 'save_figure', 'markdown_table',
-           'latex_escape', 'table_facts', 'latex_table', 'save_table', 'code_version', 'experiment_key',
-           'experiment_dir', 'ExperimentResults', 'save_result', 'peak_rss_mb', 'StudyRun', 'ExperimentRun',
-           'effective_parameters', 'llm_identity', 'experiment_llm', 'plan_experiments', 'kernel_socket_dir',
-           'NiceKernelManager', 'run_notebook', 'ensure_experiment', 'check_parameter_range', 'check_overrides',
+           'LATEX_ESCAPES', 'CELL_TIMEOUT_S', 'KERNEL_NICENESS', 'KERNEL_PROVISIONER', 'KERNEL_NAME',
+           'PARAMETER_MINIMUM', 'RUN_ID', 'DECODING_DEVIATIONS', 'NOTEBOOK_RUN', 'Artifact', 'is_safe_id',
+           'parameters_of', 'load_registry', 'load_experiments', 'experiments_for', 'select_artifacts',
+           'check_study_notebooks', 'save_figure', 'markdown_table', 'latex_escape', 'table_facts', 'latex_table',
+           'save_table', 'code_version', 'experiment_key', 'experiment_dir', 'ExperimentResults', 'save_result',
+           'peak_rss_mb', 'StudyRun', 'ExperimentRun', 'effective_parameters', 'llm_identity', 'experiment_llm',
+           'plan_experiments', 'kernel_socket_dir', 'kernel_socket_prefix', 'NiceKernelManager', 'run_notebook',
+           'ensure_experiment', 'IPCProvisioner', 'install_kernelspec', 'check_parameter_range', 'check_overrides',
            'git_sha', 'new_run_id', 'mark_abandoned', 'mark_abandoned_runs', 'check_run_id', 'redact_url',
            'url_secrets', 'scrub_secrets', 'config_environment', 'check_run_options', 'reproduce',
            'register_decoding_deviation', 'profile_values', 'notebook_run_id', 'start_notebook_run', 'end_notebook_run']
@@ -856,6 +860,11 @@ def kernel_socket_dir() -> Path:
                               "remove it, or set TMPDIR to a folder of your own")
     return d
 
+def kernel_socket_prefix() -> str:
+    "A new kernel's IPC address: its sockets are `<prefix>-<port>` files in `kernel_socket_dir` (short paths: a unix"
+    " socket's path has at most 107 bytes)."
+    return str(kernel_socket_dir() / uuid.uuid4().hex[:12])
+
 class NiceKernelManager(AsyncKernelManager):
     "nbclient's kernel manager: kernels started under `nice -n KERNEL_NICENESS` (as before when 0 or no `nice`) that talk"
     " over IPC (unix sockets in `kernel_socket_dir`, reachable by this user only) instead of loopback TCP, on which every"
@@ -864,7 +873,7 @@ class NiceKernelManager(AsyncKernelManager):
 
     @default("ip")
     def _socket_prefix(self) -> str:  # IPC: the socket files are `<prefix>-<port>`, removed when the kernel is cleaned up
-        return str(kernel_socket_dir() / uuid.uuid4().hex[:12]) if self.transport == "ipc" else super()._ip_default()
+        return kernel_socket_prefix() if self.transport == "ipc" else super()._ip_default()
 
     async def _async_launch_kernel(self, kernel_cmd: list, **kw):
         if KERNEL_NICENESS and shutil.which("nice"): kernel_cmd = ["nice", "-n", str(int(KERNEL_NICENESS)), *kernel_cmd]
@@ -879,7 +888,7 @@ def run_notebook(study: Artifact,  # the registry entry
     out.parent.mkdir(parents=True, exist_ok=True)
     t0, error = time.time(), None
     try:
-        pm.execute_notebook(str(cfg.root / study.notebook), str(out), parameters=params, kernel_name="python3",
+        pm.execute_notebook(str(cfg.root / study.notebook), str(out), parameters=params, kernel_name=KERNEL_NAME,
                             cwd=str(cfg.root), execution_timeout=cell_timeout, progress_bar=False, log_output=False,
                             kernel_manager_class=NiceKernelManager)
     except Exception as exc:  # papermill wraps the cell's exception; record it and go on
@@ -920,6 +929,39 @@ def ensure_experiment(exp_id: str, profile: str, cfg: Config | None = None, llm_
 def _write_plan(p: dict, eid: str):
     p["path"].mkdir(parents=True, exist_ok=True)
     write_json_atomic(p["path"] / "_PLAN.json", dict(id=eid, key=p["key"], params=p["params"], uses=p["uses"]))
+
+# %% ../nbs/07_reproduce.ipynb #c037a
+KERNEL_PROVISIONER = "kgrag-ipc"  # the name of `IPCProvisioner` among the entry points `jupyter_client.kernel_provisioners`
+KERNEL_NAME = "python3"  # the kernelspec the study notebooks name, and the runner's (`run_notebook`)
+
+class IPCProvisioner(LocalProvisioner):
+    "jupyter_client's local provisioner, with the kernel's connection over IPC: unix sockets at `kernel_socket_prefix()`,"
+    " reachable by this user only, instead of loopback TCP (on which ipykernel warns that the kernel runs without"
+    " encryption). The venv's `python3` kernelspec names it (`install_kernelspec`), so every client that starts that"
+    " kernel uses it: plain `papermill`, `jupyter nbconvert --execute`, JupyterLab's server and the runner. A kernel"
+    " manager already set to IPC (`NiceKernelManager`), a restart (the connection file is kept) and platforms without unix"
+    " sockets are left as they are."
+    async def pre_launch(self, **kw) -> dict:
+        km = self.parent
+        if km is not None and os.name == "posix" and km.transport == "tcp" and not km._connection_file_written:
+            km.transport, km.ip = "ipc", kernel_socket_prefix()  # the connection file the kernel reads says so
+            km.cache_ports = False  # TCP port reservations: none to make (or return) for sockets that are files
+        return await super().pre_launch(**kw)
+
+def install_kernelspec(prefix: str | Path = sys.prefix,  # the environment (`<prefix>/share/jupyter/kernels/<name>`)
+                       name: str = KERNEL_NAME,
+                       display_name: str = "Python 3 (kgrag_nb)") -> Path:
+    "Install ipykernel's kernelspec for this Python under `prefix` (as `python -m ipykernel install --prefix`) with"
+    " `metadata.kernel_provisioner` naming `IPCProvisioner`; `make setup` runs it. Returns the kernelspec's folder."
+    " RuntimeError when the provisioner's entry point is not installed (the kernel could not start at all)."
+    if not entry_points(group="jupyter_client.kernel_provisioners", name=KERNEL_PROVISIONER):
+        raise RuntimeError(f"the kernel provisioner {KERNEL_PROVISIONER!r} is not registered (entry points "
+                           "jupyter_client.kernel_provisioners): run `pip install -e .` in this checkout first")
+    dest = Path(ipykernel_spec.install(kernel_name=name, display_name=display_name, prefix=str(prefix)))
+    spec = json.loads((dest / "kernel.json").read_text())
+    spec.setdefault("metadata", {})["kernel_provisioner"] = {"provisioner_name": KERNEL_PROVISIONER}
+    write_text_atomic(dest / "kernel.json", json.dumps(spec, indent=1) + "\n")
+    return dest
 
 # %% ../nbs/07_reproduce.ipynb #c039
 PARAMETER_MINIMUM = {"max_tokens": 1, "n_samples": 1, "n_questions": 1, "seed": 0}  # whole numbers of at least this, by name

@@ -4,6 +4,8 @@ A notebook executed outside the runner (its `run_dir` is None) records itself as
 `runs/nb-<id>-<UTC time>-<pid>/` with a manifest, so `kgrag report` finds its artefact; it takes its profile's values
 from studies.yaml for every parameter left at the notebook's own default, and computes or reuses the experiments it
 reads. The run's decoding is the run's: recorded once in provenance, its deviation line added by `StudyRun.deviations`.
+Its kernel talks over IPC, as the runner's do: the venv's python3 kernelspec names the project's IPC provisioner, so
+ipykernel prints no "running over TCP without encryption" warning (papermill, nbconvert and Jupyter servers alike).
 """
 import json, os, subprocess, sys, time
 from pathlib import Path
@@ -17,6 +19,7 @@ from kgrag_nb.reproduce import code_version
 ROOT = get_config().root
 PAPERMILL = [sys.executable, "-m", "papermill"]
 KGRAG = str(Path(sys.executable).parent / "kgrag")  # the console script
+TCP_WARNING = "without encryption"  # ipykernel's "Kernel is running over TCP without encryption." (kernelapp.init_sockets)
 RUNNER = 'profile = "smoke"\nrun_dir = None\nllm_url = None\nmodel = None\nexperiment_dirs = {}\n'
 
 
@@ -85,6 +88,7 @@ def test_plain_papermill_runs_are_runs_the_report_finds(tmp_path):
     code0 = code()
     p, _ = _papermill(root / "nbs/studies/experiments/exp.ipynb", tmp_path / "exp.out.ipynb", env, root, "-p", "profile", "tiny")
     assert p.returncode == 0, p.stderr[-3000:]
+    assert TCP_WARNING not in p.stdout + p.stderr  # the kernel talked over IPC (the venv's python3 kernelspec)
     (exp_id, exp_run), = _runs(tmp_path).items()
     assert exp_id.startswith("nb-exp-") and exp_run["status"] == "finished" and exp_run["profile"] == "tiny"
     e = exp_run["experiments"][0]
@@ -135,6 +139,7 @@ def test_study_notebooks_run_with_plain_papermill_on_the_embedded_server(tmp_pat
     assert p.returncode == 0, p.stderr[-3000:]
     p2, t_art = _papermill(art_nb, tmp_path / "awaken_table3.ipynb", env, ROOT, "-p", "profile", "tiny")
     assert p2.returncode == 0, p2.stderr[-3000:]
+    assert TCP_WARNING not in p.stdout + p.stderr + p2.stdout + p2.stderr
     print(f"plain papermill at tiny: unseen_entity {t_exp:.1f} s, awaken_table3 {t_art:.1f} s")
     runs = _runs(tmp_path)
     (exp_run,) = [m for r, m in runs.items() if r.startswith("nb-unseen_entity-")]
@@ -173,11 +178,120 @@ def test_ensure_experiment_keys_an_llm_experiment_as_the_runner_does(tmp_path):
 @pytest.mark.slow
 def test_nbconvert_with_the_runners_kernel_manager_has_no_tcp_warning(tmp_path):
     "`jupyter nbconvert --execute` with `NiceKernelManager` talks to its kernel over IPC: no 'without encryption' warning."
-    " (Plain `papermill` offers no way to choose the kernel manager: its kernels use loopback TCP, and ipykernel warns.)"
     nb = tmp_path / "t.ipynb"
     _notebook(nb, [("print(6 * 7)", [])])
     p = subprocess.run([str(Path(sys.executable).parent / "jupyter"), "nbconvert", "--to", "notebook", "--execute", str(nb),
                         "--output", "t.out.ipynb", "--ExecutePreprocessor.kernel_manager_class=kgrag_nb.reproduce.NiceKernelManager"],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and "42" in (tmp_path / "t.out.ipynb").read_text(), p.stderr[-2000:]
-    assert "without encryption" not in p.stdout + p.stderr
+    assert TCP_WARNING not in p.stdout + p.stderr
+
+
+# what the kernel says about its own connection, and the socket files it leaves
+CONN = ("import ipykernel, json\nc = json.loads(ipykernel.get_connection_info())\n"
+        "print('transport=' + c['transport'])\nprint('ip=' + c['ip'])")
+
+
+def _connection(executed: Path) -> dict:
+    outs = "".join(o.get("text", "") for c in nbformat.read(str(executed), as_version=4).cells for o in c.get("outputs", []))
+    return dict(line.split("=", 1) for line in outs.splitlines() if "=" in line)
+
+
+def _assert_ipc(conn: dict, out: str):
+    from kgrag_nb.reproduce import kernel_socket_dir
+    assert conn.get("transport") == "ipc", conn
+    assert Path(conn["ip"]).parent == kernel_socket_dir(), conn  # a private folder of this user
+    assert not list(Path(conn["ip"]).parent.glob(Path(conn["ip"]).name + "-*"))  # sockets removed with the kernel
+    assert TCP_WARNING not in out
+
+
+@pytest.mark.slow
+def test_plain_papermill_and_nbconvert_kernels_talk_over_ipc(tmp_path):
+    "Plain `papermill` and `jupyter nbconvert --execute` (no flags) started the venv's python3 kernel on loopback TCP, and"
+    " ipykernel warned 'Kernel is running over TCP without encryption' (defect pinned): the kernelspec that `make setup`"
+    " installs names the project's IPC provisioner."
+    nb = tmp_path / "t.ipynb"
+    _notebook(nb, [(CONN, [])])
+    p = subprocess.run([*PAPERMILL, str(nb), str(tmp_path / "pm.ipynb")], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    _assert_ipc(_connection(tmp_path / "pm.ipynb"), p.stdout + p.stderr)
+    p = subprocess.run([str(Path(sys.executable).parent / "jupyter"), "nbconvert", "--to", "notebook", "--execute", str(nb),
+                        "--output", "nbc.ipynb"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    _assert_ipc(_connection(tmp_path / "nbc.ipynb"), p.stdout + p.stderr)
+
+
+def _execute_over_websocket(base: str, token: str, kernel_id: str, code: str) -> str:
+    "Run `code` in a kernel of a Jupyter server as JupyterLab does (the kernel's channels over a websocket); its stdout."
+    import uuid, websocket  # websocket-client (dev requirement)
+    ws = websocket.create_connection(f"ws://{base}/api/kernels/{kernel_id}/channels?token={token}", timeout=120)
+    msg_id = uuid.uuid4().hex
+    ws.send(json.dumps({"header": {"msg_id": msg_id, "username": "test", "session": uuid.uuid4().hex, "msg_type": "execute_request",
+                                   "version": "5.3"}, "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+                        "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
+                                    "allow_stdin": False, "stop_on_error": True}}))
+    out = ""
+    try:
+        while True:
+            m = json.loads(ws.recv())
+            if m.get("parent_header", {}).get("msg_id") != msg_id: continue
+            if m["msg_type"] == "stream": out += m["content"]["text"]
+            if m["msg_type"] == "error": raise AssertionError(m["content"])
+            if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle": return out  # after its outputs
+    finally: ws.close()
+
+
+@pytest.mark.slow
+def test_jupyter_server_kernels_talk_over_ipc(tmp_path):
+    "A kernel that JupyterLab opens (through its Jupyter server) used loopback TCP and warned 'without encryption' in the"
+    " server's log (defect pinned): the server's kernels use the python3 kernelspec's IPC provisioner too."
+    import httpx
+    from kgrag_nb.serve import free_port
+    port, token = free_port(), "t" + os.urandom(8).hex()
+    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"))
+    log = (tmp_path / "server.log").open("w")
+    srv = subprocess.Popen([str(Path(sys.executable).parent / "jupyter"), "server", "--no-browser", f"--port={port}",
+                            "--ip=127.0.0.1", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}",
+                            *(["--allow-root"] if os.getuid() == 0 else [])],
+                           env=env, stdout=log, stderr=subprocess.STDOUT)
+    base, h = f"127.0.0.1:{port}", {"Authorization": f"token {token}"}
+    try:
+        for _ in range(240):
+            assert srv.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
+            try:
+                if httpx.get(f"http://{base}/api/status", headers=h).status_code == 200: break
+            except httpx.HTTPError: pass
+            time.sleep(0.5)
+        k = httpx.post(f"http://{base}/api/kernels", headers=h, json={"name": "python3"}, timeout=120).json()
+        conn = dict(line.split("=", 1) for line in _execute_over_websocket(base, token, k["id"], CONN).splitlines())
+        # JupyterLab's "Restart Kernel": the new kernel process reads the same connection file, IPC again
+        assert httpx.post(f"http://{base}/api/kernels/{k['id']}/restart", headers=h, timeout=120).status_code == 200
+        again = dict(line.split("=", 1) for line in _execute_over_websocket(base, token, k["id"], CONN).splitlines())
+        assert again == conn, (again, conn)
+        assert httpx.delete(f"http://{base}/api/kernels/{k['id']}", headers=h, timeout=120).status_code == 204
+    finally:
+        srv.terminate(); srv.wait(60); log.close()
+    _assert_ipc(conn, (tmp_path / "server.log").read_text())
+
+
+def test_install_kernelspec_names_the_ipc_provisioner(tmp_path):
+    "The kernelspec `make setup` installs names a provisioner registered under jupyter_client's entry points."
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.provisioning import KernelProvisionerFactory
+    from kgrag_nb.reproduce import IPCProvisioner, install_kernelspec
+    dest = install_kernelspec(prefix=tmp_path)
+    assert dest == tmp_path / "share/jupyter/kernels/python3"
+    spec = KernelSpecManager(kernel_dirs=[str(tmp_path / "share/jupyter/kernels")]).get_kernel_spec("python3")
+    assert spec.display_name == "Python 3 (kgrag_nb)" and spec.argv[0] == sys.executable and "{connection_file}" in spec.argv
+    name = spec.metadata["kernel_provisioner"]["provisioner_name"]
+    assert KernelProvisionerFactory.instance().provisioners[name].load() is IPCProvisioner
+    assert install_kernelspec(prefix=tmp_path) == dest  # installing again replaces it
+
+
+def test_install_kernelspec_refuses_without_the_provisioner_registered(tmp_path, monkeypatch):
+    "A kernelspec naming an unregistered provisioner would stop every python3 kernel from starting: refused, with the fix."
+    import kgrag_nb.reproduce as rp
+    monkeypatch.setattr(rp, "entry_points", lambda **kw: [])  # as before `pip install -e .` registered it
+    with pytest.raises(RuntimeError, match=r"'kgrag-ipc' is not registered .*run `pip install -e \.`"):
+        rp.install_kernelspec(prefix=tmp_path)
+    assert not (tmp_path / "share").exists()
