@@ -185,14 +185,14 @@ def _exit_with_owner(every_s: float = 1.0):
 
 # %% ../nbs/04_serve.ipynb #snap1
 PROMPT_SNAPSHOTS = 512  # snapshots kept (LRU): a smoke run repeats a prompt up to ~250 distinct prompts later (measured)
-SNAPSHOT_BUDGET_MB = 1024  # and at most this many MB of them (about 18 KB of state per token, plus 1 MB of logits for a whole prompt)
+SNAPSHOT_BUDGET_MB = 2048  # and at most this many MB of them (18,456 bytes of state per token, plus 1 MB of logits for a whole prompt; chosen by replay, see above)
 CHUNK_TOKENS = EMBEDDED_CHUNK_TOKENS  # B: every prompt is evaluated in chunks that end at multiples of B (chosen by measurement, see above)
 
 def chunk_spans(start: int,  # position of the first token to evaluate (tokens before it are in the KV cache)
                 n: int,  # tokens to evaluate
                 chunk: int = CHUNK_TOKENS) -> list[tuple[int, int]]:  # B
-    "Positions `[a, b)` of the chunks that evaluate positions `start .. start+n-1`: each chunk ends at the next multiple"
-    " of `chunk`, the last one at the end. The grouping depends on the positions alone, never on what was cached."
+    ("Positions `[a, b)` of the chunks that evaluate positions `start .. start+n-1`: each chunk ends at the next multiple"
+     " of `chunk`, the last one at the end. The grouping depends on the positions alone, never on what was cached.")
     if int(chunk) < 1: raise ValueError(f"chunk={chunk}: give the chunk length in tokens (>= 1)")
     spans, a, end = [], int(start), int(start) + int(n)
     while a < end:
@@ -204,14 +204,18 @@ def reusable_boundary(shared: int,  # leading tokens the prompt shares with a sn
                       n: int,  # the prompt's length in tokens
                       chunk: int = CHUNK_TOKENS,  # B
                       window: int = 0) -> int:  # the model's sliding window (`llama_model_n_swa`); 0 = none
-    "The deepest chunk boundary a prompt of `n` tokens may restore: a multiple of `chunk`, at most `shared`, below `n` (one"
-    " token at least is evaluated, for the logits) and below `window` (llama.cpp restores a state with its slot search at"
-    " cell 0, a live evaluation continues at the end: past the window they place new tokens in different cells)."
+    ("The deepest chunk boundary a prompt of `n` tokens may restore: a multiple of `chunk`, at most `shared`, below `n` (one"
+     " token at least is evaluated, for the logits) and below `window` (llama.cpp restores a state with its slot search at"
+     " cell 0, a live evaluation continues at the end: past the window they place new tokens in different cells).")
     m = min(int(shared), int(n) - 1, int(window) - 1 if window else int(n))
     return max(0, m // int(chunk) * int(chunk))
 
 class PrefixSnapshots:
-    "LRU store of llama.cpp states keyed by their tokens, found by any chunk-boundary prefix (hashes of `tokens[:k*B]`)."
+    ("LRU store of llama.cpp states keyed by their tokens, found by any chunk-boundary prefix (hashes of `tokens[:k*B]`)."
+     " Its cap and its number of states decide only *which* boundary a prompt restores, never what the prompt computes: a"
+     " restored boundary state is the state a from-scratch evaluation has there, and the rest is evaluated in the same"
+     " chunks, so an answer is the same whichever snapshot, or none, is used. Neither is therefore part of the engine"
+     " fingerprint (`llm.engine_fingerprint`): servers with other caps share the cache rows.")
     def __init__(self,
                  chunk: int = CHUNK_TOKENS,  # B
                  max_entries: int = PROMPT_SNAPSHOTS,  # states kept
@@ -254,8 +258,8 @@ class PrefixSnapshots:
         self.entries.move_to_end(key); return snap
 
     def deepest(self, tokens, limit: int) -> tuple[int, tuple | None]:
-        "(m, key): the deepest boundary m <= limit whose prefix `tokens[:m]` a kept state holds, and that state's tokens;"
-        " (0, None) when none. Marks the state recently used."
+        ("(m, key): the deepest boundary m <= limit whose prefix `tokens[:m]` a kept state holds, and that state's tokens;"
+         " (0, None) when none. Marks the state recently used.")
         m, key = 0, None
         for k, d in enumerate(self.digests(tokens, limit), 1):
             holders = self.index.get(d)
@@ -273,8 +277,8 @@ def make_deterministic(target,  # the `llama_cpp.Llama` class (server process) o
                        budget_mb: float = SNAPSHOT_BUDGET_MB,  # the snapshots' memory cap: the oldest go first
                        chunk: int = CHUNK_TOKENS,  # B: chunks end at multiples of B, from scratch too
                       ):
-    "Make every completion of `target` compute what a from-scratch evaluation in `chunk`-token chunks at fixed positions"
-    " computes, and reuse the deepest chunk boundary it shares with a kept state (a repeated prompt: the whole prompt)."
+    ("Make every completion of `target` compute what a from-scratch evaluation in `chunk`-token chunks at fixed positions"
+     " computes, and reuse the deepest chunk boundary it shares with a kept state (a repeated prompt: the whole prompt).")
     import llama_cpp  # only where llama.cpp runs (the server process, or a test that loads the model)
     cls = target if isinstance(target, type) else type(target)
     generate, evaluate = cls.generate, cls.eval
@@ -361,10 +365,10 @@ def run_llama_server(deterministic: bool = True,  # chunked evaluation at fixed 
                      lazy: bool = True,  # check the grammar only on the drawn token first (`lazy_grammar`), as llama.cpp's server does
                      chunk: int = CHUNK_TOKENS,  # deterministic: B
                      budget_mb: float = SNAPSHOT_BUDGET_MB):  # deterministic: the snapshots' memory cap
-    "Entry point of the embedded server process: `llama_cpp.server`, ended when its owner ends, with every prompt evaluated"
-    " in chunks at fixed positions and shared prefixes restored from snapshots, unseeded requests seeded by themselves when"
-    " `deterministic`; bad grammars answered as HTTP 400, abandoned completions stopped, `/v1/models` answered while a"
-    " completion runs, with the engine fingerprint (`kgrag_engine`); `GET /kgrag/engine` gives fingerprint and counters."
+    ("Entry point of the embedded server process: `llama_cpp.server`, ended when its owner ends, with every prompt evaluated"
+     " in chunks at fixed positions and shared prefixes restored from snapshots, unseeded requests seeded by themselves when"
+     " `deterministic`; bad grammars answered as HTTP 400, abandoned completions stopped, `/v1/models` answered while a"
+     " completion runs, with the engine fingerprint (`kgrag_engine`); `GET /kgrag/engine` gives fingerprint and counters.")
     import llama_cpp, llama_cpp.server.__main__ as server_main, llama_cpp.server.errors as server_errors  # only inside the server process (heavy)
     _exit_with_owner()
     if deterministic: make_deterministic(llama_cpp.Llama, snapshots, budget_mb, chunk)

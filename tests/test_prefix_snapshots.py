@@ -166,3 +166,15 @@ def test_the_embedded_server_reports_its_engine_and_its_answers_are_keyed_with_i
     assert cl.key_log.read_text().split() == [request_key("completion", EMBEDDED_MODEL_ALIAS, "Q: What is 2+2?\nA:", prm, 0,
                                                           engine=engine_fingerprint())]
     assert _engine(embedded_server)["fingerprint"] == engine_fingerprint()
+
+
+# ---- documentation ---------------------------------------------------------------------------------------------------
+
+def test_the_snapshot_functions_docstrings_are_whole():
+    ("Pins: a docstring written as string literals on separate lines kept only its first line (`reusable_boundary`'s"
+     " ended in '(one'), so `help()` and the docs showed half a sentence.")
+    from kgrag_nb import serve
+    for f in (serve.chunk_spans, serve.reusable_boundary, serve.PrefixSnapshots, serve.PrefixSnapshots.deepest,
+              serve.make_deterministic, serve.run_llama_server):
+        assert f.__doc__.rstrip().endswith((".", ")")), (f.__qualname__, f.__doc__[-60:])
+    assert "window" in serve.reusable_boundary.__doc__ and "engine fingerprint" in serve.PrefixSnapshots.__doc__
