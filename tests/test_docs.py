@@ -78,7 +78,7 @@ def test_no_notebook_cell_runs_while_the_docs_are_built(tmp_path):
         nbformat.v4.new_code_cell("#| default_exp kg"),
         nbformat.v4.new_code_cell("#| export\nclass KG: pass"),
         nbformat.v4.new_code_cell(f"from pathlib import Path\nPath({str(sentinel)!r}).write_text('ran')")])
-    src = tmp_path / "01_kg.ipynb"
+    src = tmp_path / "03_kg.ipynb"
     nbformat.write(nb, src)
     done = docs_site.process(src, tmp_path / "proc" / src.name)
     assert not sentinel.exists(), "the docs build executed a notebook cell"

@@ -1,4 +1,4 @@
-"""Tests of kgrag_nb.missing (missing_knowledge_rag.txt): verbatim prompt lines, the JSON parser (hand cases and
+"""Tests of kgrag_nb.studies.misk.rag (missing_knowledge_rag.txt): verbatim prompt lines, the JSON parser (hand cases and
 hypothesis fuzzing), multi-KB rules, no leakage, hand-computed metrics, and one `llm` pipeline run on the embedded server."""
 import json, re
 from pathlib import Path
@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kgrag_nb import missing as M
+from kgrag_nb.studies.misk import rag as M
 from kgrag_nb.metrics import exact_match
 
 PROPS = settings(max_examples=150, deadline=None)
@@ -627,7 +627,7 @@ def test_no_typed_calibration_figures_in_prose():
     """The tau comments and the prose around them cited hand-typed agreement figures ("agreement 100.0% on 200 NQ
     pairs"); the figures are cell outputs now (`tau_before_after`, `kind_table`, `calibration_lines`)."""
     root = Path(__file__).resolve().parents[1]
-    cells = json.loads((root / "nbs" / "18_missing.ipynb").read_text(encoding="utf-8"))["cells"]
+    cells = json.loads((root / "nbs" / "studies/misk/01_rag.ipynb").read_text(encoding="utf-8"))["cells"]
     prose = _recall_section_prose(cells)
     assert prose and any("TAU_EN" in p or "tau" in p for p in prose)
     assert not [m.group(0) for p in prose for m in _TYPED_FIGURE.finditer(p)]

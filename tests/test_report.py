@@ -685,7 +685,7 @@ def _items_run(tmp_path, per_page: int = 100) -> tuple[Path, object]:
 
 def _released() -> dict:
     "id -> released CoE record where this checkout's data mirror has them ({} otherwise: the pages then say 'not recorded')."
-    from kgrag_nb import coe
+    from kgrag_nb.studies.coe import evidence as coe
     try: return {r["id"]: r for ds in coe.DATASETS for r in coe.load_released(ds).to_dict("records")}
     except (OSError, KeyError, ValueError): return {}
 

@@ -58,7 +58,7 @@ def markdown_pages(root: Path) -> dict[str, Path]:
 
 
 def out_name(rel: str) -> str:
-    "Where Quarto puts a page: `01_kg.ipynb` -> `kg.html` (nbdev strips the number), `x/README.md` -> `x/README.html`."
+    "Where Quarto puts a page: `03_kg.ipynb` -> `kg.html` (nbdev strips the number), `x/README.md` -> `x/README.html`."
     p = Path(rel)
     if p.suffix == ".ipynb": return str(p.with_name(re.sub(r"^\d+[a-z]?_", "", p.stem) + ".html"))
     return str(p.with_suffix(".html"))
