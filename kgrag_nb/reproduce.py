@@ -25,16 +25,16 @@ from .store import write_json_atomic, write_text_atomic
 from .serve import LOOPBACK, STUB_MODEL, STUB_NOTE, EmbeddedServer, free_port, served_models
 
 # %% auto #0
-__all__ = ['MAX_REGISTRY_BYTES', 'MAX_REGISTRY_NODES', 'SAFE_ID', 'RUNNER_PARAMETERS', 'STUDY_PARAMETERS', 'FIXED_PDF_METADATA',
-           'LATEX_ESCAPES', 'CELL_TIMEOUT_S', 'KERNEL_NICENESS', 'PARAMETER_MINIMUM', 'RUN_ID', 'DECODING_DEVIATIONS',
-           'NOTEBOOK_RUN', 'Artifact', 'is_safe_id', 'parameters_of', 'load_registry', 'load_experiments',
-           'experiments_for', 'select_artifacts', 'check_study_notebooks', 'save_figure', 'markdown_table',
-           'latex_escape', 'table_facts', 'latex_table', 'save_table', 'code_version', 'experiment_key',
-           'experiment_dir', 'ExperimentResults', 'save_result', 'peak_rss_mb', 'StudyRun', 'ExperimentRun',
-           'effective_parameters', 'llm_identity', 'experiment_llm', 'plan_experiments', 'kernel_socket_dir',
-           'NiceKernelManager', 'run_notebook', 'ensure_experiment', 'check_parameter_range', 'check_overrides',
-           'git_sha', 'new_run_id', 'mark_abandoned', 'mark_abandoned_runs', 'check_run_id', 'redact_url',
-           'url_secrets', 'scrub_secrets', 'config_environment', 'check_run_options', 'reproduce',
+__all__ = ['MAX_REGISTRY_BYTES', 'MAX_REGISTRY_NODES', 'SAFE_ID', 'STUDY_FILES', 'RUNNER_PARAMETERS', 'STUDY_PARAMETERS',
+           'FIXED_PDF_METADATA', 'LATEX_ESCAPES', 'CELL_TIMEOUT_S', 'KERNEL_NICENESS', 'PARAMETER_MINIMUM', 'RUN_ID',
+           'DECODING_DEVIATIONS', 'NOTEBOOK_RUN', 'Artifact', 'is_safe_id', 'parameters_of', 'registry_files',
+           'load_registry', 'load_experiments', 'experiments_for', 'select_artifacts', 'check_study_notebooks',
+           'save_figure', 'markdown_table', 'latex_escape', 'table_facts', 'latex_table', 'save_table', 'code_version',
+           'experiment_key', 'experiment_dir', 'ExperimentResults', 'save_result', 'peak_rss_mb', 'StudyRun',
+           'ExperimentRun', 'effective_parameters', 'llm_identity', 'experiment_llm', 'plan_experiments',
+           'kernel_socket_dir', 'NiceKernelManager', 'run_notebook', 'ensure_experiment', 'check_parameter_range',
+           'check_overrides', 'git_sha', 'new_run_id', 'mark_abandoned', 'mark_abandoned_runs', 'check_run_id',
+           'redact_url', 'url_secrets', 'scrub_secrets', 'config_environment', 'check_run_options', 'reproduce',
            'register_decoding_deviation', 'profile_values', 'notebook_run_id', 'start_notebook_run', 'end_notebook_run']
 
 # %% ../nbs/15_reproduce.ipynb #c005
@@ -176,22 +176,43 @@ def _with_defaults(entry: dict, defaults: dict, root: Path) -> dict:
         merged[prof] = {**own, **(params or {})} if isinstance(params, dict) or params is None else params  # a bad one: as it is
     return {**entry, "profiles": merged}
 
+STUDY_FILES = "nbs/studies/*/study.yaml"  # one per study folder, found by glob (the folder is the study)
+
+def registry_files(cfg: Config | None = None) -> list[Path]:
+    "The registry: `studies.yaml` at the checkout's root (the profile `defaults:`) and every study folder's `study.yaml`."
+    cfg = cfg or get_config()
+    return [cfg.root / "studies.yaml", *sorted(cfg.root.glob(STUDY_FILES))]
+
 def _read_registry(path: str | Path | None = None, cfg: Config | None = None) -> tuple[dict, dict]:
-    "`(experiments, artifacts)` of `studies.yaml`, every entry checked (id, keys, notebook inside the checkout, `uses`"
-    " targets, no dependency cycle) and its profiles laid over the `defaults:` its notebook declares; the file's size and"
+    "`(experiments, artifacts)` of the registry (`path` alone when given, else `registry_files`), every entry checked (id,"
+    " keys, notebook inside the checkout and, in a study.yaml, inside its study folder, `uses` targets, no id registered"
+    " twice, no dependency cycle) and its profiles laid over the `defaults:` its notebook declares; each file's size and"
     " its expanded size are bounded."
     cfg = cfg or get_config()
-    path = Path(path or cfg.root / "studies.yaml")
+    files = [Path(path)] if path else registry_files(cfg)
+    path = files[0]
     if not path.exists(): raise FileNotFoundError(f"study registry {path} not found; run from a kgrag_nb checkout or set KGRAG_HOME")
-    raw = _load_yaml_bounded(path) or {}
-    if not isinstance(raw, dict): raise ValueError(f"{path}: expected a mapping with `experiments:` and `artifacts:`, got a {type(raw).__name__}")
-    unknown = set(raw) - {"experiments", "artifacts", "defaults"}
-    if unknown: raise ValueError(f"{path}: unknown top-level sections {sorted(unknown, key=str)}; use `experiments:`, `artifacts:` "
-                                 "and `defaults:`")
-    defaults = _profile_defaults(raw.get("defaults"), path)
-    out = {}
+    out, where, defaults = {"experiments": {}, "artifacts": {}}, {}, {}
+    for i, path in enumerate(files):
+        raw = _load_yaml_bounded(path) or {}
+        if not isinstance(raw, dict): raise ValueError(f"{path}: expected a mapping with `experiments:` and `artifacts:`, got a {type(raw).__name__}")
+        unknown = set(raw) - ({"experiments", "artifacts", "defaults"} if i == 0 else {"experiments", "artifacts"})
+        if unknown: raise ValueError(f"{path}: unknown top-level sections {sorted(unknown, key=str)}; use `experiments:`, `artifacts:` "
+                                     + ("and `defaults:`" if i == 0 else "(profile `defaults:` belong in the root studies.yaml)"))
+        if i == 0: defaults = _profile_defaults(raw.get("defaults"), path)
+        _read_entries(raw, path, cfg, defaults, out, where, folder=path.parent if i else None)
+    exps, arts = out["experiments"], out["artifacts"]
+    for s in [*exps.values(), *arts.values()]:
+        for u in s.uses:
+            if u not in exps: raise ValueError(f"{where[s.id]}: {s.kind} {s.id!r} uses {u!r}, which is not under `experiments:` "
+                                               f"(known: {sorted(exps)})")
+    _topological(list(exps.values()), exps, files[0] if len(files) == 1 else "the study registry")
+    return exps, arts
+
+def _read_entries(raw: dict, path: Path, cfg: Config, defaults: dict, out: dict, where: dict, folder: Path | None = None):
+    "Check the `experiments:` and `artifacts:` of one registry file into `out` (`where`: id -> its file); with `folder`"
+    " (a study's study.yaml), every notebook must lie inside that folder."
     for section, kind in (("experiments", "experiment"), ("artifacts", "artifact")):
-        out[section] = {}
         entries = raw.get(section) or {}
         if not isinstance(entries, dict): raise ValueError(f"{path}: `{section}:` must map ids to entries, got a {type(entries).__name__}")
         for sid, entry in entries.items():
@@ -203,16 +224,15 @@ def _read_registry(path: str | Path | None = None, cfg: Config | None = None) ->
             bad = set(entry) - _KEYS
             if bad: raise ValueError(f"{path}: {kind} {sid!r} has unknown keys {sorted(bad)}; allowed: {sorted(_KEYS)}")
             _confined_notebook(entry["notebook"], cfg.root, f"{path}: {kind} {sid!r}")
+            if folder is not None and not (cfg.root / entry["notebook"]).resolve().is_relative_to(folder.resolve()):
+                raise ValueError(f"{path}: {kind} {sid!r}: notebook {entry['notebook']!r} is outside its study folder "
+                                 f"{folder.relative_to(cfg.root) if folder.is_relative_to(cfg.root) else folder}; move it there or "
+                                 "register it in its own folder's study.yaml")
+            if sid in where:
+                if sid in out[section]: raise ValueError(f"{path}: {kind} {sid!r} is registered in {where[sid]} too; ids are unique across study folders")
+                raise ValueError(f"{path}: {[sid]} are both experiments and artefacts; rename one")
             out[section][sid] = Artifact(id=sid, **_with_defaults(entry, defaults, cfg.root), kind=kind)
-    exps, arts = out["experiments"], out["artifacts"]
-    clash = set(exps) & set(arts)
-    if clash: raise ValueError(f"{path}: {sorted(clash)} are both experiments and artefacts; rename one")
-    for s in [*exps.values(), *arts.values()]:
-        for u in s.uses:
-            if u not in exps: raise ValueError(f"{path}: {s.kind} {s.id!r} uses {u!r}, which is not under `experiments:` "
-                                               f"(known: {sorted(exps)})")
-    _topological(list(exps.values()), exps, path)
-    return exps, arts
+            where[sid] = path
 
 def _topological(selected: list, exps: dict, where="studies.yaml") -> list:
     "Experiments of `selected` and everything they use, dependencies first; ValueError on a cycle."
@@ -255,7 +275,10 @@ RUNNER_PARAMETERS = ("profile", "run_dir", "llm_url", "model")  # injected into 
 STUDY_PARAMETERS = ("artifact", "experiment_dirs")  # injected when declared (the thin-notebook pattern declares them)
 
 def _study_notebooks(cfg: Config) -> list[Path]:
-    return sorted((cfg.root / "nbs" / "studies").glob("*.ipynb")) + sorted((cfg.root / "nbs" / "studies" / "experiments").glob("*.ipynb"))
+    "Every study (papermill) notebook: each study folder's `artefacts/` and `experiments/` (and, in a test project, the"
+    " flat `nbs/studies/` and `nbs/studies/experiments/`)."
+    s = cfg.root / "nbs" / "studies"
+    return sorted({*s.glob("*.ipynb"), *s.glob("experiments/*.ipynb"), *s.glob("*/artefacts/*.ipynb"), *s.glob("*/experiments/*.ipynb")})
 
 def check_study_notebooks(cfg: Config | None = None) -> list[str]:
     "Check every study and experiment notebook (one literal `parameters` cell with the runner's parameters, no stored"

@@ -46,7 +46,7 @@ def site(tmp_path_factory):
 @needs_builder
 def test_site_has_every_library_notebook_study_readme_and_the_layer_page(site):
     out = site["root"]
-    want = {docs_site.out_name(p.name) for p in docs_site.library_notebooks(ROOT / "nbs")}
+    want = {docs_site.out_name(docs_site.site_rel(p, ROOT / "nbs")) for p in docs_site.library_notebooks(ROOT / "nbs")}
     want |= {f"studies/{p.parent.name}/README.html" for p in (ROOT / "nbs" / "studies").glob("*/README.md")}
     want |= {"layers.html", "index.html"}
     have = {p.relative_to(out).as_posix() for p in out.rglob("*.html")}
@@ -54,9 +54,11 @@ def test_site_has_every_library_notebook_study_readme_and_the_layer_page(site):
     assert have == want, f"pages that are no library notebook, study README or the layer page: {sorted(have - want)}"
     assert "kg.html" in have and len([p for p in have if not p.startswith("studies/")]) >= 30
     sources = {p: re.search(r"Rendered from <code>([^<]+)</code>", p.read_text()).group(1) for p in out.rglob("*.html")}
-    assert not [s for s in sources.values() if s.startswith("nbs/studies/") and s.endswith(".ipynb")], \
-        "study notebooks (papermill) are not part of the docs"
-    assert not list(site["proc"].rglob("studies/**/*.ipynb")), "study notebooks are never processed"
+    papermill = re.compile(r"^nbs/studies/[^/]+/(experiments|artefacts)/")
+    assert not [s for s in sources.values() if papermill.match(s)], "study notebooks (papermill) are not part of the docs"
+    assert not [p for p in site["proc"].rglob("*.ipynb") if p.parent.name in ("experiments", "artefacts")], \
+        "study notebooks (papermill) are never processed"
+    assert "studies/brink/rules.html" in have, "a study's library notebooks are pages"
     kg = (out / "kg.html").read_text()
     kg_text = html.unescape(re.sub(r"<[^>]+>", "", kg))  # the page's text (code is highlighted into spans)
     assert 'id="kg.from_triples"' in kg and "def from_triples(" in kg_text, "show_doc of an exported method, rendered from the module"
