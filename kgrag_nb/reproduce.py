@@ -35,7 +35,8 @@ __all__ = ['MAX_REGISTRY_BYTES', 'MAX_REGISTRY_NODES', 'SAFE_ID', 'STUDY_FILES',
            'kernel_socket_dir', 'NiceKernelManager', 'run_notebook', 'ensure_experiment', 'check_parameter_range',
            'check_overrides', 'git_sha', 'new_run_id', 'mark_abandoned', 'mark_abandoned_runs', 'check_run_id',
            'redact_url', 'url_secrets', 'scrub_secrets', 'config_environment', 'check_run_options', 'reproduce',
-           'register_decoding_deviation', 'profile_values', 'notebook_run_id', 'start_notebook_run', 'end_notebook_run']
+           'register_decoding_deviation', 'profile_values', 'notebook_run_id', 'start_notebook_run', 'end_notebook_run',
+           'Study']
 
 # %% ../nbs/15_reproduce.ipynb #c005
 @dataclass
@@ -1535,3 +1536,41 @@ def end_notebook_run(run: StudyRun,  # a run made by `start_notebook_run`
     m.update(_model_fields(", ".join(models) or None, bool(models)))
     secrets = [os.environ.get(run.cfg.api_key_env, ""), *url_secrets(run.llm_url)]
     return _finalise(m, run.run_dir, [], run.started, secrets, status, error, usage=_sum_usage(m["experiments"] + m["artifacts"]))
+
+# %% ../nbs/15_reproduce.ipynb #wing02
+@dataclass(frozen=True)
+class Study:
+    "One paper's study in the study wing: `nbs/studies/<id>/` and `kgrag_nb.studies.<id>` (whose `STUDY` this is)."
+    id: str  # folder, package, format-tax and artefact-prefix key: `nbs/studies/<id>/`, `kgrag_nb.studies.<id>`
+    paper: str  # the paper's text file, e.g. "brink_incomplete_kg_benchmark.txt" (`papers.paper_numbers(paper)`)
+    modules: tuple[str, ...]  # its library modules in import order (`kgrag_nb/studies/<id>/<module>.py`)
+    deviations: dict = field(default_factory=dict)  # module -> its deviation lines (what the artefacts render)
+    format_tax: tuple[str, ...] = ()  # the format-tax arms it registers (`hooks.FORMAT_TAX_ARMS` keys)
+
+    def __post_init__(self):
+        if not is_safe_id(self.id) or not self.modules:
+            raise ValueError(f"Study({self.id!r}): give a plain id (letters, digits, '_') and at least one module")
+        bad = set(self.deviations) - set(self.modules)
+        if bad: raise ValueError(f"Study({self.id!r}): deviations name {sorted(bad)}, which are not among its modules {list(self.modules)}")
+
+    @property
+    def folder(self) -> str: return f"nbs/studies/{self.id}"  # relative to the checkout
+    @property
+    def package(self) -> str: return f"kgrag_nb.studies.{self.id}"
+    @property
+    def paper_numbers(self) -> str: return f"kgrag_nb/papers/{Path(self.paper).stem}.csv"  # the paper's reported numbers
+    @property
+    def all_deviations(self) -> list[str]: return [d for m in self.modules for d in self.deviations.get(m, ())]
+
+    def problems(self, root: str | Path | None = None) -> list[str]:  # the checkout (default: the configured one)
+        "What the study's folder and package lack (empty when complete): study.yaml, README.md, the paper-number file,"
+        " each module's file and its numbered notebook in the folder."
+        root = Path(root) if root is not None else get_config().root
+        folder, out = root / self.folder, []
+        for f in ("study.yaml", "README.md"):
+            if not (folder / f).is_file(): out.append(f"{self.folder}/{f} is missing; every study folder has one (CONTRIBUTING.md, Adding a study)")
+        if not (root / self.paper_numbers).is_file(): out.append(f"{self.paper_numbers} is missing: the paper's numbers for {self.id}")
+        for m in self.modules:
+            if not (root / "kgrag_nb" / "studies" / self.id / f"{m}.py").is_file(): out.append(f"kgrag_nb/studies/{self.id}/{m}.py is missing; run nbdev_export")
+            if not list(folder.glob(f"[0-9]*_{m}.ipynb")): out.append(f"{self.folder} has no notebook NN_{m}.ipynb for module {m}")
+        return out
