@@ -370,7 +370,8 @@ def test_every_library_notebook_opens_with_a_title_and_a_summary():
     "A library notebook's first cell is Markdown: a `# Title` line and a `> summary` (nbdev's module docstring and the docs' description)."
     import json
     bad = []
-    for nb in sorted((Path(__file__).resolve().parents[1] / "nbs").glob("[0-9]*.ipynb")):
+    nbs = Path(__file__).resolve().parents[1] / "nbs"
+    for nb in sorted([*nbs.glob("[0-9]*.ipynb"), *nbs.glob("studies/*/[0-9]*.ipynb")]):  # the study wing's too
         cell = json.loads(nb.read_text())["cells"][0]
         lines = "".join(cell["source"]).splitlines()
         if cell["cell_type"] != "markdown" or not lines or not lines[0].startswith("# ") or not any(l.startswith("> ") for l in lines[1:4]):
