@@ -634,7 +634,7 @@ def test_no_typed_calibration_figures_in_prose():
     tau_lines = [l for c in cells for l in "".join(c["source"]).splitlines() if l.startswith(("TAU_EN =", "TAU_ZH ="))]
     assert len(tau_lines) == 2 and not any(re.search(r"\d", l.split("#", 1)[1]) for l in tau_lines)
     for name in ("misk_fig3", "misk_table3", "misk_table4"):
-        nb = json.loads((root / "nbs" / "studies" / f"{name}.ipynb").read_text(encoding="utf-8"))
+        nb = json.loads((root / "nbs" / "studies" / "misk" / "artefacts" / f"{name}.ipynb").read_text(encoding="utf-8"))
         md = [m for c in nb["cells"] if c["cell_type"] == "markdown" for m in _TYPED_FIGURE.findall("".join(c["source"]))]
         code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
         assert not md and "misk.record_calibration(run, settings" in code, name  # the calibration computed in the artefact

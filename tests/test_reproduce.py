@@ -67,7 +67,7 @@ def test_papermill_inspection_lists_every_study_parameter():
 
 def test_select_artifacts_patterns():
     reg = load_registry()
-    assert [a.id for a in select_artifacts(reg, "closed*,kg_*")] == ["kg_statistics", "closed_book_baseline"]
+    assert [a.id for a in select_artifacts(reg, "closed*,kg_*")] == ["closed_book_baseline", "kg_statistics"]  # registry order: study folders (awakening/, brink/)
     with pytest.raises(ValueError, match="matches no artefact"): select_artifacts(reg, "zzz")
 
 
