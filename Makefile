@@ -49,10 +49,11 @@ check-sync: setup
 check-params: setup
 	$(PY) -c "from kgrag_nb.reproduce import check_study_notebooks; check_study_notebooks()"
 
-# every library notebook runs as a test (study notebooks are skipped via nbs/studies/.notest; papermill runs those).
+# every library notebook runs as a test, the study wing's too (nbs/studies/<id>/NN_*.ipynb); study notebooks are skipped via the
+# .notest files of nbs/studies/<id>/experiments/ and artefacts/ (papermill runs those).
 # `llm` and `slow` cells run too, except in the notebooks of SLOW_NBS: each of their skipped cells says why and where
 # the same code is exercised in CI instead (mostly the study notebooks of `studies-tiny`).
-SLOW_NBS := 01b_kg_backends|12_brink|13_brink_methods|14_awaken|15_unseen
+SLOW_NBS := 09_backends|02_benchmark|03_methods|02_task1|03_task2
 nbtest: setup
 	$(BIN)/nbdev_test --n_workers 2 --flags "llm slow" --skip_file_re '^([_.]|($(SLOW_NBS))\.ipynb$$)'
 	$(BIN)/nbdev_test --n_workers 2 --file_re '^($(SLOW_NBS))\.ipynb$$'

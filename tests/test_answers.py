@@ -1,6 +1,6 @@
 """Tests of kgrag_nb.answers: the one reader of an answer's first line, the one answer-list splitter, the normalisers.
 
-Hand-computed cases for each edge the readers it replaced disagreed on (issue 24; the table in nbs/06a_answers.ipynb),
+Hand-computed cases for each edge the readers it replaced disagreed on (issue 24; the table in nbs/10_answers.ipynb),
 the study wrappers built on it (awakening App. E short answers, BRINK App. E lists, CoE App. C phrases), and hypothesis
 properties: idempotence, no line break in a first line, a joined list of clean items splits back into the items.
 """
@@ -76,10 +76,10 @@ def test_first_line_needs_a_str(bad):
 # ---------------------------------------------------------------- the study readers built on it
 
 def test_study_readers_use_it():
-    from kgrag_nb.awaken import parse_awakening_answer, parse_status
-    from kgrag_nb.baselines import parse_short_answer
-    from kgrag_nb.brink_methods import parse_answer, parse_answer_list
-    from kgrag_nb.coe import parse_phrase
+    from kgrag_nb.studies.awakening.task1 import parse_awakening_answer, parse_status
+    from kgrag_nb.studies.awakening.closed_book import parse_short_answer
+    from kgrag_nb.studies.brink.methods import parse_answer, parse_answer_list
+    from kgrag_nb.studies.coe.evidence import parse_phrase
     text = "\n- Short Answer: Ridley Scott.\n- Question: x"
     assert parse_short_answer(text) == parse_awakening_answer(text) == first_line(text, **SHORT) == "Ridley Scott"
     assert parse_status(text, "qa") == "repaired" and parse_status(" Ridley Scott.", "qa") == "ok"

@@ -1,4 +1,4 @@
-"""Tests of kgrag_nb.awaken: awakening paper Task 1 (awakening_unseen_entity_kgqa.txt §4.2, Table 1, Eq. 7, App. B, E).
+"""Tests of kgrag_nb.studies.awakening.task1: awakening paper Task 1 (awakening_unseen_entity_kgqa.txt §4.2, Table 1, Eq. 7, App. B, E).
 
 Hand-built tiny KGs with hand-computed expectations for every Table 1 pattern, the answer-leak filter, the probing rule
 and the intersection; hypothesis properties; one integration test of the whole pipeline on two CWQ questions against
@@ -13,7 +13,7 @@ import pytest
 from _fake import with_records
 from hypothesis import given, settings, strategies as st
 
-from kgrag_nb.awaken import (AwakeningConfig, AWAKENING_TEMPLATE, KNOWLEDGE_TYPES, MAIN_TYPES, PROBE_TEMPLATE, awakening_prompt, awakening_table, paper_rows,
+from kgrag_nb.studies.awakening.task1 import (AwakeningConfig, AWAKENING_TEMPLATE, KNOWLEDGE_TYPES, MAIN_TYPES, PROBE_TEMPLATE, awakening_prompt, awakening_table, paper_rows,
                              distances_to, extract_knowledge, filter_counts, find_gold_path, gold_relations,
                              intersect_ids, item_temperatures, knowledge_candidates, knowledge_distance, leaks_answer,
                              parse_awakening_answer, parse_probe, passing_ids, probe_prompt, probe_rule,
@@ -22,7 +22,7 @@ from kgrag_nb.awaken import (AwakeningConfig, AWAKENING_TEMPLATE, KNOWLEDGE_TYPE
                              task1_models, task1_table, probing_table, sweep_summary, mean_over_types, changed_by_query,
                              paper_select, knowledge_label, setting_of, PROBE_VERDICT, SHORT_ANSWER, DECODINGS, REFORMAT,
                              decode, parse_status, probe, probe_counts, probing_rule_counts, study_deviations, DECODING_DEVIATION)
-from kgrag_nb.baselines import parse_short_answer
+from kgrag_nb.studies.awakening.closed_book import parse_short_answer
 from kgrag_nb.llm import Constraint, fill_constraint
 from kgrag_nb.backends import LocalBackend
 from kgrag_nb.kg import KG
@@ -470,8 +470,8 @@ class _Recorder(_Fake):
 
 def test_step1_constraint_is_declared_next_to_its_parser():
     "Step 1's answers (App. E closed-book prompt) are bound by `SHORT_ANSWER`, declared in baselines beside `parse_short_answer`."
-    import kgrag_nb.baselines as B
-    import kgrag_nb.awaken as A
+    import kgrag_nb.studies.awakening.closed_book as B
+    import kgrag_nb.studies.awakening.task1 as A
     assert B.SHORT_ANSWER is A.SHORT_ANSWER and B.decode is A.decode and B.DECODINGS == DECODINGS == ("free", "constrained", "decoupled")
     assert REFORMAT["qa"] == B.REFORMAT_SHORT
     for seed in range(3):  # what the stub writes for the constraint is read ok by Step 1's parser
@@ -481,7 +481,7 @@ def test_step1_constraint_is_declared_next_to_its_parser():
 
 @pytest.mark.parametrize("decoding", DECODINGS)
 def test_closed_book_step1_decoding(decoding):
-    from kgrag_nb.baselines import closed_book, draw_temperatures, no_rag_prompt
+    from kgrag_nb.studies.awakening.closed_book import closed_book, draw_temperatures, no_rag_prompt
     recs = [_Rec("q1", "What is the capital of France?", ["Paris"]), _Rec("q2", "Who wrote Hamlet?", ["Shakespeare"])]
     fake = _Recorder()
     cb = closed_book(fake, recs, n_probe=3, n_samples=2, seed=5, decoding=decoding)
@@ -509,7 +509,7 @@ def test_closed_book_step1_decoding(decoding):
 
 
 def test_step1_counts_hand_computed():
-    from kgrag_nb.awaken import step1_counts
+    from kgrag_nb.studies.awakening.task1 import step1_counts
     q = pd.DataFrame(dict(id=["q1", "q2", "q3"], status=["ok", "ok", "no gold 2-hop path"], answerable=[0, 1, None],
                           step1_raw=[[" Paris.", "\n- Short Answer: Rome", "\n"], [" Bonn"] * 3, None]))
     row = step1_counts({"questions": q, "params": {"decoding": "constrained"}}).iloc[0]
@@ -522,7 +522,7 @@ def test_step1_counts_hand_computed():
 def test_constrained_step1_embedded(embedded_server, tmp_path):
     "Step 1 constrained on the real model: every closed-book answer is a readable one-line short answer (issue 21)."
     from kgrag_nb.llm import LLMClient
-    from kgrag_nb.baselines import closed_book
+    from kgrag_nb.studies.awakening.closed_book import closed_book
     client = LLMClient(embedded_server.url, cache=tmp_path / "llm.sqlite", progress=False)
     recs = [_Rec("q1", "What country is north of France and borders Belgium?", ["Netherlands"]),
             _Rec("q2", "Who was the brother of John F. Kennedy?", ["Ted Kennedy"])]
@@ -548,7 +548,7 @@ def _check_arm_rows(rows, n):
 
 def test_format_tax_arm_with_stub_answers():
     "Same items in every arm; the stub's constrained answers: readable, ' True' x3 (kept), a wrong short answer (metric 0)."
-    from kgrag_nb.awaken import FORMAT_TAX, format_tax_arm, format_tax_items
+    from kgrag_nb.studies.awakening.task1 import FORMAT_TAX, format_tax_arm, format_tax_items
     assert FORMAT_TAX["study"] == "awakening" and "Table 7" in FORMAT_TAX["paper"]
     items = format_tax_items(2)
     assert [i["text"] for i in items] == ["Belgium, adjoins, France", "Ted Kennedy, sibling, John F. Kennedy"]
@@ -566,7 +566,7 @@ def test_format_tax_arm_with_stub_answers():
 def test_format_tax_arm_constrained_embedded(embedded_server, tmp_path):
     "The awakening format-tax arm on the real model, constrained: one item, every answer readable."
     from kgrag_nb.llm import LLMClient
-    from kgrag_nb.awaken import format_tax_arm
+    from kgrag_nb.studies.awakening.task1 import format_tax_arm
     client = LLMClient(embedded_server.url, cache=tmp_path / "llm.sqlite", progress=False)
     rows = format_tax_arm(client, "constrained", 1)
     _check_arm_rows(rows, 1)
@@ -576,7 +576,7 @@ def test_format_tax_arm_constrained_embedded(embedded_server, tmp_path):
 # ---------------------------------------------------------------- the paper's settings passed to the general layers (issue 24)
 def test_awakening_passes_its_app_c_settings(monkeypatch):
     "Step 2 caps each 2-hop subgraph at App. C's 40,000; `kgrag bench relation-retrieval` passes the cap and the IVF settings."
-    import kgrag_nb.awaken as A
+    import kgrag_nb.studies.awakening.task1 as A
     from kgrag_nb.hooks import BENCHMARKS
     assert (A.AWAKENING_MAX_SUBGRAPH_TRIPLES, A.AWAKENING_IVF) == (40_000, dict(nlist=4096, train_factor=40, sample_per_batch=20_000))
     caps = []
@@ -594,5 +594,5 @@ def test_awakening_passes_its_app_c_settings(monkeypatch):
     seen = {}
     monkeypatch.setattr(A, "bench_relation_retrieval", lambda **kw: seen.update(kw) or {"ok": True})
     fn = BENCHMARKS["relation-retrieval"][0]
-    assert fn.__module__ == "kgrag_nb.awaken" and fn(n=300, llm_url="x", k=3) == {"ok": True}
+    assert fn.__module__ == "kgrag_nb.studies.awakening.task1" and fn(n=300, llm_url="x", k=3) == {"ok": True}
     assert seen == dict(n=300, k=3, max_triples=40_000, ivf=A.AWAKENING_IVF)

@@ -19,7 +19,7 @@ from kgrag_nb.backends import (SparqlDialect, kg_to_rdf, kg_to_store, LocalBacke
                                bench_relation_retrieval)
 from kgrag_nb.llm import retry_after_seconds as _retry_after
 # the awakening paper's App. C settings, which the study passes to this general layer (issue 24: no paper defaults here)
-from kgrag_nb.awaken import AWAKENING_IVF, AWAKENING_MAX_SUBGRAPH_TRIPLES
+from kgrag_nb.studies.awakening.task1 import AWAKENING_IVF, AWAKENING_MAX_SUBGRAPH_TRIPLES
 
 SEED = "/m/02d02"  # Detroit Tigers, a CWQ topic entity; its 2-hop subgraph in FB15k-237 has 2,447 triples
 

@@ -1,5 +1,5 @@
 """Tests of the benchmarks: `kgrag_nb.bench` (general: llm, kg, embed) and the Unseen-Entity study's own `difar` benchmark
-(registered in `kgrag_nb.unseen` through the `benchmark` hook, issue 24)."""
+(registered in `kgrag_nb.studies.awakening.task2` through the `benchmark` hook, issue 24)."""
 import pytest
 from kgrag_nb.config import get_config
 
@@ -12,14 +12,14 @@ def test_bench_embed_small():
 
 
 def test_full_difar_texts_tiny_empty_cache(tmp_path):
-    from kgrag_nb.unseen import full_difar_texts
+    from kgrag_nb.studies.awakening.task2 import full_difar_texts
     rows = full_difar_texts(get_config(cache_dir=tmp_path), profile="tiny")  # an empty cache: everything to encode
     assert [x["dataset"] for x in rows] == ["cwq"] and rows[0]["cached"] == 0
     assert 0 < rows[0]["to_encode"] == rows[0]["new_texts"] == rows[0]["distinct_texts"] <= rows[0]["triples"] <= 200
 
 
 def test_bench_difar_projects_what_is_left(tmp_path):
-    from kgrag_nb.unseen import bench_difar, full_difar_texts
+    from kgrag_nb.studies.awakening.task2 import bench_difar, full_difar_texts
     cfg = get_config(cache_dir=tmp_path)
     r = bench_difar(n=32, profile="tiny", cfg=cfg)
     left = sum(x["to_encode"] for x in full_difar_texts(cfg, profile="tiny"))

@@ -1,4 +1,4 @@
-"""Tests of kgrag_nb.brink: BRINK benchmark construction (§3.2-§3.3), evaluation (§4.3, App. E, App. I), App. J.
+"""Tests of kgrag_nb.studies.brink.benchmark: BRINK benchmark construction (§3.2-§3.3), evaluation (§4.3, App. E, App. I), App. J.
 
 Hand-built tiny KGs and hand-made rules with hand-computed expectations; hypothesis properties of the removal step;
 the CLI through `kgrag_nb.cli.main`; question generation against the real embedded llama.cpp server (marked `llm`).
@@ -10,14 +10,14 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from kgrag_nb.brink import (SPLITS, Benchmark, PredictionFormatError, Removal, assign_splits, build_benchmark,
+from kgrag_nb.studies.brink.benchmark import (SPLITS, Benchmark, PredictionFormatError, Removal, assign_splits, build_benchmark,
                             candidate_questions, complete_answers, downsample, evaluate, failure_analysis,
                             generate_questions, incomplete_kg, is_grounding, load_benchmark, load_questions,
                             parse_question, qg_prompt, read_predictions, select_removals, split_sizes, verify_inferable)
 from kgrag_nb.cli import main
 from kgrag_nb.kg import KG
 from kgrag_nb.metrics import brink_evaluate, permissive_evaluate
-from kgrag_nb.rules import Atom, Rule, groundings
+from kgrag_nb.studies.brink.rules import Atom, Rule, groundings
 
 STATS = dict(support=1, head_coverage=1.0, std_confidence=1.0, pca_confidence=1.0, body_size=1, pca_body_size=1)
 
@@ -464,7 +464,7 @@ def test_invalid_utf8_in_predictions_names_the_file_and_line(tmp_path):
 
 
 def test_benchmark_statistics_hand_computed():
-    from kgrag_nb.brink import TABLE3_METRICS, benchmark_statistics
+    from kgrag_nb.studies.brink.benchmark import TABLE3_METRICS, benchmark_statistics
     ds = {"a": {"counts": dict(complete_triples=100, incomplete_triples=90, train=8, valid=1, test=1, questions=10)},
           "b": {"counts": dict(complete_triples=7, incomplete_triples=7, train=0, valid=0, test=0, questions=0)}}
     st = benchmark_statistics(ds)
@@ -477,7 +477,7 @@ def test_benchmark_statistics_hand_computed():
 # ---------------------------------------------------------------- issue 21: the declared App. D question format
 def test_question_line_constraint_hand_written():
     import re
-    from kgrag_nb.brink import QUESTION_LINE, check_decoding
+    from kgrag_nb.studies.brink.benchmark import QUESTION_LINE, check_decoding
     from kgrag_nb.llm import fill_constraint
     for out, q in [("Output:\nWho is 139's brother?", "Who is 139's brother?"),
                    ("Question Entity: 2855\n\nOutput:\nWhat is the father of 14?", "What is the father of 14?"),
@@ -500,7 +500,7 @@ def test_generate_questions_rejects_unknown_decoding(tiny):
 def test_generate_questions_constrained_embedded(embedded_server, tmp_path):
     "App. D under decoding='constrained' on the real server: one question line per record, parsed by parse_question."
     import re
-    from kgrag_nb.brink import QUESTION_LINE
+    from kgrag_nb.studies.brink.benchmark import QUESTION_LINE
     from kgrag_nb.datasets import load_kg
     from kgrag_nb.llm import LLMClient
     fam = load_kg("family")

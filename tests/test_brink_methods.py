@@ -1,4 +1,4 @@
-"""Tests of kgrag_nb.brink_methods: BRINK KG-RAG method families (brink_incomplete_kg_benchmark.txt §5, App. F/H/I/J).
+"""Tests of kgrag_nb.studies.brink.methods: BRINK KG-RAG method families (brink_incomplete_kg_benchmark.txt §5, App. F/H/I/J).
 
 Pure parts on hand-built tiny KGs with hand-computed expectations (relation paths, instantiation, the trained
 ranker, beam bookkeeping, prompts, parsing, scoring), hypothesis properties on random small KGs, and one integration
@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from kgrag_nb.brink import Benchmark, evaluate, failure_analysis
-from kgrag_nb.brink_methods import (BRINK_METHODS, LLM_ONLY_PROMPT, PATH_ANSWER_PROMPT, ROG_PLAN_PROMPT, TOG_PRUNE_PROMPT,
+from kgrag_nb.studies.brink.benchmark import Benchmark, evaluate, failure_analysis
+from kgrag_nb.studies.brink.methods import (BRINK_METHODS, LLM_ONLY_PROMPT, PATH_ANSWER_PROMPT, ROG_PLAN_PROMPT, TOG_PRUNE_PROMPT,
                                     MethodConfig, answer_prompt, brink_question, failure_ratio, parse_answer,
                                     question_view, rank_paths, rule_type_hhr, run_methods, sample_rules, score_predictions,
                                     template_question, train_path_ranker)
@@ -242,7 +242,7 @@ def test_parse_steps_subset(tokens, limit):
 # ---------------------------------------------------------------- every method against the real model
 @pytest.mark.llm
 def test_methods_on_family_embedded(embedded_server, tmp_path):
-    from kgrag_nb.brink_methods import brink_experiment
+    from kgrag_nb.studies.brink.methods import brink_experiment
     from kgrag_nb.config import get_config
     from kgrag_nb.llm import LLMClient
     cfg = dataclasses.replace(get_config(), root=tmp_path)  # benchmarks_dir under tmp_path
@@ -268,7 +268,7 @@ def test_methods_on_family_embedded(embedded_server, tmp_path):
 
 
 # --- the artefact layer: what the BRINK study notebooks make of the brink_methods experiment ---------------------------
-from kgrag_nb.brink_methods import (StudyData, failure_labels, method_predictions, oracle_vs_paper, paper_table,
+from kgrag_nb.studies.brink.methods import (StudyData, failure_labels, method_predictions, oracle_vs_paper, paper_table,
                                     permissive_vs_strict, retrieval_share, setting_drop, study_benchmark, versus_gog)
 
 
@@ -357,7 +357,7 @@ def test_study_benchmark_family(tmp_path):
 # --- issue 21: the declared answer-list format, decoding, the format-tax arm ------------------------------------------
 def test_answer_list_constraint_hand_written():
     import re
-    from kgrag_nb.brink_methods import ANSWER_LIST, parse_answer_list
+    from kgrag_nb.studies.brink.methods import ANSWER_LIST, parse_answer_list
     assert ANSWER_LIST.kind == "regex"
     for out, items in [(" 90031, 90044\n", ["90031", "90044"]), (" 90031", ["90031"]), ("/m/0abc, /m/0xyz", ["/m/0abc", "/m/0xyz"]),
                        (" Jean-Paul Sartre\n", ["Jean-Paul Sartre"])]:
@@ -373,14 +373,14 @@ def test_answer_list_constraint_hand_written():
 
 
 def test_answer_list_filled_by_the_stub_parses():
-    from kgrag_nb.brink_methods import ANSWER_LIST, parse_answer_list
+    from kgrag_nb.studies.brink.methods import ANSWER_LIST, parse_answer_list
     from kgrag_nb.llm import fill_constraint
     for seed in range(3):
         assert parse_answer_list(fill_constraint(ANSWER_LIST.spec(), seed)) is not None
 
 
 def test_decoding_is_checked(chain):
-    from kgrag_nb.brink_methods import answer_parse_rates, method_predictions
+    from kgrag_nb.studies.brink.methods import answer_parse_rates, method_predictions
     with pytest.raises(ValueError, match="paper's protocol"): MethodConfig(decoding="json")
     b = Benchmark(chain, chain, [], dict(name="chain"))
     with pytest.raises(ValueError, match="decoding='grammar'"):
@@ -396,7 +396,7 @@ def test_decoding_is_checked(chain):
 
 
 def test_format_tax_contract_declared():
-    from kgrag_nb.brink_methods import FORMAT_TAX, format_tax_arm
+    from kgrag_nb.studies.brink.methods import FORMAT_TAX, format_tax_arm
     assert FORMAT_TAX["study"] == "brink" and FORMAT_TAX["metric"] == "hits_hard" and "Table 6" in FORMAT_TAX["paper"]
     with pytest.raises(ValueError, match="decoding="): format_tax_arm(None, "json", 1)
     with pytest.raises(ValueError, match="at least 1"): format_tax_arm(None, "free", 0)
@@ -406,7 +406,7 @@ def test_format_tax_contract_declared():
 def test_constrained_answers_embedded(embedded_server, tmp_path):
     "A constrained BRINK step on the real server: every answer list comes back in the declared format and parses."
     import re
-    from kgrag_nb.brink_methods import ANSWER_LIST, experiment_benchmark, parse_answer_list
+    from kgrag_nb.studies.brink.methods import ANSWER_LIST, experiment_benchmark, parse_answer_list
     from kgrag_nb.config import get_config
     from kgrag_nb.llm import LLMClient
     cfg = dataclasses.replace(get_config(), root=tmp_path)
@@ -429,7 +429,7 @@ def test_constrained_answers_embedded(embedded_server, tmp_path):
 
 @pytest.mark.llm
 def test_format_tax_arm_embedded(embedded_server, tmp_path):
-    from kgrag_nb.brink_methods import format_tax_arm
+    from kgrag_nb.studies.brink.methods import format_tax_arm
     from kgrag_nb.llm import LLMClient
     client = LLMClient(embedded_server.url, cache=tmp_path / "llm.sqlite", progress=False)
     rows = format_tax_arm(client, "constrained", 1)
@@ -445,7 +445,7 @@ def test_format_tax_arm_embedded(embedded_server, tmp_path):
 
 def test_decoding_note_declares_every_constraint_that_changes_what_is_measured():
     "Constrained and decoupled runs name all three bound steps, and say that App. J's retrieval failures need a free run."
-    from kgrag_nb.brink_methods import decoding_note
+    from kgrag_nb.studies.brink.methods import decoding_note
     for dec in ("constrained", "decoupled"):
         note = decoding_note(dict(decoding=dec))
         assert all(c in note for c in ("ANSWER_LIST", "relation_paths_constraint", "steps_constraint")), note

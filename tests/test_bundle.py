@@ -148,7 +148,7 @@ def test_a_row_missing_from_the_bundle_names_the_notebook_and_the_request(tiny, 
     assert len(dropped) == len(rows) - 1
     cfg = _cfg(tmp_path)
     pre = _rewrite({**members, "llm_rows.jsonl": "".join(dropped).encode()}, tmp_path / "pre.tar.gz")
-    with pytest.raises(BundleReplayError, match=rf"nbs/studies/closed_book_baseline.ipynb \(closed_book_baseline\) needs LLM request {keys[0]}"):
+    with pytest.raises(BundleReplayError, match=rf"nbs/studies/awakening/artefacts/closed_book_baseline.ipynb \(closed_book_baseline\) needs LLM request {keys[0]}"):
         replay_bundle(pre, cfg=cfg, progress=False)
     assert not cfg.runs_dir.exists()  # nothing ran
     info = json.loads(members["bundle.json"]); info["only"] = "closed_book_baseline"  # the artefact alone: a short replay
@@ -158,7 +158,7 @@ def test_a_row_missing_from_the_bundle_names_the_notebook_and_the_request(tiny, 
     with pytest.raises(BundleReplayError) as err:
         replay_bundle(inside, cfg=cfg, progress=False, run_id="missing-row")
     msg = str(err.value)
-    assert "nbs/studies/closed_book_baseline.ipynb (closed_book_baseline) needed an LLM request the bundle does not hold" in msg, msg
+    assert "nbs/studies/awakening/artefacts/closed_book_baseline.ipynb (closed_book_baseline) needed an LLM request the bundle does not hold" in msg, msg
     assert "CacheMissError: replay mode: no cached" in msg and "prompt" in msg, msg
     m = json.loads((cfg.runs_dir / "missing-row" / "manifest.json").read_text())
     assert m["llm_usage"].get("requests", 0) == 0

@@ -73,7 +73,7 @@ def test_bench_list_shows_what_the_studies_registered(capsys):
     assert {"llm", "kg", "embed"} <= names  # bench's own
     assert {"difar", "relation-retrieval"} <= names  # registered by unseen and awaken
     from kgrag_nb.hooks import BENCHMARKS
-    assert BENCHMARKS["difar"][0].__module__ == "kgrag_nb.unseen" and BENCHMARKS["embed"][0].__module__ == "kgrag_nb.bench"
+    assert BENCHMARKS["difar"][0].__module__ == "kgrag_nb.studies.awakening.task2" and BENCHMARKS["embed"][0].__module__ == "kgrag_nb.bench"
 
 
 def test_bench_unknown_name_names_the_known_ones(capsys):

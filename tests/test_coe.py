@@ -1,4 +1,4 @@
-"""Tests of kgrag_nb.coe (chain_of_evidence.txt): App. A-C prompts verbatim, parsers (hypothesis fuzzing), the CoE decision
+"""Tests of kgrag_nb.studies.coe.evidence (chain_of_evidence.txt): App. A-C prompts verbatim, parsers (hypothesis fuzzing), the CoE decision
 rule and its 1 + |keywords| + |relations| call count (scripted client, as the issue allows), context lengths and counts,
 the answer swap, Algorithm 1, the FR definition, the released files' quirks, and one run on the real embedded server."""
 import json, re
@@ -8,7 +8,7 @@ import numpy as np, pandas as pd, pytest
 from _fake import with_records
 from hypothesis import given, settings, strategies as st
 
-from kgrag_nb import coe
+from kgrag_nb.studies.coe import evidence as coe
 from kgrag_nb.config import get_config
 from kgrag_nb.kgqa import TraceWriter
 
@@ -491,7 +491,7 @@ def test_constrained_steps_embedded(embedded_server, tmp_path):
 
 # ---------------------------------------------------------------- format tax (issue 21 item 4)
 def test_format_tax_declaration_and_bad_decoding():
-    from kgrag_nb.coe import FORMAT_TAX, format_tax_arm
+    from kgrag_nb.studies.coe.evidence import FORMAT_TAX, format_tax_arm
     assert set(FORMAT_TAX) == {"study", "step", "metric", "paper", "settings"} and FORMAT_TAX["study"] == "coe"
     assert "its own judge" in FORMAT_TAX["settings"] and "p = 0.5" in FORMAT_TAX["settings"]  # where the arm differs from the paper
     assert "92.0%" in FORMAT_TAX["paper"] and "Table 2" in FORMAT_TAX["paper"]
@@ -503,7 +503,7 @@ def test_format_tax_declaration_and_bad_decoding():
 def test_format_tax_arm_constrained_embedded(embedded_server, tmp_path):
     "The CoE format-tax arm (constrained) on the real server: one record with the contract's keys and types."
     from kgrag_nb.llm import LLMClient
-    from kgrag_nb.coe import format_tax_arm
+    from kgrag_nb.studies.coe.evidence import format_tax_arm
     from _format_tax import one_constrained_record
     r = one_constrained_record(format_tax_arm, LLMClient(embedded_server.url, cache=tmp_path / "llm.sqlite", progress=False), "coe")
     assert r["item"].startswith("hotpotqa:")

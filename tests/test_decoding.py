@@ -14,7 +14,15 @@ import pandas as pd
 import pytest
 
 from _http import JSONHandler
-from kgrag_nb import awaken, baselines, brink, brink_methods, coe, jcql, kgqa, missing, unseen
+from kgrag_nb import kgqa
+from kgrag_nb.studies.awakening import task1 as awaken
+from kgrag_nb.studies.awakening import closed_book as baselines
+from kgrag_nb.studies.brink import benchmark as brink
+from kgrag_nb.studies.brink import methods as brink_methods
+from kgrag_nb.studies.coe import evidence as coe
+from kgrag_nb.studies.jcql import kbqa as jcql
+from kgrag_nb.studies.misk import rag as missing
+from kgrag_nb.studies.awakening import task2 as unseen
 from kgrag_nb.decoding import Restatement, decode, plan_first, plan_restatement
 from kgrag_nb.llm import DECODINGS, Constraint, LLMClient, fill_constraint
 

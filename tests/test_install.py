@@ -12,7 +12,7 @@ from packaging.requirements import Requirement
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = configparser.ConfigParser()
 SETTINGS.read(ROOT / "settings.ini")
-MODULES = sorted(p for p in (ROOT / "kgrag_nb").glob("*.py") if p.stem != "_modidx")
+MODULES = sorted(p for p in (ROOT / "kgrag_nb").rglob("*.py") if p.stem != "_modidx")  # the study wing's subpackages too
 # Third-party import names that need not be declared, each with its reason (none at present).
 EXEMPT: dict[str, str] = {}
 # Import name -> distribution, for declared packages whose import name differs and that may not be installed here.
@@ -49,8 +49,8 @@ def test_every_module_imports_without_dev_packages():
         try: import nbdev
         except ModuleNotFoundError: pass
         else: raise SystemExit("the blocker let nbdev through")
-        for stem in {json.dumps([p.stem for p in MODULES])}:
-            importlib.import_module("kgrag_nb" if stem == "__init__" else "kgrag_nb." + stem)
+        for name in {json.dumps([".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__") for p in MODULES])}:
+            importlib.import_module(name)
         from kgrag_nb.cli import main
         try: rc = main(["--help"])
         except SystemExit as e: rc = e.code
@@ -80,7 +80,7 @@ def test_direct_imports_are_declared():
             # not installed here (e.g. vllm): the import name itself (or its NOT_INSTALLED entry) must be declared
             provided = dists.get(mod) or {norm(NOT_INSTALLED.get(mod, mod))}
             if not provided & ok:
-                problems.append(f"kgrag_nb/{path.name} imports {mod} (distribution {', '.join(sorted(provided))}), "
+                problems.append(f"{path.relative_to(ROOT).as_posix()} imports {mod} (distribution {', '.join(sorted(provided))}), "
                                 "which settings.ini does not declare: add it to requirements")
     assert not problems, "\n".join(problems)
 

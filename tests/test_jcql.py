@@ -13,10 +13,10 @@ from hypothesis import given, settings, strategies as st
 
 from kgrag_nb.kg import KG
 from kgrag_nb.kgqa import Question, get_method
-from kgrag_nb.jcql import (ACTIONS, EXAMPLE_TEST, AgentConfig, AgentKB, GoldLeakError, JCQLAgent, ParsedStep, _Run,
+from kgrag_nb.studies.jcql.kbqa import (ACTIONS, EXAMPLE_TEST, AgentConfig, AgentKB, GoldLeakError, JCQLAgent, ParsedStep, _Run,
                            agent_example, agent_instruction, bfs_path, expand_paths, gold_leaks, parse_step, parse_triples,
                            parse_trajectory, replay_batch, slm_triples, step_prompt)
-from kgrag_nb import jcql as J
+from kgrag_nb.studies.jcql import kbqa as J
 
 # ---------------------------------------------------------------- the action parser
 
@@ -102,7 +102,7 @@ def test_parse_trajectory_searches_from_every_topic_entity():
 
 def test_path_questions_on_the_complete_smoke_slice():
     "Setting Details: the training questions Algorithm 1 takes first have a topic → answer path inside the complete slice."
-    from kgrag_nb import jcql_kbc as K
+    from kgrag_nb.studies.jcql import kbc as K
     full = K.fb15k237_splits()["all"]
     topics, _ = K.slice_topics(full, ["cwq", "webqsp"], 10, 0)  # the smoke slice of jcql_kbc
     idx = K.slice_triples(full, topics, 2, 3000, 0)
@@ -152,7 +152,7 @@ def test_exclude_held_out_hand_computed():
 @pytest.mark.slow  # trains a 5-entity SLM for a few seconds
 def test_replay_study_never_fine_tunes_on_held_out_triples(tmp_path):
     "A real (toy) KBC SLM: path triples that are held-out KBC test triples are dropped, counted and never scored as paths."
-    from kgrag_nb import jcql_kbc as K
+    from kgrag_nb.studies.jcql import kbc as K
     ents = ["Ann", "Bob", "Cy", "Dee", "Eve"]
     train = [("Ann", "parent", "Bob"), ("Bob", "parent", "Cy"), ("Cy", "parent", "Dee"), ("Ann", "likes", "Eve"),
              ("Eve", "likes", "Dee"), ("Dee", "likes", "Ann")]
@@ -310,11 +310,11 @@ def test_parse_triples():
 
 @pytest.mark.llm
 def test_agent_embedded(embedded_server, tmp_path):
-    "The agent with a real tiny SLM trained here (kgrag_nb.jcql_kbc) on the real embedded server; failures counted."
-    from kgrag_nb import jcql_kbc as K
+    "The agent with a real tiny SLM trained here (kgrag_nb.studies.jcql.kbc) on the real embedded server; failures counted."
+    from kgrag_nb.studies.jcql import kbc as K
     from kgrag_nb.kgqa import TraceWriter
     from kgrag_nb.llm import LLMClient
-    from kgrag_nb.jcql import (kbqa_questions, name_kg, prediction_frame, failure_table, relation_names_of, select_questions)
+    from kgrag_nb.studies.jcql.kbqa import (kbqa_questions, name_kg, prediction_frame, failure_table, relation_names_of, select_questions)
     splits = K.fb15k237_splits(); full = splits["all"]
     seeds = kbqa_questions("cwq", "test", full, n=2, seed=0)
     data = K.build_kbc_data(splits, keep=0.5, seed=0, topics=[m for q in seeds for m in q.meta["mids"]], hops=1, max_triples=300)
@@ -354,7 +354,7 @@ def test_agent_embedded(embedded_server, tmp_path):
 # ---------------------------------------------------------------- constrained decoding (issue 21)
 
 from kgrag_nb.llm import Constraint, fill_constraint
-from kgrag_nb.jcql import (COT_ANSWER, SHORT_ANSWER, DECODINGS, agent_decode as decode, entity_constraint, parse_choice, parse_cot, parse_paths,
+from kgrag_nb.studies.jcql.kbqa import (COT_ANSWER, SHORT_ANSWER, DECODINGS, agent_decode as decode, entity_constraint, parse_choice, parse_cot, parse_paths,
                            parse_relation_choice, parse_short, paths_constraint, relations_constraint, schema_constraint,
                            step_constraint, triples_constraint)
 
@@ -441,7 +441,7 @@ def test_constrained_step_embedded(embedded_server, tmp_path):
 
 # ---------------------------------------------------------------- format tax (issue 21 item 4)
 def test_format_tax_declaration_and_bad_decoding():
-    from kgrag_nb.jcql import FORMAT_TAX, FT_VARIANT, format_tax_arm
+    from kgrag_nb.studies.jcql.kbqa import FORMAT_TAX, FT_VARIANT, format_tax_arm
     assert set(FORMAT_TAX) == {"study", "step", "metric", "paper", "settings"} and FORMAT_TAX["study"] == "jcql"
     assert "L = 2 steps (paper: 10)" in FORMAT_TAX["settings"]  # where the arm differs from the paper
     assert "0.475" in FORMAT_TAX["paper"] and "Table 3" in FORMAT_TAX["paper"]
@@ -454,7 +454,7 @@ def test_format_tax_declaration_and_bad_decoding():
 def test_format_tax_arm_constrained_embedded(embedded_server, tmp_path):
     "The JCQL format-tax arm (constrained) on the real server: one record with the contract's keys and types."
     from kgrag_nb.llm import LLMClient
-    from kgrag_nb.jcql import format_tax_arm, FT_MAX_STEPS
+    from kgrag_nb.studies.jcql.kbqa import format_tax_arm, FT_MAX_STEPS
     from _format_tax import one_constrained_record
     r = one_constrained_record(format_tax_arm, LLMClient(embedded_server.url, cache=tmp_path / "llm.sqlite", progress=False), "jcql")
     assert isinstance(r["finished"], bool) and r["fired"] is None and r["kept"] is None
@@ -467,7 +467,7 @@ def test_format_tax_arm_constrained_embedded(embedded_server, tmp_path):
 def test_format_tax_arm_counts_with_the_stub():
     "The arm on 2 CWQ questions with the stub's rule: free steps never parse (no Finish, L steps); constrained steps all"
     " parse as an enabled action (decoupled = `decode`, tested above); Finish is only ever the agent's own action."
-    from kgrag_nb.jcql import format_tax_arm, FT_MAX_STEPS
+    from kgrag_nb.studies.jcql.kbqa import format_tax_arm, FT_MAX_STEPS
     from kgrag_nb.metrics import _check_tax_record
     arms = {d: format_tax_arm(_FakeClient(), d, 2) for d in ("free", "constrained")}
     assert [r["item"] for r in arms["free"]] == [r["item"] for r in arms["constrained"]]
@@ -581,7 +581,7 @@ def test_step_constraint_admits_the_papers_own_step():
     "Prompt 1's own Thought 4 (297 characters) with its Finish of four answers, and a Finish of five answers, are steps."
     thought, action = _paper_example_steps()
     assert len(thought) > 240 and action.startswith("Finish[")
-    from kgrag_nb.jcql import step_constraint
+    from kgrag_nb.studies.jcql.kbqa import step_constraint
     c = re.compile(step_constraint(ACTIONS, 4).value)
     assert c.fullmatch(f" {thought}\nAction 4: {action}")
     assert c.fullmatch(" All five are answers.\nAction 4: Finish[a | b | c | d | e]")
@@ -589,7 +589,7 @@ def test_step_constraint_admits_the_papers_own_step():
 
 def test_paths_constraint_admits_an_empty_selection():
     "Prompt 7 may select no known triple under every decoding (P_q then falls back to the BFS path, as in free decoding)."
-    from kgrag_nb.jcql import paths_constraint
+    from kgrag_nb.studies.jcql.kbqa import paths_constraint
     k = [("Bob", "spouse", "Ann")]
     assert re.fullmatch(paths_constraint(k).value, ' spouse\nRelated triples: """\n"""')
     assert parse_paths(' spouse\nRelated triples: """\n"""', k) == []

@@ -1,4 +1,4 @@
-"""JCQL, KBC side (kgrag_nb.jcql_kbc): Eq. 2, the context rule, the KB/test separation, the §3.4 sampled-ranking
+"""JCQL, KBC side (kgrag_nb.studies.jcql.kbc): Eq. 2, the context rule, the KB/test separation, the §3.4 sampled-ranking
 convention, the PyKEEN cross-check of our filtered ranks, the tokenizer round trip, and the KBCModel interface."""
 import math
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from kgrag_nb.jcql_kbc import (NOOP, SPECIALS, ContextIndex, KBCData, KBCModel, PyKEENBaseline, SLMConfig, build_kbc_data,
+from kgrag_nb.studies.jcql.kbc import (NOOP, SPECIALS, ContextIndex, KBCData, KBCModel, PyKEENBaseline, SLMConfig, build_kbc_data,
                                build_tokenizer, cap_tail_share, fb15k237_splits, kbc_input, kbc_training_triples,
                                metric_cis, random_ranking, relation_cooccurrence, result_row, sampled_filtered_rank,
                                slice_topics, tail_share, train_kbc, unique_names)
@@ -175,7 +175,7 @@ def test_tokenizer_specials():
     assert TOK.encode(kbc_input("a", "p", [("a", "q", "b")])).ids.count(3) == 1  # <SEP> is one token
 
 
-# ---------------------------------------------------------------- the KBCModel interface (what kgrag_nb.jcql calls)
+# ---------------------------------------------------------------- the KBCModel interface (what kgrag_nb.studies.jcql.kbqa calls)
 @pytest.fixture(scope="module")
 def toy_model():
     ents = ["Ann", "Bob", "Cy", "Dee", "Eve"]

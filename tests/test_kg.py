@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st, HealthCheck
 
 from kgrag_nb.config import get_config
 from kgrag_nb.kg import KG, COLUMNS
-from kgrag_nb.awaken import AWAKENING_MAX_SUBGRAPH_TRIPLES
+from kgrag_nb.studies.awakening.task1 import AWAKENING_MAX_SUBGRAPH_TRIPLES
 
 
 # ---------------------------------------------------------------- hand-built graphs

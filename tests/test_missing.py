@@ -1,4 +1,4 @@
-"""Tests of kgrag_nb.missing (missing_knowledge_rag.txt): verbatim prompt lines, the JSON parser (hand cases and
+"""Tests of kgrag_nb.studies.misk.rag (missing_knowledge_rag.txt): verbatim prompt lines, the JSON parser (hand cases and
 hypothesis fuzzing), multi-KB rules, no leakage, hand-computed metrics, and one `llm` pipeline run on the embedded server."""
 import json, re
 from pathlib import Path
@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kgrag_nb import missing as M
+from kgrag_nb.studies.misk import rag as M
 from kgrag_nb.metrics import exact_match
 
 PROPS = settings(max_examples=150, deadline=None)
@@ -627,14 +627,14 @@ def test_no_typed_calibration_figures_in_prose():
     """The tau comments and the prose around them cited hand-typed agreement figures ("agreement 100.0% on 200 NQ
     pairs"); the figures are cell outputs now (`tau_before_after`, `kind_table`, `calibration_lines`)."""
     root = Path(__file__).resolve().parents[1]
-    cells = json.loads((root / "nbs" / "18_missing.ipynb").read_text(encoding="utf-8"))["cells"]
+    cells = json.loads((root / "nbs" / "studies/misk/01_rag.ipynb").read_text(encoding="utf-8"))["cells"]
     prose = _recall_section_prose(cells)
     assert prose and any("TAU_EN" in p or "tau" in p for p in prose)
     assert not [m.group(0) for p in prose for m in _TYPED_FIGURE.finditer(p)]
     tau_lines = [l for c in cells for l in "".join(c["source"]).splitlines() if l.startswith(("TAU_EN =", "TAU_ZH ="))]
     assert len(tau_lines) == 2 and not any(re.search(r"\d", l.split("#", 1)[1]) for l in tau_lines)
     for name in ("misk_fig3", "misk_table3", "misk_table4"):
-        nb = json.loads((root / "nbs" / "studies" / f"{name}.ipynb").read_text(encoding="utf-8"))
+        nb = json.loads((root / "nbs" / "studies" / "misk" / "artefacts" / f"{name}.ipynb").read_text(encoding="utf-8"))
         md = [m for c in nb["cells"] if c["cell_type"] == "markdown" for m in _TYPED_FIGURE.findall("".join(c["source"]))]
         code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
         assert not md and "misk.record_calibration(run, settings" in code, name  # the calibration computed in the artefact

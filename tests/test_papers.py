@@ -84,8 +84,9 @@ def test_files_schema_keys_and_values():
 
 
 def test_artefacts_are_registered_studies_of_the_same_paper():
-    reg = yaml.safe_load((get_config().root / "studies.yaml").read_text())
-    studies = {**reg.get("experiments", {}), **reg.get("artifacts", {})}
+    from kgrag_nb.reproduce import _read_registry  # the root studies.yaml and every study folder's study.yaml
+    exps, arts = _read_registry(cfg=get_config())
+    studies = {k: {"paper": v.paper} for k, v in {**exps, **arts}.items()}
     rows = pd.concat([paper_numbers()[["paper", "artefact"]], paper_claims()[["paper", "artefact"]]])
     for paper, art in set(map(tuple, rows[rows["artefact"] != ""].to_numpy())):
         assert art in studies, f"{art!r} (rows of {paper}) is not in studies.yaml"

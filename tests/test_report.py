@@ -702,7 +702,7 @@ def _items_run(tmp_path, per_page: int = 100) -> tuple[Path, object]:
 
 def _released() -> dict:
     "id -> released CoE record where this checkout's data mirror has them ({} otherwise: the pages then say 'not recorded')."
-    from kgrag_nb import coe
+    from kgrag_nb.studies.coe import evidence as coe
     try: return {r["id"]: r for ds in coe.DATASETS for r in coe.load_released(ds).to_dict("records")}
     except (OSError, KeyError, ValueError): return {}
 
@@ -852,7 +852,7 @@ def test_item_pages_of_real_jcql_records(tmp_path):
 def test_jcql_items_show_jcql_with_each_other_llm(tmp_path):
     "Table 2's JCQL_<LLM> rows: JCQL run with another LLM (`llm_predictions`, its own trace file) is one more output of the"
     " question, named by its LLM, with that LLM's calls in the trace; Table 3 (the main LLM's ablations) leaves it out."
-    from kgrag_nb import jcql
+    from kgrag_nb.studies.jcql import kbqa as jcql
     xp = tmp_path / "jcql_kbqa" / KBQA_KEY[:16]
     shutil.copytree(ITEMS_DATA / "experiments/jcql_kbqa" / KBQA_KEY[:16], xp)
     main = next(r for r in json.loads((xp / "predictions.json").read_text()) if r["method"] == "jcql")

@@ -31,7 +31,7 @@ PARAMS = 'profile = "smoke"\nrun_dir = None\nllm_url = None\nmodel = None\nn = 1
 
 def test_repository_study_notebooks_pass_the_check():
     checked = check_study_notebooks()
-    assert "nbs/studies/closed_book_baseline.ipynb" in checked and "nbs/studies/kg_statistics.ipynb" in checked
+    assert "nbs/studies/awakening/artefacts/closed_book_baseline.ipynb" in checked and "nbs/studies/brink/artefacts/kg_statistics.ipynb" in checked
 
 
 def test_parameters_cell_must_be_unique_and_literal(tmp_path):
@@ -67,7 +67,7 @@ def test_papermill_inspection_lists_every_study_parameter():
 
 def test_select_artifacts_patterns():
     reg = load_registry()
-    assert [a.id for a in select_artifacts(reg, "closed*,kg_*")] == ["kg_statistics", "closed_book_baseline"]
+    assert [a.id for a in select_artifacts(reg, "closed*,kg_*")] == ["closed_book_baseline", "kg_statistics"]  # registry order: study folders (awakening/, brink/)
     with pytest.raises(ValueError, match="matches no artefact"): select_artifacts(reg, "zzz")
 
 
@@ -125,7 +125,7 @@ def test_failing_notebook_is_reported_and_others_still_run(tmp_path):
 def test_unknown_override_is_refused(tmp_path):
     cfg = _tmp_cfg(tmp_path)
     m = None
-    with pytest.raises(ValueError, match="not in nbs/studies/kg_statistics.ipynb"):
+    with pytest.raises(ValueError, match="not in nbs/studies/brink/artefacts/kg_statistics.ipynb"):
         m = reproduce(profile="smoke", only="kg_statistics", overrides={"no_such_param": 1}, cfg=cfg, progress=False)
 
 

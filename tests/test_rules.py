@@ -1,4 +1,4 @@
-"""Tests of kgrag_nb.rules: hand-built KGs whose rules and measures are computed by hand, a pure-Python brute-force
+"""Tests of kgrag_nb.studies.brink.rules: hand-built KGs whose rules and measures are computed by hand, a pure-Python brute-force
 miner (every substitution enumerated) cross-checked against the vectorised miner with hypothesis, and Family (real data
 from the offline mirror) against BRINK (brink_incomplete_kg_benchmark.txt) Table 1."""
 import itertools
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st, HealthCheck
 
 from kgrag_nb.kg import KG
-from kgrag_nb.rules import (Atom, Rule, Grounding, mine_rules, rule_measures, classify_rule, parse_amie, groundings,
+from kgrag_nb.studies.brink.rules import (Atom, Rule, Grounding, mine_rules, rule_measures, classify_rule, parse_amie, groundings,
                             rules_to_frame, write_rules_tsv, read_rules_tsv, load_kg_or_tsv, TSV_COLUMNS, brink_table1,
                             APP_A2, _by_type, amie_2019_dropped, amie_filters)
 
@@ -554,7 +554,7 @@ def test_family_reproduces_brink_table1():
 
 
 def test_family_parallel_equals_sequential(monkeypatch):
-    import kgrag_nb.rules as rules_mod
+    import kgrag_nb.studies.brink.rules as rules_mod
     monkeypatch.setattr(rules_mod, "MIN_PARALLEL_ITEMS", 1)  # send every level to the worker processes
     kg = load_kg_or_tsv("family")
     seq = mine_rules(kg, max_len=3, progress=False)
@@ -584,7 +584,7 @@ CACHE_OPTS = dict(max_len=3, min_hc=0.1, min_pca=0.3, min_std=0.0, min_support=2
 def test_rules_cache_reuses_without_mining(tmp_path, monkeypatch):
     """Same KG and options: the second call reads the stored rules (mine_rules is not called), measures and order
     identical; min_initial_support and amie_compat are filters of the one stored run, so they share the entry."""
-    import kgrag_nb.rules as R
+    import kgrag_nb.studies.brink.rules as R
     kg = likes()
     calls = []
     real = R.mine_rules
@@ -611,14 +611,14 @@ def test_rules_cache_reuses_without_mining(tmp_path, monkeypatch):
 @pytest.mark.parametrize("option,value", [("max_len", 2), ("min_hc", 0.2), ("min_pca", 0.4), ("min_std", 0.3),
                                           ("min_support", 3), ("instantiated", True), ("recursivity_limit", 2)])
 def test_rules_cache_key_changes_with_every_option(option, value):
-    from kgrag_nb.rules import rules_cache_key
+    from kgrag_nb.studies.brink.rules import rules_cache_key
     kg = likes()
     assert rules_cache_key(kg, **CACHE_OPTS) == rules_cache_key(kg, **CACHE_OPTS)  # deterministic
     assert rules_cache_key(kg, **{**CACHE_OPTS, option: value}) != rules_cache_key(kg, **CACHE_OPTS)
 
 
 def test_rules_cache_key_changes_with_the_kg_and_the_code(monkeypatch):
-    import kgrag_nb.rules as R
+    import kgrag_nb.studies.brink.rules as R
     kg = likes()
     key = R.rules_cache_key(kg, **CACHE_OPTS)
     fewer = KG.from_arrays(kg.triples[1:], kg.entities, kg.relations)  # one triple less
@@ -632,7 +632,7 @@ def test_rules_cache_key_changes_with_the_kg_and_the_code(monkeypatch):
 
 def test_rules_cache_second_writer_keeps_the_first_folder(tmp_path, monkeypatch):
     """A process that finishes mining after another one stored the same key leaves the stored folder as it is."""
-    import kgrag_nb.rules as R
+    import kgrag_nb.studies.brink.rules as R
     kg = likes()
     first = R.mine_rules_cached(kg, progress=False, min_initial_support=1, cache_dir=tmp_path, **CACHE_OPTS)
     folder = tmp_path / first.cache["key"][:16]
@@ -646,7 +646,7 @@ def test_rules_cache_second_writer_keeps_the_first_folder(tmp_path, monkeypatch)
 
 # ---------------------------------------------------------------- _refine's steps, each by hand (issue 24)
 def test_refinement_ops_by_hand():
-    from kgrag_nb.rules import _refinement_ops
+    from kgrag_nb.studies.brink.rules import _refinement_ops
     # ⊤ => h(?a, ?b), length 2: only a closing atom can still close; length 3: dangling on ?a or ?b either way, too
     assert _refinement_ops((), 2, True) == (2, [], [(0, 1), (1, 0)], [])
     assert _refinement_ops((), 3, False) == (2, [(0, 0), (0, 1), (1, 0), (1, 1)], [(0, 1), (1, 0)], [])
@@ -659,7 +659,7 @@ def test_refinement_ops_by_hand():
 
 
 def test_project_reads_head_variables_and_dedups_by_hand():
-    from kgrag_nb.rules import _project
+    from kgrag_nb.studies.brink.rules import _project
     T = {"p": np.array([0, 0, 1, 1]), 2: np.array([7, 8, 7, 7]), 3: np.array([1, 2, 3, 4])}
     hs, ho = np.array([10, 11]), np.array([20, 21])
     pp, (a,) = _project(T, hs, ho, 30, (0,))
@@ -669,7 +669,7 @@ def test_project_reads_head_variables_and_dedups_by_hand():
 
 
 def test_children_above_threshold_duplicates_and_recursivity_by_hand():
-    from kgrag_nb.rules import _children_above
+    from kgrag_nb.studies.brink.rules import _children_above
     # head 0, relations 0 and 1: r1(?a, ?c) support 3; r0(?b, ?a) support 2; r0(?a, ?b) is the head atom itself
     got = _children_above(0, (), 2, {(0, 0): np.array([1, 3])}, {(1, 0): np.array([2, 0]), (0, 1): np.array([5, 0])}, {},
                           2, 3, 10)

@@ -45,7 +45,7 @@ def test_true_false_and_yes_no_prompts_open_the_gate():
 def test_question_generation_prompts_get_a_question_that_brink_reads():
     # BRINK App. D also says "Do not ask a yes/no question": before this rule the stub answered " Yes", no question
     # parsed, and the full rehearsal's benchmark had no test question (brink_benchmarks failed its closing check)
-    from kgrag_nb.brink import QG_PROMPT, parse_question
+    from kgrag_nb.studies.brink.benchmark import QG_PROMPT, parse_question
     p = QG_PROMPT.format(entity_h="4", predicate_T="wife_of", entity_t="9", topic_entity="9", answer_entity="4")
     text, finish = stub_reply(p, 64, 0, 0.3)
     assert text.startswith(" What is ") and parse_question(text) == text.strip() and finish == "stop"

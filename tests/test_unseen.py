@@ -1,4 +1,4 @@
-"""Tests of kgrag_nb.unseen: Unseen-Entity KGQA (awakening paper §5, App. C-E, Table 3).
+"""Tests of kgrag_nb.studies.awakening.task2: Unseen-Entity KGQA (awakening paper §5, App. C-E, Table 3).
 
 Hand-built tiny KGs with hand-computed incomplete KGs, extraction/choice/type/decomposition parsing, knowledge
 construction, DiFaR and relation retrieval with the real MiniLM embedder and real FAISS, hypothesis properties of the
@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from kgrag_nb.backends import LocalBackend, RelationRetriever
 from kgrag_nb.kg import KG
-from kgrag_nb.unseen import (UnseenConfig, DiFaR, KNOWLEDGE_SETS, METHODS, TOP_LEVEL_TYPES, build_incomplete_kg,
+from kgrag_nb.studies.awakening.task2 import (UnseenConfig, DiFaR, KNOWLEDGE_SETS, METHODS, TOP_LEVEL_TYPES, build_incomplete_kg,
                              build_knowledge, decomposition_prompt, disambiguation_prompt, entity_queries,
                              extraction_prompt, kg_stats, knowledge_sets, merge_hits, paper_table3, parse_choice,
                              nearest_type, parse_decomposition, parse_extraction, parse_type, question_topics, relation_candidates,
@@ -71,7 +71,7 @@ def test_incomplete_kg_hops_and_unknown_topics():
 def test_generic_backend_path_matches_local_path():
     qs = [rec("a", "q?", ["x"], ("e1", "One")), rec("b", "q?", ["x"], ("e10", "Ten"), ("e12", None))]
     local = build_incomplete_kg(qs, LocalBackend(CHAIN), map_id=str)
-    import kgrag_nb.unseen as U
+    import kgrag_nb.studies.awakening.task2 as U
     generic = U._khop_union(SimpleNamespace(khop_triples=LocalBackend(CHAIN).khop_triples, labels=LocalBackend(CHAIN).labels,
                                             relation_labels=LocalBackend(CHAIN).relation_labels),
                             local.masked, 2, 40_000, "g")
@@ -321,7 +321,7 @@ def test_pipeline_embedded(embedded_server, tmp_path, emb):
 
 
 # ---------------------------------------------------------------- decoding (issue 21): declared formats, free keys, format tax
-from kgrag_nb import unseen as U
+from kgrag_nb.studies.awakening import task2 as U
 from kgrag_nb.llm import LLMClient, ResponseCache, constraint_gbnf, fill_constraint, request_key
 
 

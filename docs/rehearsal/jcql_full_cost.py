@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from kgrag_nb import jcql_kbc as K
+from kgrag_nb.studies.jcql import kbc as K
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent

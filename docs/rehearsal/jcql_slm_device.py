@@ -1,7 +1,7 @@
 """Throughput of JCQL's KBC SLM at the `full` profile's size on one device (issue 23 item 4: a bill for the non-LLM GPU work).
 
 Standalone on purpose (only torch and transformers): the GPU machine this runs on has no kgrag_nb dependencies. The model is
-`kgrag_nb.jcql_kbc._new_model` with studies.yaml's full `slm` (T5: d_model 512, d_ff 2048, 6+6 layers, 8 heads, d_kv 64,
+`kgrag_nb.studies.jcql.kbc._new_model` with studies.yaml's full `slm` (T5: d_model 512, d_ff 2048, 6+6 layers, 8 heads, d_kv 64,
 vocab 32,000, tied embeddings, no dropout); training is `train_kbc`'s step (Adafactor, fixed lr 1e-3, batch 64, §4.1);
 scoring is the R-sample filtered ranking's teacher-forced log-likelihood of R = 500 candidate tails per query.
 Token lengths are those of FB15k-237 KBC examples (head + relation ~16 tokens in, tail name ~8 out): synthetic ids,

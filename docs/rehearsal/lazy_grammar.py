@@ -12,7 +12,7 @@ import csv, sys, time
 
 import llama_cpp
 
-from kgrag_nb import jcql
+from kgrag_nb.studies.jcql import kbqa as jcql
 from kgrag_nb.llm import Constraint, constraint_gbnf
 from kgrag_nb.serve import embedded_model_path, lazy_grammar
 

@@ -2,14 +2,14 @@
 
     nice -n 19 /usr/bin/time -v python docs/rehearsal/rules_mining.py fb15k237 4 [fraction of triples]
 
-Mines with `kgrag_nb.rules.mine_rules` directly (not through the rules cache) at App. A.2 thresholds (head coverage 0.1,
+Mines with `kgrag_nb.studies.brink.rules.mine_rules` directly (not through the rules cache) at App. A.2 thresholds (head coverage 0.1,
 std confidence 0.3, PCA confidence 0.4) with every head relation (`min_initial_support=1`, as `brink_table1`), and prints
 one JSON line per stage of the breadth-first search (items, wall seconds, peak RSS) and a final line with the rules.
 A fraction < 1 mines a seeded uniform sample of the triples (for the scaling rows of rules_mining.csv).
 """
 import json, resource, sys, time
 import numpy as np
-from kgrag_nb import rules as R
+from kgrag_nb.studies.brink import rules as R
 from kgrag_nb.datasets import load_kg
 from kgrag_nb.kg import KG
 

@@ -13,7 +13,7 @@ import json, time
 from kgrag_nb.backends import LocalBackend
 from kgrag_nb.datasets import load_kg
 from kgrag_nb.reproduce import peak_rss_mb
-from kgrag_nb.unseen import build_incomplete_kg, sample_questions
+from kgrag_nb.studies.awakening.task2 import build_incomplete_kg, sample_questions
 kg = load_kg("fb15k237"); backend = LocalBackend(kg)
 sample, _ = sample_questions("cwq", kg, {n}, 0)
 t0 = time.perf_counter(); inc = build_incomplete_kg(sample, backend, max_triples=40_000, name="cwq")
@@ -34,7 +34,7 @@ print(json.dumps(dict(stage="DiFaR triple embedding (MiniLM, CPU)", size={n}, un
 AWAKEN = """
 import json, time
 import numpy as np
-from kgrag_nb import awaken
+from kgrag_nb.studies.awakening import task1 as awaken
 from kgrag_nb.reproduce import peak_rss_mb
 records, backend, map_id = awaken.task1_data("cwq")
 texts = []

@@ -130,7 +130,8 @@ def main():
                     f"{sum(test_q.values()):,} test questions); their prompts (Freebase ids, labels) differ in length"))
 
     # CoE: the run model and the five paper models answer (key-logged); the judge's client is not key-logged
-    from kgrag_nb import coe, missing
+    from kgrag_nb.studies.coe import evidence as coe
+    from kgrag_nb.studies.misk import rag as missing
     r = p4["coe_runs"]
     cf = full["coe_runs"]
     per_other = r["other_models"] / len(cf["models"])

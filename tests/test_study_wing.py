@@ -1,0 +1,139 @@
+"""The study wing: every study is one folder (`nbs/studies/<id>/`) and one package (`kgrag_nb/studies/<id>/`).
+
+A study folder has its `study.yaml` (the runner finds it by glob), its `README.md`, a numbered library notebook per
+module and, in its package, a `Study` record `STUDY` whose paper-number file exists; a study.yaml names only notebooks
+inside its own folder. `wing_problems` reads a checkout's files only (no import), so the same check runs on a broken
+copy of the checkout; `test_every_study_package_exports_its_study` then imports each package and asks its `Study`.
+`nbs/studies/cross/` (the format tax and the claims ledger, of every paper) has a study.yaml and README but no package.
+"""
+from __future__ import annotations
+import ast, importlib, shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kgrag_nb.config import get_config
+from kgrag_nb.reproduce import Study, _read_registry
+
+ROOT = Path(__file__).resolve().parents[1]
+CROSS = "cross"  # the folder of notebooks that belong to every paper, not one: no package, no Study
+
+
+def study_ids(root: Path) -> list[str]:
+    "Every study folder of the wing (`nbs/studies/<id>/`) and every study package (`kgrag_nb/studies/<id>/`), but `cross`."
+    folders = {p.name for p in (root / "nbs/studies").iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
+    packages = {p.name for p in (root / "kgrag_nb/studies").iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
+    return sorted((folders | packages) - {CROSS})
+
+
+def _study_call(init: Path) -> ast.Call | None:
+    "The `Study(...)` call assigned to `STUDY` in a study package's `__init__.py`, read without importing it."
+    if not init.is_file(): return None
+    for node in ast.parse(init.read_text()).body:
+        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "STUDY" for t in node.targets)
+                and isinstance(node.value, ast.Call) and getattr(node.value.func, "id", None) == "Study"):
+            return node.value
+    return None
+
+
+def wing_problems(root: Path) -> list[str]:
+    "What the study wing of the checkout `root` lacks, one line each (empty when every study is complete)."
+    out = []
+    for sid in study_ids(root):
+        folder, pkg = root / "nbs/studies" / sid, root / "kgrag_nb/studies" / sid
+        for f in ("study.yaml", "README.md"):
+            if not (folder / f).is_file(): out.append(f"nbs/studies/{sid}/{f} is missing")
+        call = _study_call(pkg / "__init__.py")
+        if call is None: out.append(f"kgrag_nb/studies/{sid}/__init__.py defines no `STUDY = Study(...)` (export it from nbs/studies/{sid}/NN_study.ipynb)")
+        else:
+            kw = {k.arg: k.value for k in call.keywords}
+            if not (isinstance(kw.get("id"), ast.Constant) and kw["id"].value == sid):
+                out.append(f"kgrag_nb/studies/{sid}/__init__.py: STUDY's id is not {sid!r} (the folder's name)")
+            mods = ast.literal_eval(kw["modules"]) if "modules" in kw else ()
+            for m in mods:
+                if not list(folder.glob(f"[0-9]*_{m}.ipynb")): out.append(f"nbs/studies/{sid}/ has no notebook NN_{m}.ipynb for module {m}")
+        papers = {e.get("paper") for f in [folder / "study.yaml"] if f.is_file()
+                  for sec in ("experiments", "artifacts") for e in ((yaml.safe_load(f.read_text()) or {}).get(sec) or {}).values()}
+        for paper in sorted(p for p in papers if p and p != "all"):
+            if not (root / "kgrag_nb/papers" / f"{Path(paper).stem}.csv").is_file():
+                out.append(f"kgrag_nb/papers/{Path(paper).stem}.csv (the paper numbers of {sid}) is missing")
+    for sid in study_ids(root) + [CROSS]:
+        f = root / "nbs/studies" / sid / "study.yaml"
+        if not f.is_file(): continue
+        raw = yaml.safe_load(f.read_text()) or {}
+        for sec in ("experiments", "artifacts"):
+            for eid, e in (raw.get(sec) or {}).items():
+                nb = (root / str(e.get("notebook", ""))).resolve()
+                if not nb.is_relative_to(f.parent.resolve()):
+                    out.append(f"nbs/studies/{sid}/study.yaml: {eid} names {e.get('notebook')}, outside its folder")
+    if not (root / "nbs/studies" / CROSS / "README.md").is_file(): out.append(f"nbs/studies/{CROSS}/README.md is missing")
+    return out
+
+
+def test_the_study_wing_is_complete():
+    assert study_ids(ROOT) == ["awakening", "brink", "coe", "jcql", "misk"]
+    assert wing_problems(ROOT) == []
+
+
+@pytest.fixture(scope="module")
+def copy_of_wing(tmp_path_factory):
+    "The files `wing_problems` reads, copied: a checkout to break."
+    dst = tmp_path_factory.mktemp("wing")
+    for d in ("nbs/studies", "kgrag_nb/studies", "kgrag_nb/papers"):
+        shutil.copytree(ROOT / d, dst / d, ignore=shutil.ignore_patterns("*.ipynb", "__pycache__"))
+    for nb in (ROOT / "nbs/studies").glob("*/[0-9]*.ipynb"): (dst / nb.relative_to(ROOT)).write_text("{}")
+    return dst
+
+
+def _broken(src: Path, tmp_path: Path) -> Path:
+    root = tmp_path / "root"; shutil.copytree(src, root); return root
+
+
+@pytest.mark.parametrize("breakage, expected", [
+    (lambda r: (r / "nbs/studies/misk/study.yaml").unlink(), "nbs/studies/misk/study.yaml is missing"),
+    (lambda r: (r / "nbs/studies/coe/README.md").unlink(), "nbs/studies/coe/README.md is missing"),
+    (lambda r: (r / "kgrag_nb/papers/jcql_joint_kbc_kbqa.csv").unlink(), "kgrag_nb/papers/jcql_joint_kbc_kbqa.csv (the paper numbers of jcql) is missing"),
+    (lambda r: (r / "kgrag_nb/studies/brink/__init__.py").write_text(""), "kgrag_nb/studies/brink/__init__.py defines no `STUDY = Study(...)`"),
+    (lambda r: (r / "nbs/studies/awakening/02_task1.ipynb").unlink(), "nbs/studies/awakening/ has no notebook NN_task1.ipynb for module task1"),
+    (lambda r: (r / "nbs/studies/newpaper").mkdir(), "nbs/studies/newpaper/study.yaml is missing"),
+    (lambda r: (r / "nbs/studies/misk/study.yaml").write_text((r / "nbs/studies/misk/study.yaml").read_text().replace(
+        "nbs/studies/misk/artefacts/misk_table1.ipynb", "nbs/studies/coe/artefacts/misk_table1.ipynb")),
+     "nbs/studies/misk/study.yaml: misk_table1 names nbs/studies/coe/artefacts/misk_table1.ipynb, outside its folder"),
+])
+def test_a_broken_study_folder_is_named(copy_of_wing, tmp_path, breakage, expected):
+    "Each missing piece (study.yaml, README, paper file, Study, a module's notebook) and a notebook outside its folder fails the check."
+    root = _broken(copy_of_wing, tmp_path)
+    assert wing_problems(root) == []  # the copy is whole
+    breakage(root)
+    problems = wing_problems(root)
+    assert any(p.startswith(expected) for p in problems), problems
+
+
+def test_every_study_package_exports_its_study():
+    "`kgrag_nb.studies.<id>.STUDY` is a `Study` of that id, and `Study.problems` finds the folder complete."
+    for sid in study_ids(ROOT):
+        s = importlib.import_module(f"kgrag_nb.studies.{sid}").STUDY
+        assert isinstance(s, Study) and s.id == sid and s.problems(ROOT) == [], (sid, s.problems(ROOT))
+        assert s.package == f"kgrag_nb.studies.{sid}" and s.format_tax and s.all_deviations
+
+
+def test_the_runner_refuses_a_notebook_outside_its_study_folder(tmp_path):
+    "The registry itself (not only this test) refuses a study.yaml entry whose notebook lies in another folder."
+    root = tmp_path / "proj"
+    (root / "nbs/studies/a/artefacts").mkdir(parents=True); (root / "nbs/studies/b").mkdir(parents=True)
+    (root / "nbs/studies/a/artefacts/x.ipynb").write_text("{}")
+    (root / "studies.yaml").write_text("defaults:\n  tiny: {decoding: constrained}\n")
+    entry = "artifacts:\n  x: {paper: p, title: t, notebook: nbs/studies/a/artefacts/x.ipynb, profiles: {tiny: {}}}\n"
+    cfg = get_config(root=root)
+    (root / "nbs/studies/a/study.yaml").write_text(entry)
+    exps, arts = _read_registry(cfg=cfg)
+    assert list(arts) == ["x"] and arts["x"].notebook == "nbs/studies/a/artefacts/x.ipynb"
+    (root / "nbs/studies/a/study.yaml").unlink(); (root / "nbs/studies/b/study.yaml").write_text(entry)
+    with pytest.raises(ValueError, match=r"study.yaml: artifact 'x': notebook 'nbs/studies/a/artefacts/x.ipynb' is outside its study folder nbs/studies/b"):
+        _read_registry(cfg=cfg)
+    (root / "nbs/studies/a/study.yaml").write_text(entry)  # the same id in two folders, each notebook in its own
+    (root / "nbs/studies/b/x.ipynb").write_text("{}")
+    (root / "nbs/studies/b/study.yaml").write_text(entry.replace("nbs/studies/a/artefacts/x.ipynb", "nbs/studies/b/x.ipynb"))
+    with pytest.raises(ValueError, match="registered in .* too; ids are unique across study folders"):
+        _read_registry(cfg=cfg)
