@@ -912,9 +912,11 @@ def run_notebook(study: Artifact,  # the registry entry
     out.parent.mkdir(parents=True, exist_ok=True)
     t0, error = time.time(), None
     try:
+        # the kernel starts in the project root (nbclient's `resources.metadata.path`); papermill's own `cwd=` would
+        # chdir the whole runner process, which two notebooks running at once restore out of order
         pm.execute_notebook(str(cfg.root / study.notebook), str(out), parameters=params, kernel_name=KERNEL_NAME,
-                            cwd=str(cfg.root), execution_timeout=cell_timeout, progress_bar=False, log_output=False,
-                            kernel_manager_class=NiceKernelManager)
+                            resources={"metadata": {"path": str(cfg.root)}}, execution_timeout=cell_timeout,
+                            progress_bar=False, log_output=False, kernel_manager_class=NiceKernelManager)
     except Exception as exc:  # papermill wraps the cell's exception; record it and go on
         error = _failed_cell(exc)
     return dict(status="failed" if error else "ok", error=error, wall_s=round(time.time() - t0, 2))

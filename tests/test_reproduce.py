@@ -122,6 +122,22 @@ def test_failing_notebook_is_reported_and_others_still_run(tmp_path):
         for k in ("KGRAG_HOME", "KGRAG_RUNS", "KGRAG_FIGURES", "KGRAG_CACHE"): os.environ.pop(k, None)
 
 
+def test_notebooks_run_in_the_root_and_the_runner_keeps_its_own_working_directory(tmp_path):
+    "Pins: papermill's `cwd=` changes the whole process's working directory while a notebook runs; two notebooks run at"
+    " once (`--jobs 2`) restored it out of order and left the runner (and a test session) in the project root. The kernels"
+    " get the root as their working directory instead, and the runner's own never changes."
+    root = tmp_path / "proj"
+    for name, wait in (("one", 0), ("two", 4)):  # the first to start ends first: it restores the cwd the second then replaces
+        _notebook(root / f"nbs/studies/{name}.ipynb", [("code", PARAMS, ["parameters"]),
+                  ("code", f"import os, time\nfrom pathlib import Path\ntime.sleep({wait})\nPath(run_dir, '{name}.txt').write_text(os.getcwd())", [])])
+    (root / "studies.yaml").write_text("artifacts:\n" + "".join(
+        f"  {n}: {{paper: x, title: t, notebook: nbs/studies/{n}.ipynb, profiles: {{smoke: {{n: 1}}}}}}\n" for n in ("one", "two")))
+    cfg, here = _tmp_cfg(tmp_path, root=root), os.getcwd()
+    m = reproduce(profile="smoke", cfg=cfg, progress=False, jobs=2)
+    assert m["failed"] == [] and os.getcwd() == here
+    for name in ("one", "two"): assert (cfg.runs_dir / m["run_id"] / f"{name}.txt").read_text() == str(root)
+
+
 def test_unknown_override_is_refused(tmp_path):
     cfg = _tmp_cfg(tmp_path)
     m = None
