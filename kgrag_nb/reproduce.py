@@ -39,8 +39,8 @@ __all__ = ['MAX_REGISTRY_BYTES', 'MAX_REGISTRY_NODES', 'SAFE_ID', 'STUDY_FILES',
            'run_notebook', 'ensure_experiment', 'IPCProvisioner', 'install_kernelspec', 'check_parameter_range',
            'check_overrides', 'git_sha', 'new_run_id', 'mark_abandoned', 'mark_abandoned_runs', 'check_run_id',
            'redact_url', 'url_secrets', 'scrub_secrets', 'config_environment', 'check_run_options', 'reproduce',
-           'register_decoding_deviation', 'profile_values', 'notebook_run_id', 'start_notebook_run', 'end_notebook_run',
-           'Study']
+           'register_decoding_deviation', 'decoding_deviation_lines', 'profile_values', 'notebook_run_id',
+           'start_notebook_run', 'end_notebook_run', 'Study']
 
 # %% ../nbs/15_reproduce.ipynb #c005
 @dataclass
@@ -1507,6 +1507,15 @@ def register_decoding_deviation(notebook_ids: str | list[str],  # the experiment
     for mode in lines: check_decoding(mode)
     for nid in [notebook_ids] if isinstance(notebook_ids, str) else notebook_ids: DECODING_DEVIATIONS[nid] = dict(lines)
     return lines
+
+def decoding_deviation_lines(lines: dict[str, str],  # a study's lines, as registered (decoding -> sentence)
+                             decoding: str) -> list[str]:  # the decoding a run (or a saved result) names
+    "The study's deviation line for `decoding` as a list: `[]` for 'free' (the papers' own decoding), else `[lines[decoding]]`;"
+    " an unknown decoding raises `check_decoding`'s ValueError (naming it and the modes), never a bare KeyError."
+    check_decoding(decoding)
+    if decoding == "free": return []
+    if decoding not in lines: raise ValueError(f"decoding={decoding!r}: the study has deviation lines for {sorted(lines)} only")
+    return [lines[decoding]]
 
 def profile_values(g: dict,  # the notebook's globals()
                    entry: Artifact,  # its registry entry
