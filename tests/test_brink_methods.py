@@ -381,12 +381,17 @@ def test_answer_list_filled_by_the_stub_parses():
 
 def test_decoding_is_checked(chain):
     from kgrag_nb.studies.brink.methods import answer_parse_rates, method_predictions
-    with pytest.raises(ValueError, match="paper's protocol"): MethodConfig(decoding="json")
+    # the study does not check a decoding itself: the decode layer rejects a typo when a step decodes (its message names
+    # the value and the modes), before any request; a config holding one fails at its first decoded step
     b = Benchmark(chain, chain, [], dict(name="chain"))
-    with pytest.raises(ValueError, match="decoding='grammar'"):
-        run_methods(b, [], ["llm_only"], None, decoding="grammar")
-    with pytest.raises(ValueError, match="decoding="):
-        method_predictions({"chain": b}, None, ["llm_only"], decoding="Constrained")
+    q = dict(id="q0", topic_entity_id="x", answer_ids=["z"], relation="t", direction="tail", hard_answer_id="z", question="t of x?")
+    with pytest.raises(ValueError, match="decoding='json'.*paper's protocol"):
+        run_methods(b, [q], ["llm_only"], None, config=MethodConfig(decoding="json"), progress=False)
+    with pytest.raises(ValueError, match="decoding='grammar'.*'constrained'.*'decoupled'"):
+        run_methods(b, [q], ["llm_only"], None, decoding="grammar", progress=False)
+    with pytest.raises(ValueError, match="decoding='Constrained'"):
+        method_predictions({"chain": Benchmark(chain, chain, [dict(q, split="test")], dict(name="chain"))}, None, ["llm_only"],
+                           decoding="Constrained")
     df = pd.DataFrame(dict(kg="k", setting="incomplete", mode="private_id", method=["a", "a", "a", "b"],
                            answer_parsed=[True, False, True, False]))
     pr = answer_parse_rates(df)

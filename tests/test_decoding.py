@@ -162,3 +162,53 @@ def test_studies_whose_constrained_steps_sample_name_the_sampler():
     assert not missing, missing
     assert not any(SAMPLER_NOTE in x for x in coe.deviations("decoupled"))  # restatements are greedy: nothing sampled
     assert SAMPLER_NOTE not in brink_methods.decoding_note(dict(decoding="constrained"))  # greedy: nothing sampled
+
+
+
+def _check_decoding_calls(source: str, where: str) -> list[str]:
+    "Where `source` calls `check_decoding` (as a bare name or an attribute, e.g. `llm.check_decoding(...)`)."
+    import ast
+    calls = []
+    for node in ast.walk(ast.parse(source, filename=where)):
+        f = node.func if isinstance(node, ast.Call) else None
+        if (f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None) == "check_decoding":
+            calls.append(f"{where}:{node.lineno}")
+    return calls
+
+
+def test_only_the_decode_layer_and_the_runner_check_the_decoding():
+    "`check_decoding` is called by `kgrag_nb.decoding` (when a step decodes) and `kgrag_nb.reproduce` (a run's parameters,"
+    " before a run folder is made, and a registered deviation line's lookup), never by a study module or a study notebook"
+    " (experiments, artefacts): a study passes its decoding on and the decode call checks it."
+    import json
+    from pathlib import Path
+    import kgrag_nb
+    root = Path(kgrag_nb.__file__).parent
+    allowed = {root / "decoding.py", root / "reproduce.py"}
+    calls = [c for py in sorted(root.rglob("*.py")) if py not in allowed
+             for c in _check_decoding_calls(py.read_text(), str(py.relative_to(root.parent)))]
+    for nb in sorted((root.parent / "nbs" / "studies").rglob("*.ipynb")):
+        for i, cell in enumerate(json.loads(nb.read_text())["cells"]):
+            if cell["cell_type"] != "code": continue
+            code = "\n".join("" if l.lstrip().startswith(("%", "!")) else l for l in "".join(cell["source"]).splitlines())
+            calls += _check_decoding_calls(code, f"{nb.relative_to(root.parent)} cell {i}")
+    assert not calls, f"check_decoding called outside the decode layer and the runner: {calls}"
+    assert _check_decoding_calls("from kgrag_nb import llm\nllm.check_decoding(d)", "probe")  # the scan sees a call
+
+
+def test_a_typo_in_a_study_deviation_lookup_names_the_modes():
+    "A study's deviation line for a decoding comes from its registered lines (`reproduce.decoding_deviation_lines`): none for"
+    " free, the line otherwise, and a typo gets the decode layer's ValueError (the value and the modes), not a bare KeyError."
+    from kgrag_nb.reproduce import decoding_deviation_lines
+    lines = {"constrained": "Decoding: constrained here."}
+    assert decoding_deviation_lines(lines, "free") == [] and decoding_deviation_lines(lines, "constrained") == [lines["constrained"]]
+    with pytest.raises(ValueError, match="the study has deviation lines for \\['constrained'\\] only"):
+        decoding_deviation_lines(lines, "decoupled")
+    lookups = {"closed book": lambda d: baselines.closed_book_deviations(d),
+               "awakening": lambda d: awaken.study_deviations({"params": {"decoding": d}}),
+               "unseen": lambda d: unseen.unseen_deviations(d), "brink": lambda d: brink_methods.decoding_note({"decoding": d}),
+               "jcql": lambda d: jcql.deviations({"decoding": d}), "coe": lambda d: coe.deviations(d),
+               "missing": lambda d: missing.deviations({"decoding": d})}
+    for name, lookup in lookups.items():
+        assert lookup("decoupled") != lookup("free"), name
+        with pytest.raises(ValueError, match="decoding='json': use 'free'.*'constrained'.*'decoupled'"): lookup("json")

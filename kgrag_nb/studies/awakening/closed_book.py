@@ -8,7 +8,7 @@ import numpy as np, pandas as pd
 from ...answers import first_line
 from ...metrics import acc_r, percent_cis
 from ...llm import Constraint
-from ...reproduce import register_decoding_deviation  # StudyRun.deviations adds a run's decoding line
+from ...reproduce import register_decoding_deviation, decoding_deviation_lines  # StudyRun.deviations adds a run's decoding line
 
 # %% auto #0
 __all__ = ['AWAKENING_NO_RAG_TEMPLATE', 'SHORT_ANSWER_LABELS', 'SHORT_ANSWER', 'REFORMAT_SHORT', 'DEVIATIONS',
@@ -53,7 +53,7 @@ def parse_short_answer(completion: str) -> str:
 SHORT_ANSWER = Constraint.regex(r" ?[^ \t\n\r][^\n]*\n?")
 
 # %% ../../../nbs/studies/awakening/01_closed_book.ipynb #b104
-from ...llm import DECODINGS, check_decoding  # one list of decodings and one check for every study
+from ...llm import DECODINGS  # one list of decodings for every study (the decode layer and the runner check one)
 from ...decoding import SAMPLER_NOTE, Restatement, decode  # one decode for every study: free, constrained, decoupled
 # decoupled's second pass for a short answer (ours): one line after the free answer asking to restate it in the format
 REFORMAT_SHORT = Restatement("\n- Restate the short answer above on one line:")
@@ -144,5 +144,5 @@ DECODING_DEVIATION = {  # listed by `closed_book_deviations` only when Step 1 wa
 
 def closed_book_deviations(decoding: str = "free") -> list[str]:  # the decoding Step 1 ran under
     "`DEVIATIONS`, plus the decoding line when Step 1 was not decoded freely (what the closed-book artefact renders)."
-    return list(DEVIATIONS) + ([DECODING_DEVIATION[decoding]] if check_decoding(decoding) != "free" else [])
+    return list(DEVIATIONS) + decoding_deviation_lines(DECODING_DEVIATION, decoding)
 register_decoding_deviation("closed_book_baseline", DECODING_DEVIATION)  # StudyRun.deviations lists the run's line

@@ -12,15 +12,14 @@ import numpy as np, pandas as pd
 from ...answers import first_line
 from ...metrics import acc_r, percent_cis
 import zlib
-from .closed_book import (closed_book, no_rag_prompt, parse_short_answer, SHORT_ANSWER, DECODINGS, REFORMAT_SHORT,
-                                check_decoding)
+from .closed_book import (closed_book, no_rag_prompt, parse_short_answer, SHORT_ANSWER, DECODINGS, REFORMAT_SHORT)
 from ...decoding import SAMPLER_NOTE, Restatement, decode
 from ...datasets import load_qa, load_kg, topic_in_kg, mid_to_fb15k
 from ...retrieval import embed
 from ...backends import LocalBackend, bench_relation_retrieval
 from ...hooks import benchmark
 from ...llm import Constraint
-from ...reproduce import register_decoding_deviation  # StudyRun.deviations adds a run's decoding line
+from ...reproduce import register_decoding_deviation, decoding_deviation_lines  # StudyRun.deviations adds a run's decoding line
 
 # %% auto #0
 __all__ = ['AWAKENING_MAX_SUBGRAPH_TRIPLES', 'AWAKENING_IVF', 'AWAKENING_TEMPLATE', 'PROBE_TEMPLATE', 'PROBE_VERDICT', 'Triple',
@@ -430,7 +429,6 @@ def probe(client,  # `kgrag_nb.llm.LLMClient`
     if method not in ("nli", "qa"): raise ValueError(f"probe: method={method!r}; use 'nli' (True/False, Eq. 7) or 'qa' (App. B.4)")
     if method == "qa" and (expected is None or len(expected) != len(texts)):
         raise ValueError("probe: QA-probing needs `expected`, one answer per text (see qa_probe_question)")
-    check_decoding(decoding)
     if not texts: return []
     prompts = [probe_prompt(t) for t in texts] if method == "nli" else [no_rag_prompt(t) for t in texts]
     temps = item_temperatures(texts, n_probe, seed=seed)
@@ -519,7 +517,6 @@ def run_awakening(records: list,  # QA records (CWQ: `load_qa('cwq')`, topic ent
                   out_dir=None) -> dict:  # save the tables here (JSONL) when given
     "Task 1 end to end: `{'questions', 'candidates', 'knowledge', 'answers'}` DataFrames (see `save_run`)."
     c = config or AwakeningConfig()
-    check_decoding(c.decoding)
     (n_questions, map_id, types, query_modes, probing, temperatures, n_step1, n_probe, min_true, n_samples, max_tokens,
      scorer, seed, decoding) = (c.n_questions, c.map_id, c.types, c.query_modes, c.probing, c.temperatures, c.n_step1,
                                 c.n_probe, c.min_true, c.n_samples, c.max_tokens, c.scorer, c.seed, c.decoding)
@@ -685,7 +682,7 @@ def step1_counts(result: dict,  # from `run_awakening` / `load_task1`
     raw = [r for r in (q["step1_raw"] if "step1_raw" in q else []) if isinstance(r, (list, tuple, np.ndarray))]
     st = [parse_status(a, "qa") for r in raw for a in r]  # none for results saved before Step 1's raw answers were kept
     n = len(st)
-    return pd.DataFrame([dict(step="Step 1 (closed-book, Eq. 6)", decoding=check_decoding(result.get("params", {}).get("decoding") or "free"), questions=len(q), answers=n,
+    return pd.DataFrame([dict(step="Step 1 (closed-book, Eq. 6)", decoding=result.get("params", {}).get("decoding") or "free", questions=len(q), answers=n,
                               ok=st.count("ok"), repaired=st.count("repaired"), failed=st.count("failed"),
                               **{"readable %": round(100 * (n - st.count("failed")) / n, 1) if n else np.nan},
                               unanswerable=int((q["answerable"] == 0).sum()))])
@@ -772,7 +769,7 @@ DECODING_DEVIATION = {  # listed by `study_deviations` only when the run did not
 
 def decoding_of(result: dict) -> str:
     "The decoding mode a result was probed with (`free` for runs recorded before the parameter existed)."
-    return check_decoding(result.get("params", {}).get("decoding") or "free")
+    return result.get("params", {}).get("decoding") or "free"
 
 def decoding_note(result: dict) -> str:
     "A caption suffix naming the decoding mode, e.g. ` [decoding: constrained]` (every table caption carries it)."
@@ -789,8 +786,7 @@ def probing_rule_counts(result: dict) -> str:
 
 def study_deviations(result: dict) -> list[str]:
     "`DEVIATIONS`, this run's probing-rule counts, and the decoding line when `result` was not decoded freely (what every artefact renders)."
-    d = decoding_of(result)
-    return list(DEVIATIONS) + [probing_rule_counts(result)] + ([DECODING_DEVIATION[d]] if d != "free" else [])
+    return list(DEVIATIONS) + [probing_rule_counts(result)] + decoding_deviation_lines(DECODING_DEVIATION, decoding_of(result))
 register_decoding_deviation("awaken_task1", DECODING_DEVIATION)  # StudyRun.deviations lists the run's line
 
 # %% ../../../nbs/studies/awakening/02_task1.ipynb #c104
@@ -1066,7 +1062,6 @@ def format_tax_arm(client,  # `kgrag_nb.llm.LLMClient`
                    n: int,  # knowledge items (fewer when the data has fewer; see `format_tax_items`)
                    seed: int = 0) -> list[dict]:
     "The study's parsed step on the first `n` items (same items, prompts and seeds in every arm) under `decoding`."
-    check_decoding(decoding)
     items = format_tax_items(n, seed)
     nli = probe(client, [i["text"] for i in items], "nli", seed=seed, decoding=decoding)
     qa = probe(client, [i["qa_question"] for i in items], "qa", [i["qa_expected"] for i in items], seed=seed, decoding=decoding)

@@ -21,10 +21,10 @@ from ...metrics import acc_r, hits_at_k, percent_cis
 from ...kgqa import BaseMethod, Question, Prediction, TraceWriter, complete_traced, get_method, register_method
 from ...llm import Constraint
 from ...answers import first_line
-from .task1 import AWAKENING_MAX_SUBGRAPH_TRIPLES, awakening_prompt, check_decoding
+from .task1 import AWAKENING_MAX_SUBGRAPH_TRIPLES, awakening_prompt
 from ...decoding import Restatement, decode
 from ...store import write_jsonl
-from ...reproduce import register_decoding_deviation  # StudyRun.deviations adds a run's decoding line
+from ...reproduce import register_decoding_deviation, decoding_deviation_lines  # StudyRun.deviations adds a run's decoding line
 
 # %% auto #0
 __all__ = ['EXTRACTION_TEMPLATE', 'EXTRACTION_FORMAT', 'EXTRACTION_RESTATE', 'DISAMBIGUATION_TEMPLATE', 'DISAMBIGUATION_RESTATE',
@@ -403,7 +403,6 @@ class UnseenConfig:
     def __post_init__(self):
         if self.relation_mode not in RELATION_MODES: raise ValueError(f"relation_mode={self.relation_mode!r} is not one of {RELATION_MODES}")
         if self.n_samples < 10: raise ValueError(f"n_samples={self.n_samples}: Hits@10 needs at least 10 answers per question")
-        check_decoding(self.decoding)
 
     def emb(self):
         "The loaded sentence embedder."
@@ -683,7 +682,7 @@ DECODING_DEVIATION = {  # listed only when the run did not decode freely (the pa
 
 def unseen_deviations(decoding: str = "free") -> list[str]:
     "`DEVIATIONS`, plus the decoding line when the run did not decode freely (what the Table 3 artefact should render)."
-    return DEVIATIONS + ([DECODING_DEVIATION[check_decoding(decoding)]] if decoding != "free" else [])
+    return DEVIATIONS + decoding_deviation_lines(DECODING_DEVIATION, decoding)
 register_decoding_deviation("unseen_entity", DECODING_DEVIATION)  # StudyRun.deviations lists the run's line
 
 # %% ../../../nbs/studies/awakening/03_task2.ipynb #c103
@@ -850,7 +849,6 @@ def format_tax_arm(client,  # `kgrag_nb.llm.LLMClient` (completions endpoint)
                    n: int,  # questions: the first n of the seeded order
                    seed: int = 0) -> list[dict]:
     "The study's parsed step on the first `n` items (same items, prompts and seeds in every arm) under `decoding`."
-    check_decoding(decoding)
     if not isinstance(n, int) or n < 1: raise ValueError(f"format_tax_arm: n={n!r} must be an int >= 1")
     backend = LocalBackend(load_kg("fb15k237"))
     _, eligible = sample_questions("cwq", backend.kg, 0, seed)

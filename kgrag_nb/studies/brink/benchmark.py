@@ -249,7 +249,7 @@ def mentions(question: str,  # question text
 QUESTION_LINE = Constraint.regex(r"(?:[^\n?]{0,80}\n){0,4}Output:\n[A-Z0-9][^\n?]{2,160}\?")
 
 # %% ../../../nbs/studies/brink/02_benchmark.ipynb #c032b
-from ...llm import DECODINGS, check_decoding  # one list of decodings and one check for every study
+from ...llm import DECODINGS  # one list of decodings for every study (the decode layer and the runner check one)
 from ...decoding import Restatement, decode  # one decode for every study
 from ...store import read_jsonl, write_jsonl
 # decoupled's second pass (ours): one line after the free output asking to restate it in the format `QUESTION_LINE` enforces
@@ -390,7 +390,6 @@ def build_benchmark(kg: KG,  # the complete KG
                     decoding: str = "free") -> Benchmark:  # App. D generation: free (the paper), constrained or decoupled
     "Build a BRINK-style benchmark from `kg` and `rules` (BRINK §3.2-§3.3) and write it to `out_dir`."
     name = name or kg.name.split(":")[0]
-    check_decoding(decoding)
     removals = select_removals(kg, rules, per_rule, seed, candidates, groundings_fn)
     if not removals: raise ValueError(f"no rule of {len(rules)} has a grounding in KG {kg.name!r}; mine rules on this KG first")
     inc = incomplete_kg(kg, removals, name=f"{name}-incomplete")

@@ -30,21 +30,21 @@ from ...kgqa import (BaseMethod, Question, Prediction, TraceWriter, complete_tra
                            complete_decoded, relation_paths_constraint, steps_constraint, PLAN_REFORMAT, PRUNE_REFORMAT)
 from ...papers import compare, paper_claims, paper_numbers
 from .rules import APP_A2, mine_rules_cached
-from .benchmark import Benchmark, evaluate, failure_analysis, load_benchmark, build_benchmark, BRINK_TAU, DECODINGS, check_decoding
+from .benchmark import Benchmark, evaluate, failure_analysis, load_benchmark, build_benchmark, BRINK_TAU, DECODINGS
 from ...llm import Constraint
 from ...decoding import Restatement
-from ...reproduce import register_decoding_deviation  # StudyRun.deviations adds a run's decoding line
+from ...reproduce import register_decoding_deviation, decoding_deviation_lines  # StudyRun.deviations adds a run's decoding line
 
 # %% auto #0
 __all__ = ['BRINK_METHODS', 'BRINK_SETTINGS', 'METHOD_FAMILIES', 'BENCHMARK_DEVIATIONS', 'DEVIATIONS', 'LLM_ONLY_PROMPT',
            'ROG_PLAN_PROMPT', 'PATH_ANSWER_PROMPT', 'TOG_PRUNE_PROMPT', 'TRIPLE_ANSWER_PROMPT', 'ORACLE_PROMPT',
-           'ANSWER_LIST', 'ANSWER_REFORMAT', 'GROUP', 'FORMAT_TAX', 'PAPER_METHOD_OF', 'SETTING_COLORS', 'BRINK_PAPER',
-           'PERMISSIVE', 'STRICT', 'MethodConfig', 'template_question', 'question_view', 'answer_prompt',
-           'parse_answer', 'parse_answer_list', 'train_path_ranker', 'rank_paths', 'brink_question', 'run_methods',
-           'BrinkMethod', 'LLMOnly', 'RoG', 'TrainedPaths', 'ToG', 'KNNTriples', 'Oracle', 'score_predictions',
-           'rule_type_hhr', 'failure_ratio', 'answer_parse_rates', 'sample_rules', 'study_benchmark',
-           'experiment_benchmark', 'brink_experiment', 'format_tax_arm', 'method_predictions', 'StudyData',
-           'study_data', 'decoding_note', 'plot_setting_bars', 'paper_table', 'paper_claim', 'versus_gog',
+           'ANSWER_LIST', 'ANSWER_REFORMAT', 'GROUP', 'FORMAT_TAX', 'PAPER_METHOD_OF', 'DECODING_DEVIATION',
+           'SETTING_COLORS', 'BRINK_PAPER', 'PERMISSIVE', 'STRICT', 'MethodConfig', 'template_question',
+           'question_view', 'answer_prompt', 'parse_answer', 'parse_answer_list', 'train_path_ranker', 'rank_paths',
+           'brink_question', 'run_methods', 'BrinkMethod', 'LLMOnly', 'RoG', 'TrainedPaths', 'ToG', 'KNNTriples',
+           'Oracle', 'score_predictions', 'rule_type_hhr', 'failure_ratio', 'answer_parse_rates', 'sample_rules',
+           'study_benchmark', 'experiment_benchmark', 'brink_experiment', 'format_tax_arm', 'method_predictions',
+           'StudyData', 'study_data', 'decoding_note', 'plot_setting_bars', 'paper_table', 'paper_claim', 'versus_gog',
            'setting_drop', 'plot_rule_type_hhr', 'plot_label_modes', 'oracle_vs_paper', 'permissive_vs_strict',
            'failure_labels', 'retrieval_share', 'plot_failures']
 
@@ -107,7 +107,6 @@ class MethodConfig:
     def __post_init__(self):
         for k in ("max_hops", "n_paths", "max_paths", "width", "depth", "max_beam", "k", "max_triples", "max_relations"):
             if int(getattr(self, k)) < 1: raise ValueError(f"MethodConfig.{k}={getattr(self, k)!r}: use 1 or more")
-        check_decoding(self.decoding)
 
 # %% ../../../nbs/studies/brink/03_methods.ipynb #c019
 def template_question(relation: str,  # relation text as shown
@@ -337,7 +336,7 @@ def run_methods(bench: Benchmark,  # benchmark (complete and incomplete KG, trai
                 decoding: str | None = None) -> pd.DataFrame:  # answer lists: 'free', 'constrained', 'decoupled' (default: config's)
     "Predictions of `methods` on `questions` with the KG of `setting`, entities shown in `mode` (one row per question and method)."
     cfg = config or MethodConfig()
-    if decoding is not None: cfg = replace(cfg, decoding=check_decoding(decoding))
+    if decoding is not None: cfg = replace(cfg, decoding=decoding)
     bad = [m for m in methods if m not in BRINK_METHODS]
     if bad: raise ValueError(f"unknown methods {bad}; choose from {list(BRINK_METHODS)}")
     if setting not in BRINK_SETTINGS: raise ValueError(f"setting={setting!r}: use 'complete' or 'incomplete' (BRINK §3.3)")
@@ -588,7 +587,7 @@ def experiment_benchmark(kg_name: str,  # dataset name (kgrag_nb.datasets.load_k
                          decoding: str = "free") -> Benchmark:  # App. D generation when `client` is given
     "Load the benchmark of `study_benchmark` from `cfg.benchmarks_dir`, building it first when absent."
     cfg = cfg or get_config()
-    tag = ("llmq" + ("" if check_decoding(decoding) == "free" else f"-{decoding}")) if client is not None else "tplq"
+    tag = ("llmq" + ("" if decoding == "free" else f"-{decoding}")) if client is not None else "tplq"
     out = cfg.benchmarks_dir / f"brink_methods_{kg_name}_r{max_rules}_g{per_rule}_t{tau:g}_l{max_len}_s{seed}_{tag}"
     if not (out / "datasheet.json").exists(): study_benchmark(kg_name, out, max_rules, per_rule, tau, max_len, seed, client, decoding)
     return load_benchmark(out)
@@ -634,7 +633,6 @@ def format_tax_arm(client,  # kgrag_nb.llm.LLMClient
                    n: int,  # first n test questions of the Family benchmark
                    seed: int = 0) -> list[dict]:  # benchmark seed (construction, split)
     "The study's parsed step on the first `n` items (same items, prompts and seeds in every arm) under `decoding`."
-    check_decoding(decoding)
     if int(n) < 1: raise ValueError(f"n={n!r}: pass at least 1 question")
     size = (10, 10) if n <= 10 else (100000, 30)  # the smoke Family benchmark (10 test questions), else the full construction
     bench = experiment_benchmark("family", *size, BRINK_TAU, 3, seed)
@@ -669,7 +667,7 @@ def method_predictions(benches: dict,  # kg name -> Benchmark (load_benchmark)
     if extra and label_kg not in benches: raise ValueError(f"label_kg={label_kg!r} is not one of the benchmarks {list(benches)}")
     if extra and not set(label_methods) <= set(methods):
         raise ValueError(f"label_methods {sorted(set(label_methods) - set(methods))} are not in methods {list(methods)}: their private-id rows come from the main run")
-    config = replace(config or MethodConfig(), seed=seed, decoding=check_decoding(decoding))
+    config = replace(config or MethodConfig(), seed=seed, decoding=decoding)
     frames = []
     for name, bench in benches.items():
         test = bench.split("test")[:n_test]
@@ -724,19 +722,21 @@ def study_data(run,  # kgrag_nb.reproduce.StudyRun of the artefact notebook
                      f"{', '.join(run.models)}, {run.profile}, n={setup['n_test']}/KG" + ("" if dec == "free" else f", decoding={dec}"),
                      n_resamples, seed)
 
+DECODING_DEVIATION = {d: f"Decoding: {d} ({how}); BRINK decodes freely. A plan or pruning that names no listed relation cannot "
+                         "occur, so the retrieval failures App. J analyses (and Fig. 3's retrieval step) are those of a model held "
+                         "to the listed relations: run `--set decoding=free` for App. J as the paper measures it."
+                      for d, how in {  # what each decoding other than the paper's does to the three parsed steps
+    "constrained": "three parsed steps are bound to their formats: every answer list to ANSWER_LIST (1-10 short comma-separated "
+                   "items), RoG's relation-path plans to relation_paths_constraint and ToG's relation pruning to steps_constraint "
+                   "(both: only relations the prompt lists, at least one)",
+    "decoupled": "the three parsed steps (answer lists, RoG's relation-path plans, ToG's relation pruning) are given freely, then "
+                 "restated under their formats (ANSWER_LIST, relation_paths_constraint, steps_constraint) by a second, greedy request",
+}.items()}
+register_decoding_deviation("brink_methods", DECODING_DEVIATION)  # StudyRun.deviations lists the run's line
+
 def decoding_note(setup: dict) -> str:  # the experiment's setup (`decoding` absent = free: runs that predate the decoding modes)
-    "The deviation sentence of a run that did not decode freely ('' when free, so free outputs keep their bytes)."
-    dec = check_decoding(setup.get("decoding", "free"))
-    if dec == "free": return ""
-    how = ("three parsed steps are bound to their formats: every answer list to ANSWER_LIST (1-10 short comma-separated items), "
-           "RoG's relation-path plans to relation_paths_constraint and ToG's relation pruning to steps_constraint (both: only "
-           "relations the prompt lists, at least one)" if dec == "constrained" else
-           "the three parsed steps (answer lists, RoG's relation-path plans, ToG's relation pruning) are given freely, then restated "
-           "under their formats (ANSWER_LIST, relation_paths_constraint, steps_constraint) by a second, greedy request")
-    return (f" Decoding: {dec} ({how}); BRINK decodes freely. A plan or pruning that names no listed relation cannot occur, so "
-            "the retrieval failures App. J analyses (and Fig. 3's retrieval step) are those of a model held to the listed "
-            "relations: run `--set decoding=free` for App. J as the paper measures it.")
-register_decoding_deviation("brink_methods", {d: decoding_note({"decoding": d}).strip() for d in ("constrained", "decoupled")})
+    "The deviation sentence of a run that did not decode freely, after a space ('' when free, so free outputs keep their bytes)."
+    return "".join(" " + line for line in decoding_deviation_lines(DECODING_DEVIATION, setup.get("decoding", "free")))
 
 # %% ../../../nbs/studies/brink/03_methods.ipynb #c053b
 SETTING_COLORS = {"complete": "#d62728", "incomplete": "#1f77b4"}  # BRINK Fig. 1-2: complete red, incomplete blue

@@ -17,7 +17,7 @@ from ...metrics import mann_whitney, bootstrap_ci
 from ...stats import as_outcomes, judge_signal
 from ...llm import Constraint
 from ...kgqa import TraceWriter, complete_traced
-from ...reproduce import register_decoding_deviation  # StudyRun.deviations adds a run's decoding line
+from ...reproduce import register_decoding_deviation, decoding_deviation_lines  # StudyRun.deviations adds a run's decoding line
 
 # %% auto #0
 __all__ = ['EXTRACT_INTENT_KEYWORDS_PROMPT', 'EXTRACT_RELATIONS_PROMPT', 'INTENT_PROMPT', 'KEYWORD_PROMPT', 'RELATION_PROMPT',
@@ -27,11 +27,11 @@ __all__ = ['EXTRACT_INTENT_KEYWORDS_PROMPT', 'EXTRACT_RELATIONS_PROMPT', 'INTENT
            'FEATURE_TOKENS', 'RELATION_TOKENS', 'REFORMAT', 'DATASETS', 'VARIANTS', 'MARKUP', 'PLACEMENTS',
            'BROADER_TERM_PROMPT', 'MISINFORMATION_PROMPT', 'CONDITIONS', 'ANSWER_TOKENS', 'JUDGE_TOKENS', 'ANSWER_STOP',
            'RAG_TOP_K', 'PAPER', 'PAPER_MODELS', 'OPEN_STAND_INS', 'CONDITION_TABLE', 'DEVIATIONS',
-           'DECODING_DEVIATION', 'GPT4O_ROLES', 'FORMAT_TAX', 'FT_DATASET', 'FT_P', 'fill', 'parse_features',
-           'parse_relations', 'parse_verdict', 'judge_verdict', 'parse_phrase', 'split_sentences', 'sentence_spans',
-           'decode_traced', 'extract_features', 'discrimination_prompts', 'coe_decision', 'discriminate', 'contains',
-           'load_released', 'quirks', 'piece_counts', 'sample_records', 'paper_piece_count', 'paper_piece_counts',
-           'paper_rule_pieces', 'irrelevant_chars', 'irrelevant_context', 'misinformation_needed',
+           'DECODING_DEVIATION', 'DECODING_LINES', 'GPT4O_ROLES', 'FORMAT_TAX', 'FT_DATASET', 'FT_P', 'fill',
+           'parse_features', 'parse_relations', 'parse_verdict', 'judge_verdict', 'parse_phrase', 'split_sentences',
+           'sentence_spans', 'decode_traced', 'extract_features', 'discrimination_prompts', 'coe_decision',
+           'discriminate', 'contains', 'load_released', 'quirks', 'piece_counts', 'sample_records', 'paper_piece_count',
+           'paper_piece_counts', 'paper_rule_pieces', 'irrelevant_chars', 'irrelevant_context', 'misinformation_needed',
            'misinformation_context', 'swap_answer', 'wrong_answers', 'is_yes_no', 'rebuild_samples', 'rebuild_summary',
            'make_misinformation', 'answer_prompt', 'following', 'build_contexts', 'run_conditions', 'cell_table',
            'significance', 'discrimination_rates', 'minimal_coverage', 'distractor_index', 'pool_released',
@@ -314,7 +314,7 @@ def sentence_spans(text: str) -> list[str]:  # knowledge text
 # %% ../../../nbs/studies/coe/01_evidence.ipynb #c014
 VERDICT_TOKENS, FEATURE_TOKENS, RELATION_TOKENS = 3, 48, 64  # ours: generation budgets (completion model)
 
-from ...llm import DECODINGS, check_decoding  # one list of decodings and one check for every study
+from ...llm import DECODINGS  # one list of decodings for every study (the decode layer and the runner check one)
 from ...decoding import SAMPLER_NOTE, Restatement, decode  # one decode for every study
 
 # ours (decoupled decoding): appended to original prompt + free output (after a newline), then the constrained continuation
@@ -988,11 +988,12 @@ DECODING_DEVIATION = ("Decoding ({decoding}): the paper decodes freely; here the
     "write 'Yes' and must spend that probability on ' yes' or ' no' (the judges' yes-rates are printed with every table). "
     "The feature formats cap nothing App. A admits (any number of keywords and relations, two keywords per relation).")
 
+DECODING_LINES = register_decoding_deviation(  # StudyRun.deviations lists the run's line; constrained: the judges sample
+    "coe_runs", {d: DECODING_DEVIATION.format(decoding=d) + (" " + SAMPLER_NOTE if d == "constrained" else "") for d in ("constrained", "decoupled")})
+
 def deviations(decoding: str = "free") -> list[str]:  # the run's decoding (run_info['decoding'])
     "`DEVIATIONS`, plus the decoding line when `decoding` is not free (constrained: the judges sample, `SAMPLER_NOTE`)."
-    line = DECODING_DEVIATION.format(decoding=check_decoding(decoding)) + (" " + SAMPLER_NOTE if decoding == "constrained" else "")
-    return DEVIATIONS + ([line] if decoding != "free" else [])
-register_decoding_deviation("coe_runs", {d: DECODING_DEVIATION.format(decoding=d) + (" " + SAMPLER_NOTE if d == "constrained" else "") for d in ("constrained", "decoupled")})
+    return DEVIATIONS + decoding_deviation_lines(DECODING_LINES, decoding)
 
 # %% ../../../nbs/studies/coe/01_evidence.ipynb #rl01
 GPT4O_ROLES = {"extraction": "§3.2, App. A", "discrimination": "§3.2, App. B; ScopeCoE §8.2.1", "broader terms (WordP)": "§4.2",
@@ -1143,7 +1144,7 @@ def report_roles(run, xp) -> pd.DataFrame:
 # %% ../../../nbs/studies/coe/01_evidence.ipynb #c040b
 def decoding_of(xp) -> str:  # the coe_runs ExperimentResults
     "The run's decoding (free | constrained | decoupled), from its run_info; 'free' for results made before it was recorded."
-    return check_decoding((xp.load("run_info") or {}).get("decoding", "free"))
+    return (xp.load("run_info") or {}).get("decoding", "free")
 
 def _dec(decoding: str) -> str: return f"; decoding: {decoding}"  # every table caption says how the LLM outputs were decoded
 
@@ -1194,7 +1195,6 @@ def format_tax_arm(client,  # LLMClient (answers, features, verdicts and judges:
                    seed: int = 0,  # the answer / judge seed and the context shuffle
                    cfg=None) -> list[dict]:
     "The study's parsed step on the first `n` items (same items, prompts and seeds in every arm) under `decoding`."
-    check_decoding(decoding)
     if n < 1: raise ValueError(f"n={n}: ask for at least one record")
     recs = sample_records(load_released(FT_DATASET, cfg), 10 ** 9).head(n).reset_index(drop=True)  # all, file order
     ids = [str(i) for i in recs["id"]]
@@ -1222,4 +1222,3 @@ def format_tax_arm(client,  # LLMClient (answers, features, verdicts and judges:
                         question=recs.loc[i, "question"], answer=recs.loc[i, "answer"],
                         answer_text=g.loc[g["condition"] == "irrelevant", "answer_text"].tolist(), decoding=decoding))
     return out
-

@@ -20,7 +20,7 @@ from ...papers import paper_numbers, compare
 from .kbc import fb15k237_splits, build_kbc_data, metric_cis  # the KBC side of the format-tax arm (w/o complete: no checkpoint)
 from ...kgqa import (BaseMethod, Question, Prediction, TraceWriter, register_method, get_method, METHODS, relation_names, candidate_steps,
                            parse_steps, step_label, expand_beam, beam_ends, beam_context, path_text, steps_constraint)
-from ...reproduce import register_decoding_deviation  # StudyRun.deviations adds a run's decoding line
+from ...reproduce import register_decoding_deviation, decoding_deviation_lines  # StudyRun.deviations adds a run's decoding line
 
 # %% auto #0
 __all__ = ['ACTIONS', 'INSTRUCTION_HEAD', 'ACTION_SENTENCES', 'EXAMPLE_TRAIN', 'EXAMPLE_TEST', 'PROMPT_ENTITY',
@@ -331,7 +331,7 @@ def parse_step(text: str,  # the completion after 'Thought i:'
 # how the LLM's outputs are decoded. The paper decodes freely ("free", the default of every function here);
 # "constrained" restricts each parsed output to its format (a `Constraint` next to its parser); "decoupled" decodes
 # freely first, then a second, constrained call only restates the free text in the required format.
-from ...llm import DECODINGS, check_decoding  # one list of decodings and one check for every study
+from ...llm import DECODINGS  # one list of decodings for every study (the decode layer and the runner check one)
 from ...decoding import SAMPLER_NOTE, Restatement, adecode, decode  # one decode for every study
 # ours (decoupled): the restatement line, then the label the output follows ('Thought 3:', 'Answers:', 'Related relations:', '1.')
 REFORMAT = Restatement("\n\nRestate the text above in the format of the example, without changing its content.\n", repeat_label=True)
@@ -653,7 +653,6 @@ class JCQLAgent(BaseMethod):
         "One `Prediction` per question; `meta` holds the whole trajectory (steps, calls, failures, Complete calls)."
         kb = kg if isinstance(kg, AgentKB) else AgentKB(kg)
         cfg = config or AgentConfig()
-        check_decoding(cfg.decoding)
         async def main():
             sem = asyncio.Semaphore(cfg.max_concurrency)
             async def one(q):
@@ -1293,8 +1292,7 @@ DECODING_DEVIATION = {
 
 def deviations(setup: dict) -> list[str]:  # the `setup` saved by the jcql_kbqa experiment
     "`DEVIATIONS`, plus the decoding line when the run did not decode freely (old runs without `decoding` decoded freely)."
-    d = setup.get("decoding", "free")
-    return DEVIATIONS + ([DECODING_DEVIATION[d]] if d != "free" else [])
+    return DEVIATIONS + decoding_deviation_lines(DECODING_DEVIATION, setup.get("decoding", "free"))
 
 def decoding_note(setup: dict) -> str:
     "The decoding of the run, for every table caption ('decoding: free' = the paper's protocol)."
@@ -1591,7 +1589,6 @@ def format_tax_arm(client,  # LLMClient
                    max_steps: int = FT_MAX_STEPS,  # L (paper: 10; `functools.partial` sets it for an arm)
                   ) -> list[dict]:
     "The study's parsed step on the first `n` items (same items, prompts and seeds in every arm) under `decoding`."
-    check_decoding(decoding)
     if n < 1: raise ValueError(f"n={n}: ask for at least one question")
     splits = fb15k237_splits(); full = splits["all"]
     qs = kbqa_questions("cwq", "test", full, None, seed)[:n]
@@ -1611,4 +1608,3 @@ def format_tax_arm(client,  # LLMClient
                         question=q.text, answers=list(q.answers), prediction=list(p.ranked), failures=dict(m["failures"]),
                         actions=[s["action"] for s in m["steps"]], decoding=decoding))
     return out
-

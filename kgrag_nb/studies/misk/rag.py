@@ -18,7 +18,7 @@ from ...config import Config, get_config
 from ...datasets import fetch, load_corpus, read_json_records
 from ...llm import LLMClient, Constraint
 from ... import papers
-from ...reproduce import StudyRun, register_decoding_deviation
+from ...reproduce import StudyRun, register_decoding_deviation, decoding_deviation_lines
 from ...stats import judge_signal
 from ...retrieval import embed, load_embedder, embedder_name, DenseIndex, BM25Index, md5_key, md5_dedup
 from ...answers import first_line
@@ -363,7 +363,7 @@ def parse_json_verdict(completion: str,  # the model's completion only (never pr
     return out
 
 # %% ../../../nbs/studies/misk/01_rag.ipynb #d17e6ec6
-from ...llm import DECODINGS, check_decoding  # one list of decodings and one check for every study
+from ...llm import DECODINGS  # one list of decodings for every study (the decode layer and the runner check one)
 from ...decoding import Restatement, decode  # one decode for every study
 
 def _strings(min_items: int, max_items: int, max_len: int = 60) -> dict:
@@ -1744,8 +1744,7 @@ def caption(text: str, settings: dict) -> str:
 def deviations(settings: dict) -> list[str]:
     "`DEVIATIONS`, plus the decoding line when the experiment did not decode freely and the generator line when a"
     " dataset did not run on the paper's model (what artefacts list)."
-    d = settings.get("decoding", "free")
-    return DEVIATIONS + ([DECODING_DEVIATIONS[d]] if d != "free" else []) + generator_deviation(settings)
+    return DEVIATIONS + decoding_deviation_lines(DECODING_DEVIATIONS, settings.get("decoding", "free")) + generator_deviation(settings)
 
 def generator_of(settings: dict,  # the experiment's settings
                  dataset: str,  # "nq" or "med"
