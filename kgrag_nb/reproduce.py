@@ -966,13 +966,22 @@ class IPCProvisioner(LocalProvisioner):
     " encryption). The venv's `python3` kernelspec names it (`install_kernelspec`), so every client that starts that"
     " kernel uses it: plain `papermill`, `jupyter nbconvert --execute`, JupyterLab's server and the runner. A kernel"
     " manager already set to IPC (`NiceKernelManager`), a restart (the connection file is kept) and platforms without unix"
-    " sockets are left as they are."
+    " sockets are left as they are. The SIGINT jupyter_client sends before a shutdown request is not sent (see `send_signal`)."
     async def pre_launch(self, **kw) -> dict:
         km = self.parent
         if km is not None and os.name == "posix" and km.transport == "tcp" and not km._connection_file_written:
             km.transport, km.ip = "ipc", kernel_socket_prefix()  # the connection file the kernel reads says so
             km.cache_ports = False  # TCP port reservations: none to make (or return) for sockets that are files
         return await super().pre_launch(**kw)
+
+    async def send_signal(self, signum: int) -> None:
+        # jupyter_client interrupts a kernel before every shutdown request (SIGINT to its process group); an idle ipykernel
+        # then logs "ERROR | KeyboardInterrupt caught in kernel", which a reader takes for a failure. That one signal is
+        # dropped: the shutdown request ends an idle kernel, and a busy one still gets SIGTERM after half the shutdown
+        # wait. Interrupts asked for (nbclient's cell timeout, JupyterLab's stop button) are sent as before.
+        km = self.parent
+        if signum == signal.SIGINT and km is not None and getattr(km, "shutting_down", False): return
+        await super().send_signal(signum)
 
 def install_kernelspec(prefix: str | Path = sys.prefix,  # the environment (`<prefix>/share/jupyter/kernels/<name>`)
                        name: str = KERNEL_NAME,
