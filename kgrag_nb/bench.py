@@ -257,6 +257,7 @@ def stage_setting_name(decode: int, batch: int, logits_all: bool) -> str:
     "A setting's name in the tables: `decode1_batch2` (the server's default logits for every prompt token) or `..._lastlogits`."
     return f"decode{decode}_batch{batch}" + ("" if logits_all else "_lastlogits")
 
+# %% ../nbs/18_bench.ipynb #st04s1
 def _stage_llama(model_path, n_ctx: int, decode: int, batch: int, logits_all: bool, snapshots: int):
     "An in-process `llama_cpp.Llama` with the embedded server's settings (its `ModelSettings` defaults, the same"
     " deterministic patch) whose `eval` calls are timed into `.kgrag_evals`."
@@ -295,6 +296,7 @@ def _stage_server(cfg: Config, decode: int, batch: int, logits_all: bool, snapsh
     srv._command = command
     with srv: yield srv
 
+# %% ../nbs/18_bench.ipynb #st04s2
 def profile_llm_stages(n: int = 24,  # requests of the real workload (`workload_requests`)
                        seed: int = 0,  # sample seed
                        settings: tuple = ((1, 2, True), (2, 2, True), (1, 2, False)),  # (decode threads, batch threads, logits_all)
@@ -367,6 +369,7 @@ def cache_prompt_tokens(cfg: Config | None = None,  # None = get_config(); reads
     seen = {p: vocab.tokenize(p.encode("utf-8"), add_bos=True, special=False) for p in dict.fromkeys(prompts)}
     return [seen[p] for p in prompts]
 
+# %% ../nbs/18_bench.ipynb #3c2bf262s1
 def prefill_simulation(prompts: list,  # token lists in request order (`cache_prompt_tokens`)
                        chunk: int,  # B
                        window: int = 512,  # the model's sliding window (reuse stops below it); 0 = none
@@ -386,6 +389,7 @@ def prefill_simulation(prompts: list,  # token lists in request order (`cache_pr
     return dict(chunk=chunk, window=window, budget_mb=budget_mb, requests=len(prompts), distinct_prompt_tokens=distinct,
                 evaluated=evaluated, ratio=round(evaluated / distinct, 3), whole_prompt_hits=repeats)
 
+# %% ../nbs/18_bench.ipynb #3c2bf262s2
 def chunk_cost(prompts: list,  # token lists (a sample of distinct prompts)
                chunks=(512, 128, 64, 32, 16),  # the B to time (512: llama.cpp's own batch, the unchunked baseline)
                threads: int = 1,  # one thread: CPU seconds of this process, comparable on a shared machine
@@ -504,6 +508,7 @@ def reply_text(out: dict) -> str:  # a /v1/completions or /v1/chat/completions r
     choice = out["choices"][0]
     return choice["text"] if "text" in choice else choice["message"]["content"]
 
+# %% ../nbs/18_bench.ipynb #ls08s1
 def arm_settings(argv: list[str]) -> dict:  # the embedded server's command line (`EmbeddedServer._command`, `Popen.args`)
     "Decode and batch threads, logits of every prompt token or not, prompt snapshots, as the server process gets them"
     " (a flag given twice: the last one counts, as for argparse)."
@@ -520,6 +525,7 @@ def arm_name(s: dict) -> str:  # `arm_settings`
     "`decode1 batch2 all-logits snap0`: an arm's settings in the tables."
     return f"decode{s['decode_threads']} batch{s['batch_threads']} {'all' if s['logits_all'] else 'last'}-logits snap{s['snapshots']}"
 
+# %% ../nbs/18_bench.ipynb #ls08s2
 def summarize_llm_studies(rows: list[dict],  # one per replayed request: study, prompt, prompt_tokens, before_s, after_s, same_text, same_as_cache, load_1min
                           skipped: dict | None = None) -> list[dict]:  # study -> keys skipped (`study_requests`)
     "One row per study and a `total`: requests, distinct prompts, prompt tokens, seconds per arm, speed-up (ratio of the"

@@ -94,6 +94,7 @@ def read_key_logs(run_dir: Path) -> dict[str, list[str]]:
             out[f"{section}/{f.stem}"] = list(dict.fromkeys(keys))
     return out
 
+# %% ../nbs/21_bundle.ipynb #1485b1e1s1
 def cache_rows(cache_path: Path,  # the LLM response cache (`cfg.llm_cache_path`)
                keys: list[str]) -> tuple[list[list], list[str]]:  # the keys the run logged
     "([key, request, response, created] rows as stored, in `keys` order; keys the cache does not hold)."
@@ -107,6 +108,7 @@ def cache_rows(cache_path: Path,  # the LLM response cache (`cfg.llm_cache_path`
                 found[row[0]] = list(row)
     return [found[k] for k in keys if k in found], [k for k in keys if k not in found]
 
+# %% ../nbs/21_bundle.ipynb #1485b1e1s2
 def _provenance_matches(folder: Path, record: dict) -> bool:
     "Whether `folder/provenance.json` was written by the notebook run whose run record is `record` (a later run of the"
     " same artefact with other inputs overwrites `figures/<artefact>/`)."
@@ -266,6 +268,7 @@ def replay_plan(info: dict, members: dict[str, bytes],
     return {eid: "rerun" if rerun_experiments and e.get("needs_llm") and f"run/experiments/{eid}.keys" in members else "results"
             for eid, e in info.get("experiments", {}).items()}
 
+# %% ../nbs/21_bundle.ipynb #54dda3aes1
 # Columns that account for the run itself (wall seconds, requests sent, cache hits and misses, tokens per request): a
 # replay sends nothing and measures its own time, so a table that differs only there is reported as `measured`, not as a
 # difference (JCQL Table 4 and Fig. 4 report the agent's time and misses; the format tax its requests, tokens and seconds)
@@ -280,6 +283,7 @@ def measured_only(old: bytes, new: bytes) -> list[str] | None:
     cols = [c for c in a.columns if not a[c].equals(b[c])]
     return cols if cols and all(MEASURED_COLUMN.search(str(c)) for c in cols) else None
 
+# %% ../nbs/21_bundle.ipynb #54dda3aes2
 def compare_outputs(members: dict[str, bytes], figures_dir: Path, cfg: Config) -> dict:
     "Replayed outputs against the bundled ones: `{tables, same_tables, differ, measured, figures, same_figures,"
     " figures_differ}`. A replayed text file is sanitized as the bundle's was (a path or secret of this machine counts as"
@@ -305,6 +309,7 @@ def compare_outputs(members: dict[str, bytes], figures_dir: Path, cfg: Config) -
         if cols is not None: out["measured"][csv] = cols; out["differ"].remove(name)
     return out
 
+# %% ../nbs/21_bundle.ipynb #54dda3aes3
 RESULT_SKIP = ("_SUCCESS.json", "_PLAN.json", "provenance.json", "executed.ipynb")  # records of the execution, not results
 
 def compare_results(members: dict[str, bytes], info: dict, plan: dict, how: dict) -> dict:

@@ -28,6 +28,8 @@ class DatasetUnavailableError(DatasetError, FileNotFoundError):
     "A file is neither in the mirror nor in the downloads folder, and could not be downloaded."
 class ChecksumError(DatasetError, ValueError):
     "A file's sha256 differs from the pinned one."
+
+# %% ../nbs/04_datasets.ipynb #c005s1
 class UnsafeArchiveError(DatasetError, ValueError):
     "An archive member would be written outside the extraction folder."
 class DatasetFormatError(DatasetError, ValueError):

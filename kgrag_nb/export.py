@@ -192,6 +192,7 @@ def table_tex(csv: Path, artifact: str) -> tuple[str, bool]:
     caption, notes = _md_caption_notes(csv.with_suffix(".md"))
     return latex_table(df, caption, notes, f"tab:{artifact}:{csv.stem}", table_facts(caption, notes, df.columns)), True
 
+# %% ../nbs/21_export.ipynb #ex017s1
 def _example(tables: list[str], figures: list[str], macros: list[str]) -> str:
     "A document that inputs the macros and every table and includes every figure."
     body = [f"\\input{{{t}}}\n\\clearpage" for t in tables]

@@ -44,6 +44,7 @@ class ModelNotServedError(ValueError):
 class EndpointUnreachableError(ConnectionError):
     "No connection could be made to the LLM endpoint (after the retries)."
 
+# %% ../nbs/05_llm.ipynb #c005s1
 class UnsupportedConstraintError(ValueError):
     "A decoding constraint the backend (or the regex translator, or the stub) cannot honour; raised before anything is sent."
 
@@ -58,6 +59,7 @@ class ConstraintViolationWarning(UserWarning):
     "Answers of a call that violate its constraint: returned as they are, marked in their records (`constraint_violation`)"
     " and counted in `Usage.constraint_violations`."
 
+# %% ../nbs/05_llm.ipynb #c005s2
 class ServerDiedError(EndpointUnreachableError):
     "The local LLM server process died (its owner recorded why: exit signal, log tail, fix); never retried."
 
@@ -73,6 +75,7 @@ class MalformedResponseError(ValueError):
                 f"cached; check that --llm-url / KGRAG_LLM_URL is an OpenAI-compatible /v1 endpoint (not a proxy or web "
                 f"page) and read the server's log")
 
+# %% ../nbs/05_llm.ipynb #c005s3
 def public_url(url: str | None) -> str | None:
     "`url` with any user name and password replaced by `***`, for messages and reprs."
     if not url: return url
@@ -148,6 +151,7 @@ def _refuse_char(ch: str, where: str):
                                      f"text at U+0000, and lone surrogates U+D800-U+DFFF are not UTF-8): its grammar would mask "
                                      f"every token and stop the server. Remove the character")
 
+# %% ../nbs/05_llm.ipynb #k001s1
 _RX_CHAR_ESCAPE = re.compile(r"\\(?:x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8})|0([0-7]{0,2})|N\{(NULL)\})")
 
 def _regex_char(p: str, i: int) -> tuple[str | None, int]:
@@ -191,6 +195,7 @@ def _regex_unproducible(p: str) -> str | None:
             return items[0][0]
     return None
 
+# %% ../nbs/05_llm.ipynb #k001s2
 _GBNF_SCAN_ESCAPES = {"n": "\n", "t": "\t", "r": "\r"}
 
 def gbnf_scan(text: str) -> tuple[str | None, int]:  # GBNF grammar text
@@ -227,6 +232,7 @@ def gbnf_scan(text: str) -> tuple[str | None, int]:  # GBNF grammar text
             i += 1
     return bad, top
 
+# %% ../nbs/05_llm.ipynb #k001s3
 def _check_schema_values(schema: dict):
     "Refuse an empty `enum`, and characters no token can produce in `enum`/`const` values and `pattern`s (a lone"
     " surrogate anywhere: the cache key is UTF-8)."
@@ -477,6 +483,7 @@ def parse_regex(pattern: str):  # Python regular expression (full match)
     if (ch := _regex_unproducible(pattern)) is not None: _refuse_char(ch, f"regex {pattern!r}")
     return _RegexParser(pattern).parse()
 
+# %% ../nbs/05_llm.ipynb #k004s1
 _GBNF_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}  # the escapes llama.cpp's GBNF parser knows, and \xHH
 
 def _gbnf_char(c: str, in_class: bool = False) -> str:
@@ -488,6 +495,7 @@ def _gbnf_char(c: str, in_class: bool = False) -> str:
 
 def _gbnf_literal(s: str) -> str: return '"' + "".join(_gbnf_char(c) for c in s) + '"'
 
+# %% ../nbs/05_llm.ipynb #k004s2
 def _nullable(node) -> bool:
     "True when the regex tree `node` matches the empty string."
     kind = node[0]
@@ -517,6 +525,7 @@ def _nonempty(node):
     inner = _nonempty(sub) if hi != 0 else None
     return None if inner is None else inner if hi == 1 else ("rep", inner, 1, hi)
 
+# %% ../nbs/05_llm.ipynb #k004s3
 def _loop_body(node):
     "Inside x* (or x{m,}), y+ and y* may loop once: (y+ | z)* = (y | z)*."
     if node[0] == "rep" and node[3] is None and node[2] <= 1: return node[1]
@@ -541,6 +550,7 @@ def simplify_regex(node):  # a tree of `parse_regex`
     if hi == 0: return ("seq", [])
     return sub if (lo, hi) == (1, 1) else ("rep", sub, lo, hi)
 
+# %% ../nbs/05_llm.ipynb #k004s4
 _JSON_SHORT = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}  # how a JSON string spells them
 _JSON_EXCLUDED = [(0, 0x1F), (0x22, 0x22), (0x5C, 0x5C)]  # never raw inside a JSON string
 
@@ -628,6 +638,7 @@ class _GbnfWriter:
             out.append(f"{t}?")
         return " ".join(out) or '""'
 
+# %% ../nbs/05_llm.ipynb #k004s5
 def check_gbnf(grammar: str,  # GBNF text about to be sent to llama.cpp
                what: str) -> str:  # what it was made from (named in the error)
     "`grammar`, unless it is longer than `MAX_GRAMMAR_CHARS` or its parentheses nest deeper than `MAX_GRAMMAR_DEPTH`"
@@ -683,6 +694,7 @@ def choice_gbnf(options) -> str:  # the options of a choice (non-empty, distinct
         elif alts: expr[n] = "(" + " | ".join(e for e, _ in alts) + ")" + ("?" if end[n] else "")
     return f"root ::= {expr[0]}\n"
 
+# %% ../nbs/05_llm.ipynb #k007s1
 # keywords llama-cpp-python's schema converter ignores: the grammar would not enforce them
 _LLAMA_IGNORED = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "not", "if", "then", "else",
                   "uniqueItems", "minProperties", "maxProperties", "patternProperties", "propertyNames", "contains",
@@ -745,6 +757,7 @@ def constraint_gbnf(c: Constraint) -> str:  # the constraint to translate
         raise UnsupportedConstraintError(f"llama.cpp: llama-cpp-python cannot convert the JSON schema {c.value[:120]} to a "
                                          f"grammar ({type(e).__name__}: {e}); simplify the schema or pass Constraint.grammar(...)") from None
 
+# %% ../nbs/05_llm.ipynb #k007s2
 _LLAMA_LOG = threading.Lock()
 
 def gbnf_problem(grammar: str) -> str | None:  # GBNF text
@@ -1063,6 +1076,7 @@ def claim(self: ResponseCache,
     " 'mine', or 'taken_over' (the previous claim was stale: its process died, or it is older than `ttl_s`)."
     return self.claim_many([key], owner, ttl_s)[0]
 
+# %% ../nbs/05_llm.ipynb #c010cs1
 @patch
 def release(self: ResponseCache, key: str, owner: str):
     "Drop `owner`'s claim on `key` (its request failed), so a waiting process sends it instead."
@@ -1074,6 +1088,7 @@ def claim_holder(self: ResponseCache, key: str) -> dict | None:
     row = self.store.read_one("SELECT owner, host, pid, claimed FROM claims WHERE key=?", (key,))
     return None if row is None else dict(zip(("owner", "host", "pid", "claimed"), row))
 
+# %% ../nbs/05_llm.ipynb #c010cs2
 @patch
 def put_many(self: ResponseCache, items: list[tuple]):  # (key, response, request or None) triples
     "`put` for several responses in one write transaction (the client's group commit)."
@@ -1142,6 +1157,7 @@ def is_retryable(err: BaseException) -> bool:
     if isinstance(err, openai.APIStatusError): return err.status_code == 429 or err.status_code >= 500
     return False
 
+# %% ../nbs/05_llm.ipynb #c019s1
 def retry_after_seconds(value: str | None) -> float | None:
     "Seconds to wait from a `Retry-After` header (delta-seconds or an HTTP date), None when absent or unreadable."
     if not value: return None
@@ -1156,6 +1172,7 @@ def _header_retry_after(err: BaseException | None) -> float | None:
     headers = getattr(resp, "headers", None)
     return retry_after_seconds(headers.get("retry-after")) if headers is not None else None
 
+# %% ../nbs/05_llm.ipynb #c019s2
 def backoff_delay(attempt: int,  # 0-based: the wait before retry number `attempt + 1`
                   base: float = 0.5,  # the first wait in seconds; it doubles per retry
                   cap: float = 30.0,  # the longest single wait (a server's Retry-After included)
@@ -1165,6 +1182,7 @@ def backoff_delay(attempt: int,  # 0-based: the wait before retry number `attemp
     delay = min(cap, base * 2 ** attempt) * (random.uniform(0.5, 1.5) if jitter else 1.0)
     return delay if retry_after is None else max(delay, min(cap, retry_after))
 
+# %% ../nbs/05_llm.ipynb #c019s3
 def retry_policy(retryable,  # exception -> bool: retry it?
                  max_retries: int,  # retries after the first attempt
                  base: float = 0.5,  # first wait in seconds (`backoff_delay`)
@@ -1195,6 +1213,7 @@ def replace_surrogates(text: str) -> tuple[str, int]:
 
 def _kind_of(v) -> str: return "null" if v is None else f"{type(v).__name__} {str(v)[:40]!r}"
 
+# %% ../nbs/05_llm.ipynb #c020xs1
 def split_tokens(total: int,  # completion tokens the server reported for the whole request
                  texts: list[str]) -> list[int]:  # the request's samples
     "`total` shared among the samples of one `n` request in proportion to their lengths in characters (largest"
@@ -1205,6 +1224,7 @@ def split_tokens(total: int,  # completion tokens the server reported for the wh
     for j in sorted(range(len(texts)), key=lambda j: (parts[j] - exact[j], j))[:total - sum(parts)]: parts[j] += 1
     return parts
 
+# %% ../nbs/05_llm.ipynb #c020xs2
 def first_top_logprobs(lp) -> dict | None:  # a choice's `logprobs` object (completion or chat format), or None
     "`{token: log-probability}` of the first generated position, from a completion's `top_logprobs[0]` or a chat"
     " message's `content[0].top_logprobs`; None when the response has none (or in another shape)."
@@ -1218,6 +1238,7 @@ def first_top_logprobs(lp) -> dict | None:  # a choice's `logprobs` object (comp
                 if isinstance(t, dict) and isinstance(t.get("logprob"), (int, float))}
     return None
 
+# %% ../nbs/05_llm.ipynb #c020xs3
 def parse_choices(kind: str,  # "completion" or "chat"
                   body: bytes | str,  # the HTTP 2xx body
                   content_type: str = "",  # the response's Content-Type (named in errors)
@@ -1847,6 +1868,7 @@ def chat(self: LLMClient, messages_list: list[list[dict]], **kwargs):
     "Sync `achat` (works inside Jupyter/papermill): one list of `n` strings per message list."
     return run_sync(self.achat(messages_list, **kwargs))
 
+# %% ../nbs/05_llm.ipynb #c027s1
 @patch
 def resolve_model(self: LLMClient) -> str:
     "The model id that goes into cache keys (the given one checked against `/v1/models`, else the one served); pinned after."

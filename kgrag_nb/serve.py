@@ -131,6 +131,7 @@ def server_state(cfg: Config, port: int) -> dict | None:
     try: return json.loads(_state_path(cfg, port).read_text())
     except (OSError, ValueError): return None
 
+# %% ../nbs/07_serve.ipynb #c011as1
 def _start_time(pid: int) -> str | None:
     "Start time of process `pid` (clock ticks since boot, /proc/<pid>/stat field 22), None when unreadable: with the"
     " pid it names one process for good (a pid is reused, a (pid, start time) pair is not)."
@@ -154,6 +155,7 @@ def _listens_on(pid: int, port: int) -> bool:
         if link.startswith("socket:[") and link[8:-1] in inodes: return True
     return False
 
+# %% ../nbs/07_serve.ipynb #c011as2
 def _is_server_process(state: dict) -> bool:
     "The process a state file names is still that llama.cpp server: same pid and /proc start time, and a llama.cpp"
     " server command line (a stale state file once made kgrag SIGTERM an unrelated process that had the pid)."
@@ -167,6 +169,7 @@ def _is_recorded_server(state: dict, port: int) -> bool:
     "`_is_server_process`, and it is the one listening on `port`."
     return _is_server_process(state) and _listens_on(state["server_pid"], port)
 
+# %% ../nbs/07_serve.ipynb #c011as3
 def _parent_death_signal():
     "preexec_fn: ask the kernel to SIGTERM this child when its parent dies (Linux); elsewhere a no-op."
     try: ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
@@ -210,6 +213,7 @@ def reusable_boundary(shared: int,  # leading tokens the prompt shares with a sn
     m = min(int(shared), int(n) - 1, int(window) - 1 if window else int(n))
     return max(0, m // int(chunk) * int(chunk))
 
+# %% ../nbs/07_serve.ipynb #snap1s1
 class PrefixSnapshots:
     ("LRU store of llama.cpp states keyed by their tokens, found by any chunk-boundary prefix (hashes of `tokens[:k*B]`)."
      " Its cap and its number of states decide only *which* boundary a prompt restores, never what the prompt computes: a"
@@ -270,6 +274,7 @@ class PrefixSnapshots:
         if key is not None: self.entries.move_to_end(key)
         return m, key
 
+# %% ../nbs/07_serve.ipynb #snap1s2
 ENGINE_STATS: Counter = Counter()  # this process's counters (every patched `Llama`): the server reports them at /kgrag/engine
 
 def make_deterministic(target,  # the `llama_cpp.Llama` class (server process) or one `Llama` instance (tests)
@@ -398,6 +403,7 @@ def check_gone():
     if gone is not None and gone.is_set():
         raise RequestCancelled("the client closed the request (disconnected or timed out); its completion was stopped")
 
+# %% ../nbs/07_serve.ipynb #70756086s1
 def _hook_native_log(llama_cpp):
     "Once per process: llama.cpp's log callback also hands its lines to `_native_messages` (and still logs as before)."
     global _LOG_HOOK
@@ -430,6 +436,7 @@ def _native_messages():
             if raw: os.write(2, raw)
             out.insert(0, raw.decode("utf-8", errors="replace"))
 
+# %% ../nbs/07_serve.ipynb #70756086s2
 def _grammar_problem(said: str) -> str:
     "llama.cpp's reason for refusing a grammar, from what it said while compiling it (one line each, the grammar echo dropped)."
     reasons = [m.group(1).strip() for m in re.finditer(r"error parsing grammar: ([^\n]*)", said)]
@@ -690,6 +697,7 @@ def _command(self: EmbeddedServer, model_path: Path) -> list[str]:
             # prompts, docs/rehearsal/llm_stages.md): 0.57x the time per request, prefill 0.47x, 30/30 identical answers
             "--logits_all", "False"]
 
+# %% ../nbs/07_serve.ipynb #c012s1
 def _terminate(pid: int, timeout: float = 10.0):
     "SIGTERM `pid`, SIGKILL after `timeout` seconds."
     try: os.kill(pid, signal.SIGTERM)
@@ -704,6 +712,7 @@ def _wait_port_free(host: str, port: int, timeout: float = 10.0):
     deadline = time.monotonic() + timeout
     while port_in_use(host, port) and time.monotonic() < deadline: time.sleep(0.1)
 
+# %% ../nbs/07_serve.ipynb #c012s2
 # What a signal that ends the server usually means here (SIGILL of a native llama.cpp build on an AMX Xeon).
 SIGNAL_CAUSES = {"SIGILL": "the llama.cpp build uses an instruction this CPU or VM does not allow",
                  "SIGKILL": "killed from outside (out of memory, or another process)",
@@ -729,6 +738,7 @@ def _death_message(self: EmbeddedServer, rc: int, pid: int | None = None) -> str
     return (f"the embedded llama.cpp server {self.url} (pid {pid}) {describe_exit(rc)}; nothing cached was lost: a rerun "
             f"resumes. Log {self.log_path}, last lines:\n{self.log_tail(12)}{fix}")
 
+# %% ../nbs/07_serve.ipynb #c012s3
 @patch
 def _watch(self: EmbeddedServer, proc: subprocess.Popen):
     "Watchdog thread: when `proc` ends without `stop()`, record why in `self.died` and in the server's state file,"
@@ -754,6 +764,7 @@ def _ready_completion(self: EmbeddedServer, timeout: float) -> bool:
         return r.status_code == 200 and "choices" in r.json()
     except (httpx.HTTPError, ValueError): return False
 
+# %% ../nbs/07_serve.ipynb #c012s4
 @contextmanager
 def _port_lock(cfg: Config, port: int):
     "Hold an exclusive lock on `port` (a lock file beside the state files) while a process checks the port and spawns"
@@ -789,6 +800,7 @@ def _claim_port(self: EmbeddedServer) -> str:
                            f"pass port=... (or set KGRAG_EMBEDDED_PORT) or stop that program")
     return "spawn"
 
+# %% ../nbs/07_serve.ipynb #c012s5
 @patch
 def _spawn(self: EmbeddedServer):
     "Start the server process and record it (pid, start time, owner) in the port's state file."
@@ -843,6 +855,7 @@ def start(self: EmbeddedServer) -> EmbeddedServer:
     raise TimeoutError(f"the llama.cpp server did not report {self.model!r} at {self.url} within {self.startup_timeout}s; "
                        f"raise startup_timeout or read the log {self.log_path}:\n{tail}")
 
+# %% ../nbs/07_serve.ipynb #c012s6
 @patch
 def stop(self: EmbeddedServer, timeout: float = 10.0):  # seconds between SIGTERM and SIGKILL
     "Stop a server this object started (SIGTERM, then SIGKILL after `timeout`); a reused one is left running. Idempotent."

@@ -165,6 +165,7 @@ def jsonl_line(record) -> str:
     "One JSONL line (with its newline): UTF-8 text as is, values JSON cannot hold written with `str`."
     return json.dumps(record, ensure_ascii=False, default=str) + "\n"
 
+# %% ../nbs/02_store.ipynb #5c01badbs1
 def write_jsonl(path: str | Path,  # the file to (re)write; its folder is made
                 records: Iterable,  # JSON objects, one per line
                 durable: bool = True) -> Path:  # fsync before the rename
@@ -178,6 +179,7 @@ def append_jsonl(path: str | Path,  # the trace file; made (with its folder) on 
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", encoding="utf-8") as fh: fh.write(jsonl_line(record))
 
+# %% ../nbs/02_store.ipynb #5c01badbs2
 def read_jsonl(path: str | Path,  # a JSONL file
                what: str = "record",  # what a line holds, for the error message
                line_key: str | None = None) -> list[dict]:  # store each record's line number under this key (None = do not)
