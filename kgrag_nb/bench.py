@@ -369,7 +369,6 @@ def cache_prompt_tokens(cfg: Config | None = None,  # None = get_config(); reads
     seen = {p: vocab.tokenize(p.encode("utf-8"), add_bos=True, special=False) for p in dict.fromkeys(prompts)}
     return [seen[p] for p in prompts]
 
-# %% ../nbs/18_bench.ipynb #3c2bf262s1
 def prefill_simulation(prompts: list,  # token lists in request order (`cache_prompt_tokens`)
                        chunk: int,  # B
                        window: int = 512,  # the model's sliding window (reuse stops below it); 0 = none
