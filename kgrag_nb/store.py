@@ -65,6 +65,9 @@ def connect(self: SqliteStore) -> sqlite3.Connection:
     "This process's connection to the store (opened on first use, with the schema; a forked child opens its own)."
     with self.lock:
         if self._conn is None or self._pid != os.getpid():  # a connection must not cross a fork: the child leaves the parent's alone
+            if self.readonly and not self.path.is_file():  # SQLite would say only "unable to open database file"
+                raise FileNotFoundError(f"{self.what} {self.path} does not exist; a read-only store reads an existing file "
+                                        "(check the path, e.g. KGRAG_CACHE, or fill it with a run first)")
             conn = _open(self.path, self.busy_timeout_s, self.readonly)
             if self.schema_sql and not self.readonly: conn.executescript(self.schema_sql)
             self._conn, self._pid = conn, os.getpid()
