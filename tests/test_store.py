@@ -180,6 +180,6 @@ def test_readonly_reads_a_live_store_and_refuses_writes(tmp_path):
     with pytest.raises(PermissionError, match="read-only"): ro.write(("DELETE FROM kv", ()))
     with pytest.raises(sqlite3.OperationalError): ro.connect().execute("DELETE FROM kv")  # SQLite refuses too (mode=ro)
     assert w.read_one("SELECT COUNT(*) FROM kv") == (2,) and w.read("SELECT name FROM sqlite_master WHERE name='never'") == []
-    with pytest.raises(sqlite3.OperationalError, match="unable to open"):
+    with pytest.raises(FileNotFoundError, match="absent.sqlite does not exist; a read-only store reads an existing file"):
         SqliteStore(tmp_path / "absent.sqlite", readonly=True).read("SELECT 1")
     assert not (tmp_path / "absent.sqlite").exists()
