@@ -137,3 +137,31 @@ def test_the_runner_refuses_a_notebook_outside_its_study_folder(tmp_path):
     (root / "nbs/studies/b/study.yaml").write_text(entry.replace("nbs/studies/a/artefacts/x.ipynb", "nbs/studies/b/x.ipynb"))
     with pytest.raises(ValueError, match="registered in .* too; ids are unique across study folders"):
         _read_registry(cfg=cfg)
+
+
+LOOSE_NAMES = {"PAPER", "DEVIATIONS", "DECODING_DEVIATION", "DECODING_DEVIATIONS", "DECODING_LINES", "FORMAT_TAX"}
+
+
+def loose_study_names(root: Path) -> list[str]:
+    "`kgrag_nb/studies/<id>/<file>.py: NAME` for every module-level assignment of a name the `Study` record holds instead."
+    out = []
+    for f in sorted((root / "kgrag_nb/studies").glob("*/*.py")):
+        for node in ast.parse(f.read_text()).body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+            names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            out += [f"{f.relative_to(root).as_posix()}: {n}" for n in sorted(names & LOOSE_NAMES)]
+    return out
+
+
+def test_no_study_module_defines_the_loose_names():
+    "The paper, deviations, decoding lines and format-tax arm of a study live in its `STUDY` record only (its `NN_study`"
+    " notebook), never in module-level names of its modules (`PAPER`, `DEVIATIONS`, `DECODING_DEVIATION`, `FORMAT_TAX`)."
+    assert loose_study_names(ROOT) == []
+
+
+def test_the_loose_name_scan_finds_one(tmp_path):
+    "The scan itself, on a hand-made study package: an assignment (plain, annotated or tuple) is found, a use is not."
+    pkg = tmp_path / "kgrag_nb/studies/demo"; pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("STUDY = Study(id='demo', paper='p.txt', modules=('m',))\n")
+    (pkg / "m.py").write_text("from . import STUDY\nPAPER, X = STUDY.paper, 1\nFORMAT_TAX: dict = {}\nlines = STUDY.deviations\n")
+    assert loose_study_names(tmp_path) == ["kgrag_nb/studies/demo/m.py: PAPER", "kgrag_nb/studies/demo/m.py: FORMAT_TAX"]
