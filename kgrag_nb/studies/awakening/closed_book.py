@@ -8,6 +8,7 @@ import numpy as np, pandas as pd
 from ...answers import first_line
 from ...metrics import acc_r, percent_cis
 from ...llm import Constraint
+from . import STUDY  # the study's record (its paper)
 
 # %% auto #0
 __all__ = ['AWAKENING_NO_RAG_TEMPLATE', 'SHORT_ANSWER_LABELS', 'SHORT_ANSWER', 'REFORMAT_SHORT', 'no_rag_prompt',
@@ -114,7 +115,7 @@ from ...papers import paper_numbers
 
 def paper_no_rag_rows(dataset: str) -> pd.DataFrame:
     "The awakening paper's No-RAG Hits@1/Hits@10 for `dataset` (Table 3, from `kgrag_nb.papers`), one row per model."
-    t = paper_numbers("awakening_unseen_entity_kgqa.txt", table="Table 3", setting="No RAG")
+    t = paper_numbers(STUDY.paper, table="Table 3", setting="No RAG")
     t = t[t["dataset"] == dataset]
     rows = [{"source": f"paper: {m} (awakening Table 3)", "dataset": dataset,
              **{k: g.loc[g["metric"] == k, "value"].item() for k in ("Hits@1", "Hits@10")}}

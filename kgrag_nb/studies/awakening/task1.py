@@ -694,7 +694,7 @@ def paper_rows(table: str = "Table 2",  # "Table 2", "Table 4" (Instruct block),
                models=None,  # models to show (default: every Instruct model in the table)
                label: str = "") -> pd.DataFrame:  # table name shown in the `source` column
     "The paper's rows for `dataset`: source, model, knowledge type, F, Hits@1, Hits@10 (models, then types, sorted)."
-    t = paper_numbers("awakening_unseen_entity_kgqa.txt", table=table)
+    t = paper_numbers(STUDY.paper, table=table)
     if dataset not in set(t["dataset"]): raise ValueError(f"paper_rows: no {dataset!r} block; the table has {sorted(set(t['dataset']))}")
     t = t[(t["dataset"] == dataset) & (t["model"].isin(models) if models is not None else t["model"].str.endswith("-Instruct"))]
     if t.empty: return pd.DataFrame()

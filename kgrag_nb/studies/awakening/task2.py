@@ -639,7 +639,7 @@ PAPER_DATASETS = ("mintaka", "2wiki", "cwq")
 def paper_table3(dataset: str = "cwq") -> pd.DataFrame:
     "The awakening paper's Table 3 for `dataset`: one row per method, Hits@1 / Hits@10 per model."
     if dataset not in PAPER_DATASETS: raise ValueError(f"Table 3 has {PAPER_DATASETS}, not {dataset!r}")
-    t = paper_numbers("awakening_unseen_entity_kgqa.txt", table="Table 3", dataset=dataset).set_index(["setting", "model", "metric"])["value"]
+    t = paper_numbers(STUDY.paper, table="Table 3", dataset=dataset).set_index(["setting", "model", "metric"])["value"]
     return pd.DataFrame([dict(method=m, **{f"{mod} {h}": t[m, mod, metric] for mod in PAPER_MODELS
                                            for h, metric in (("H@1", "Hits@1"), ("H@10", "Hits@10"))})
                          for m in dict.fromkeys(t.index.get_level_values("setting"))])

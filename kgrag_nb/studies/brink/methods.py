@@ -39,8 +39,8 @@ from . import STUDY  # the study's record: deviation and decoding lines, format-
 # %% auto #0
 __all__ = ['BRINK_METHODS', 'BRINK_SETTINGS', 'METHOD_FAMILIES', 'BENCHMARK_DEVIATIONS', 'LLM_ONLY_PROMPT', 'ROG_PLAN_PROMPT',
            'PATH_ANSWER_PROMPT', 'TOG_PRUNE_PROMPT', 'TRIPLE_ANSWER_PROMPT', 'ORACLE_PROMPT', 'ANSWER_LIST',
-           'ANSWER_REFORMAT', 'GROUP', 'PAPER_METHOD_OF', 'SETTING_COLORS', 'BRINK_PAPER', 'PERMISSIVE', 'STRICT',
-           'MethodConfig', 'template_question', 'question_view', 'answer_prompt', 'parse_answer', 'parse_answer_list',
+           'ANSWER_REFORMAT', 'GROUP', 'PAPER_METHOD_OF', 'SETTING_COLORS', 'PERMISSIVE', 'STRICT', 'MethodConfig',
+           'template_question', 'question_view', 'answer_prompt', 'parse_answer', 'parse_answer_list',
            'train_path_ranker', 'rank_paths', 'brink_question', 'run_methods', 'BrinkMethod', 'LLMOnly', 'RoG',
            'TrainedPaths', 'ToG', 'KNNTriples', 'Oracle', 'score_predictions', 'rule_type_hhr', 'failure_ratio',
            'answer_parse_rates', 'sample_rules', 'study_benchmark', 'experiment_benchmark', 'brink_experiment',
@@ -723,18 +723,16 @@ def plot_setting_bars(scores: pd.DataFrame,  # score_predictions rows (one mode)
     return fig
 
 # %% ../../../nbs/studies/brink/03_methods.ipynb #c055
-BRINK_PAPER = "brink_incomplete_kg_benchmark"  # kgrag_nb/papers/<stem>.csv
-
 def paper_table(table: str,  # e.g. 'Table 5' (kgrag_nb.papers `table` column)
                 datasets: Sequence[str] | None = None) -> pd.DataFrame:  # keep these datasets (None = all rows)
     "The paper's numbers of one table (`kgrag_nb.papers.paper_numbers`), restricted to `datasets`."
-    df = paper_numbers(BRINK_PAPER, table=table)
+    df = paper_numbers(STUDY.paper, table=table)
     return df if datasets is None else df[df["dataset"].isin(list(datasets))].reset_index(drop=True)
 
 # %% ../../../nbs/studies/brink/03_methods.ipynb #c055a
 def paper_claim(artefact: str) -> str:  # e.g. 'brink_fig1'
     "The paper's claim for a figure it prints no values for (`kgrag_nb.papers.paper_claims`), with its section."
-    c = paper_claims(BRINK_PAPER, artefact=artefact).iloc[0]
+    c = paper_claims(STUDY.paper, artefact=artefact).iloc[0]
     return f"{c['section']}: {c['claim']}"
 
 def _with_ci(metrics: Sequence[str]) -> list[str]: return [c for m in metrics for c in (m, f"{m}_lo", f"{m}_hi")]

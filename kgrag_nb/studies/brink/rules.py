@@ -14,12 +14,12 @@ import scipy.sparse as sp
 from ...config import get_config
 from ...kg import KG
 from ...papers import paper_numbers
+from . import STUDY  # the study's record (its paper)
 from ...hooks import subcommand, benchmark
 import signal, subprocess
 from joblib.externals.loky import get_reusable_executor
 from tqdm.auto import tqdm
 from ...datasets import REGISTRY, load_kg
-
 
 # %% auto #0
 __all__ = ['VAR_NAMES', 'RULE_TYPES', 'OTHER_PATTERNS', 'TSV_COLUMNS', 'MIN_PARALLEL_ITEMS', 'AMIE_COMPAT', 'RULES_CACHE_OPTIONS',
@@ -1126,7 +1126,7 @@ def _rules_cli(sub):
 # %% ../../../nbs/studies/brink/01_rules.ipynb #c051
 def brink_table1(kg_name: str) -> dict:  # "family", "fb15k237" or "wikidata5m"
     "BRINK (brink_incomplete_kg_benchmark.txt) Table 1, mined rules by type, from `kgrag_nb.papers`: {type: n, 'total': n}."
-    df = paper_numbers("brink_incomplete_kg_benchmark.txt", table="Table 1", dataset=kg_name, metric="rules")
+    df = paper_numbers(STUDY.paper, table="Table 1", dataset=kg_name, metric="rules")
     return {s: int(v) for s, v in zip(df["setting"], df["value"])}
 
 APP_A2 = dict(min_std=0.3, min_pca=0.4)  # BRINK App. A.2: confidence 0.3, PCA confidence 0.4
