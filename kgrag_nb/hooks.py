@@ -42,18 +42,18 @@ def evaluator(name: str,  # `kgrag evaluate NAME`
     return register
 
 # %% ../nbs/00_hooks.ipynb #c011b
-FORMAT_TAX_ARMS: dict = {}  # study key -> (format_tax_arm function, its FORMAT_TAX dict, datasets it reads)
+FORMAT_TAX_ARMS: dict = {}  # arm key -> (format_tax_arm function, its description dict, datasets it reads)
 
-def register_format_tax(info: dict,  # the study's FORMAT_TAX (its "study" key names the study in the artefact)
-                   datasets: tuple | list = (),  # mirror datasets the arm reads (an experiment declares them)
+def register_format_tax(info,  # the arm's `FormatTaxArm` record (`STUDY.arm(key)`), or a dict whose "study" key names the arm
+                   datasets: tuple | list = (),  # mirror datasets the arm reads (default: the record's `datasets`)
                   ):
     "Register `fn(client, decoding, n, seed) -> DataFrame` as the study's format-tax arm."
+    if hasattr(info, "as_dict"): info, datasets = info.as_dict(), tuple(datasets) or tuple(info.datasets)
     study = info.get("study") if isinstance(info, dict) else None
-    if not study: raise ValueError(f"register_format_tax: {info!r} must be the study's FORMAT_TAX dict with a 'study' key")
+    if not study: raise ValueError(f"register_format_tax: {info!r} must be a FormatTaxArm record (`STUDY.arm(key)`) or a dict with a 'study' key")
     def register(fn):
         FORMAT_TAX_ARMS[study] = (fn, info, tuple(datasets)); return fn
     return register
-
 
 # %% ../nbs/00_hooks.ipynb #c009
 STUDY_GROUP = "kgrag_nb.studies"

@@ -30,17 +30,18 @@ from .serve import LOOPBACK, STUB_MODEL, STUB_NOTE, EmbeddedServer, free_port, s
 # %% auto #0
 __all__ = ['MAX_REGISTRY_BYTES', 'MAX_REGISTRY_NODES', 'SAFE_ID', 'STUDY_FILES', 'RUNNER_PARAMETERS', 'STUDY_PARAMETERS',
            'FIXED_PDF_METADATA', 'LATEX_ESCAPES', 'CELL_TIMEOUT_S', 'KERNEL_NICENESS', 'KERNEL_PROVISIONER',
-           'KERNEL_NAME', 'PARAMETER_MINIMUM', 'RUN_ID', 'DECODING_DEVIATIONS', 'NOTEBOOK_RUN', 'Artifact',
-           'is_safe_id', 'parameters_of', 'registry_files', 'load_registry', 'load_experiments', 'experiments_for',
-           'select_artifacts', 'check_study_notebooks', 'save_figure', 'markdown_table', 'latex_escape', 'table_facts',
-           'latex_table', 'save_table', 'code_version', 'experiment_key', 'experiment_dir', 'ExperimentResults',
-           'save_result', 'peak_rss_mb', 'StudyRun', 'ExperimentRun', 'effective_parameters', 'llm_identity',
-           'experiment_llm', 'plan_experiments', 'kernel_socket_dir', 'kernel_socket_prefix', 'NiceKernelManager',
-           'run_notebook', 'ensure_experiment', 'IPCProvisioner', 'install_kernelspec', 'check_parameter_range',
-           'check_overrides', 'git_sha', 'new_run_id', 'mark_abandoned', 'mark_abandoned_runs', 'check_run_id',
-           'redact_url', 'url_secrets', 'scrub_secrets', 'config_environment', 'check_run_options', 'reproduce',
-           'register_decoding_deviation', 'decoding_deviation_lines', 'profile_values', 'notebook_run_id',
-           'start_notebook_run', 'end_notebook_run', 'Study']
+           'KERNEL_NAME', 'PARAMETER_MINIMUM', 'RUN_ID', 'NOTEBOOK_DECODING_LINES', 'NOTEBOOK_RUN', 'STUDIES',
+           'Artifact', 'is_safe_id', 'parameters_of', 'registry_files', 'load_registry', 'load_experiments',
+           'experiments_for', 'select_artifacts', 'check_study_notebooks', 'save_figure', 'markdown_table',
+           'latex_escape', 'table_facts', 'latex_table', 'save_table', 'code_version', 'experiment_key',
+           'experiment_dir', 'ExperimentResults', 'save_result', 'peak_rss_mb', 'StudyRun', 'ExperimentRun',
+           'effective_parameters', 'llm_identity', 'experiment_llm', 'plan_experiments', 'kernel_socket_dir',
+           'kernel_socket_prefix', 'NiceKernelManager', 'run_notebook', 'ensure_experiment', 'IPCProvisioner',
+           'install_kernelspec', 'check_parameter_range', 'check_overrides', 'git_sha', 'new_run_id', 'mark_abandoned',
+           'mark_abandoned_runs', 'check_run_id', 'redact_url', 'url_secrets', 'scrub_secrets', 'config_environment',
+           'check_run_options', 'reproduce', 'register_decoding_deviation', 'decoding_deviation_lines',
+           'profile_values', 'notebook_run_id', 'start_notebook_run', 'end_notebook_run', 'FormatTaxArm', 'Study',
+           'register_study']
 
 # %% ../nbs/15_reproduce.ipynb #c005
 @dataclass
@@ -690,13 +691,13 @@ class StudyRun:
 
     def decoding_lines(self) -> list[str]:
         "The decoding deviation of every notebook of this run that did not decode as its paper: the line its study"
-        " registered (`register_decoding_deviation`) for the notebook's id and decoding."
-        lines = [DECODING_DEVIATIONS.get(nid, {}).get(mode) for nid, mode in self.decodings.items()]
+        " registered (its `Study.decoding_deviations`, `register_study`) for the notebook's id and decoding."
+        lines = [NOTEBOOK_DECODING_LINES.get(nid, {}).get(mode) for nid, mode in self.decodings.items()]
         return list(dict.fromkeys(l for l in lines if l))
 
     def deviations(self, *lists,
                    decoding: bool = True) -> list[str]:  # False: leave out the run's decoding lines (`decoding_lines`)
-        "Show the deviations from the paper (a study module's `DEVIATIONS` plus this artefact's) as a numbered list"
+        "Show the deviations from the paper (a study module's, `Study.deviation_lines`, plus this artefact's) as a numbered list"
         " and record them in provenance.json (the report shows them). The run's decoding lines (`decoding_lines`) follow"
         " the first list, unless a listed deviation already holds one (a study that still adds its own is not repeated)."
         lists = [[lst] if isinstance(lst, str) else list(lst) for lst in lists] or [[]]
@@ -1505,16 +1506,20 @@ def reproduce(profile: str | None = None,  # `tiny`, `smoke` or `full` (default:
         raise
 
 # %% ../nbs/15_reproduce.ipynb #6fd0e845
-DECODING_DEVIATIONS: dict[str, dict[str, str]] = {}  # notebook id (experiment or artefact) -> {decoding: deviation line}
+NOTEBOOK_DECODING_LINES: dict[str, dict[str, str]] = {}  # notebook id (experiment or artefact) -> {decoding: deviation line}
+
+def _check_decoding_lines(lines, where: str):
+    "ValueError unless `lines` maps decoding modes (`llm.DECODINGS`) to non-empty sentences."
+    if not isinstance(lines, dict) or not all(isinstance(v, str) and v for v in lines.values()):
+        raise ValueError(f"{where}: lines={lines!r:.120} must map decoding modes to sentences, e.g. {{'constrained': 'Decoding: ...'}}")
+    for mode in lines: check_decoding(mode)
 
 def register_decoding_deviation(notebook_ids: str | list[str],  # the experiments (or LLM-calling artefacts) that decode
                                 lines: dict[str, str]) -> dict[str, str]:  # decoding -> the study's sentence (none for its paper's own)
-    "Register a study's decoding deviation per decoding mode for the notebooks that decode; `StudyRun.deviations` adds"
-    " the line of a run's decoding. Returns `lines`."
-    if not isinstance(lines, dict) or not all(isinstance(v, str) and v for v in lines.values()):
-        raise ValueError(f"register_decoding_deviation: lines={lines!r} must map decoding modes to sentences")
-    for mode in lines: check_decoding(mode)
-    for nid in [notebook_ids] if isinstance(notebook_ids, str) else notebook_ids: DECODING_DEVIATIONS[nid] = dict(lines)
+    "Register a decoding deviation per decoding mode for the notebooks that decode (a study's come from its record,"
+    " `register_study`); `StudyRun.deviations` adds the line of a run's decoding. Returns `lines`."
+    _check_decoding_lines(lines, "register_decoding_deviation")
+    for nid in [notebook_ids] if isinstance(notebook_ids, str) else notebook_ids: NOTEBOOK_DECODING_LINES[nid] = dict(lines)
     return lines
 
 def decoding_deviation_lines(lines: dict[str, str],  # a study's lines, as registered (decoding -> sentence)
@@ -1601,19 +1606,74 @@ def end_notebook_run(run: StudyRun,  # a run made by `start_notebook_run`
 
 # %% ../nbs/15_reproduce.ipynb #wing02
 @dataclass(frozen=True)
+class FormatTaxArm:
+    "One format-tax arm of a study: the parsed step it decodes free, constrained and decoupled, its metric, the paper's"
+    " number for that metric and where its setting differs from the paper's (the format-tax artefact prints each)."
+    key: str  # the arm's key in the format-tax experiment and artefact (`hooks.FORMAT_TAX_ARMS`), e.g. "brink"
+    step: str  # the parsed step(s) the arm measures, with the paper's section
+    metric: str  # the arm's headline metric
+    paper: str  # the paper's number for that metric, with its table
+    settings: str  # where the arm's setting differs from the paper's; `{name}` fields are filled from `params`
+    params: dict = field(default_factory=dict)  # the arm's parameters its settings name (its module reads them here: one source)
+    datasets: tuple[str, ...] = ()  # the mirror datasets the arm reads (the format-tax experiment declares them)
+
+    def __post_init__(self):
+        if not isinstance(self.key, str) or not is_safe_id(self.key):
+            raise ValueError(f"FormatTaxArm(key={self.key!r}): give a plain key (letters, digits, '_'), e.g. the study's id")
+        for name in ("step", "metric", "paper", "settings"):
+            v = getattr(self, name)
+            if not isinstance(v, str) or not v.strip():
+                raise ValueError(f"FormatTaxArm({self.key!r}): {name}={v!r}; give one non-empty sentence")
+        if not isinstance(self.params, dict):
+            raise ValueError(f"FormatTaxArm({self.key!r}): params={self.params!r}; give a dict of the values `settings` names")
+        try: self.settings.format(**self.params)
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"FormatTaxArm({self.key!r}): settings={self.settings!r} cannot be filled from params={self.params!r} "
+                             f"({type(e).__name__}: {e}); add the field to params, or write a literal brace as {{{{ or }}}}") from None
+        if isinstance(self.datasets, str) or not all(isinstance(d, str) and d for d in self.datasets):
+            raise ValueError(f"FormatTaxArm({self.key!r}): datasets={self.datasets!r}; give a list of mirror dataset names, e.g. ['family']")
+        object.__setattr__(self, "datasets", tuple(self.datasets))
+
+    @property
+    def settings_line(self) -> str:
+        "`settings` with its `{name}` fields filled from `params` (what the format-tax table prints)."
+        return self.settings.format(**self.params)
+
+    def as_dict(self) -> dict:
+        "The arm as the format-tax experiment saves it (`studies` table): study (the key), step, metric, paper, settings."
+        return dict(study=self.key, step=self.step, metric=self.metric, paper=self.paper, settings=self.settings_line)
+
+# %% ../nbs/15_reproduce.ipynb #wing04
+@dataclass(frozen=True)
 class Study:
     "One paper's study in the study wing: `nbs/studies/<id>/` and `kgrag_nb.studies.<id>` (whose `STUDY` this is)."
     id: str  # folder, package, format-tax and artefact-prefix key: `nbs/studies/<id>/`, `kgrag_nb.studies.<id>`
     paper: str  # the paper's text file, e.g. "brink_incomplete_kg_benchmark.txt" (`papers.paper_numbers(paper)`)
     modules: tuple[str, ...]  # its library modules in import order (`kgrag_nb/studies/<id>/<module>.py`)
     deviations: dict = field(default_factory=dict)  # module -> its deviation lines (what the artefacts render)
-    format_tax: tuple[str, ...] = ()  # the format-tax arms it registers (`hooks.FORMAT_TAX_ARMS` keys)
+    decoding_deviations: dict = field(default_factory=dict)  # module -> {decoding mode: the line a run decoded that way adds}
+    decoding_notebooks: dict = field(default_factory=dict)  # module -> ids of the notebooks whose runs decode its steps
+    format_tax: tuple = ()  # its format-tax arms (`FormatTaxArm`), each registered by the module that runs it
 
     def __post_init__(self):
         if not is_safe_id(self.id) or not self.modules:
             raise ValueError(f"Study({self.id!r}): give a plain id (letters, digits, '_') and at least one module")
-        bad = set(self.deviations) - set(self.modules)
-        if bad: raise ValueError(f"Study({self.id!r}): deviations name {sorted(bad)}, which are not among its modules {list(self.modules)}")
+        for name in ("deviations", "decoding_deviations", "decoding_notebooks"):
+            bad = set(getattr(self, name)) - set(self.modules)
+            if bad: raise ValueError(f"Study({self.id!r}): {name} name {sorted(bad)}, which are not among its modules {list(self.modules)}")
+        for m, lines in self.deviations.items():
+            if isinstance(lines, str) or not all(isinstance(d, str) and d for d in lines):
+                raise ValueError(f"Study({self.id!r}): deviations[{m!r}] must be a list of sentences, got {lines!r:.80}")
+        for m, lines in self.decoding_deviations.items(): _check_decoding_lines(lines, f"Study({self.id!r}).decoding_deviations[{m!r}]")
+        missing = set(self.decoding_notebooks) - set(self.decoding_deviations)
+        if missing: raise ValueError(f"Study({self.id!r}): decoding_notebooks name {sorted(missing)}, which have no decoding_deviations; add their lines")
+        arms = [a.key if isinstance(a, FormatTaxArm) else a for a in self.format_tax]
+        if not all(isinstance(a, FormatTaxArm) for a in self.format_tax) or len(set(arms)) < len(arms):
+            raise ValueError(f"Study({self.id!r}): format_tax={arms!r} must be FormatTaxArm records with distinct keys")
+        object.__setattr__(self, "modules", tuple(self.modules))
+        object.__setattr__(self, "deviations", {m: tuple(v) for m, v in self.deviations.items()})
+        object.__setattr__(self, "decoding_notebooks", {m: (v,) if isinstance(v, str) else tuple(v) for m, v in self.decoding_notebooks.items()})
+        object.__setattr__(self, "format_tax", tuple(self.format_tax))
 
     @property
     def folder(self) -> str: return f"nbs/studies/{self.id}"  # relative to the checkout
@@ -1623,6 +1683,20 @@ class Study:
     def paper_numbers(self) -> str: return f"kgrag_nb/papers/{Path(self.paper).stem}.csv"  # the paper's reported numbers
     @property
     def all_deviations(self) -> list[str]: return [d for m in self.modules for d in self.deviations.get(m, ())]
+
+    def deviation_lines(self, module: str,  # one of `modules`
+                        decoding: str = "free",  # the decoding the run (or saved result) used
+                        extra: tuple | list = ()) -> list[str]:  # this run's own lines, e.g. a count it measured
+        "What an artefact of `module` renders: the module's deviations, then `extra`, then the module's decoding line when"
+        " `decoding` is not free (`decoding_deviation_lines`: an unknown mode raises, naming the modes)."
+        if module not in self.modules: raise ValueError(f"Study({self.id!r}): module={module!r}; use one of {list(self.modules)}")
+        return [*self.deviations.get(module, ()), *extra, *decoding_deviation_lines(self.decoding_deviations.get(module, {}), decoding)]
+
+    def arm(self, key: str) -> FormatTaxArm:  # a `FormatTaxArm.key` of this study
+        "The study's format-tax arm `key`."
+        for a in self.format_tax:
+            if a.key == key: return a
+        raise ValueError(f"Study({self.id!r}): no format-tax arm {key!r}; its arms are {[a.key for a in self.format_tax]}")
 
     def problems(self, root: str | Path | None = None) -> list[str]:  # the checkout (default: the configured one)
         "What the study's folder and package lack (empty when complete): study.yaml, README.md, the paper-number file,"
@@ -1636,3 +1710,13 @@ class Study:
             if not (root / "kgrag_nb" / "studies" / self.id / f"{m}.py").is_file(): out.append(f"kgrag_nb/studies/{self.id}/{m}.py is missing; run nbdev_export")
             if not list(folder.glob(f"[0-9]*_{m}.ipynb")): out.append(f"{self.folder} has no notebook NN_{m}.ipynb for module {m}")
         return out
+
+STUDIES: dict[str, Study] = {}  # study id -> its record, as each study package registers it on import
+
+def register_study(study: Study) -> Study:
+    "Register a study's record: `STUDIES[study.id]`, and each module's decoding lines for the notebooks that decode its"
+    " steps (`register_decoding_deviation`), so `StudyRun.deviations` adds a run's line. Returns `study`."
+    if not isinstance(study, Study): raise ValueError(f"register_study: {study!r:.80} is not a Study record")
+    STUDIES[study.id] = study
+    for m, ids in study.decoding_notebooks.items(): register_decoding_deviation(ids, study.decoding_deviations[m])
+    return study

@@ -18,10 +18,11 @@ from kgrag_nb.studies.awakening.task1 import (AwakeningConfig, AWAKENING_TEMPLAT
                              intersect_ids, item_temperatures, knowledge_candidates, knowledge_distance, leaks_answer,
                              parse_awakening_answer, parse_probe, passing_ids, probe_prompt, probe_rule,
                              qa_probe_question, rank_top1, ranking_query, relation_matches, relation_parts,
-                             relation_text, run_awakening, task1_data, verbalize_knowledge, DEVIATIONS, save_task1, load_task1,
+                             relation_text, run_awakening, task1_data, verbalize_knowledge, save_task1, load_task1,
                              task1_models, task1_table, probing_table, sweep_summary, mean_over_types, changed_by_query,
                              paper_select, knowledge_label, setting_of, PROBE_VERDICT, SHORT_ANSWER, DECODINGS, REFORMAT,
-                             decode, parse_status, probe, probe_counts, probing_rule_counts, study_deviations, DECODING_DEVIATION)
+                             decode, parse_status, probe, probe_counts, probing_rule_counts, decoding_of)
+from kgrag_nb.studies.awakening import STUDY
 from kgrag_nb.studies.awakening.closed_book import parse_short_answer
 from kgrag_nb.llm import Constraint, fill_constraint
 from kgrag_nb.backends import LocalBackend
@@ -340,7 +341,7 @@ def test_changed_by_query_and_paper_select():
     assert changed_by_query({"knowledge": k}) == (2, 3)
     assert set(paper_select("Table 4")["model"]) == {f"{m}-Instruct" for m in ("Llama3.1-8B", "Llama3.1-70B", "Qwen2.5-7B", "Qwen2.5-32B", "Qwen2.5-72B")}
     assert paper_select("Fig. 6", dataset=None, models="all")["value"].tolist() == [19.2, 35.4]
-    assert len(DEVIATIONS) == 10
+    assert len(STUDY.deviations["task1"]) == 10
 
 
 # ---------------------------------------------------------------- declared output formats (issue 21)
@@ -412,8 +413,9 @@ def test_probe_counts_and_deviations():
     assert c[["items", "answers", "ok", "repaired", "failed", "true", "kept (Eq. 7, all True)", "kept (>= 1 True)"]].tolist() == [3, 9, 8, 0, 1, 5, 1, 2]
     assert c["readable %"] == round(100 * 8 / 9, 1)
     assert probing_rule_counts(res) == "Probing rule in this run: nli-probing keeps 1 of 3 items by Eq. 7 and 2 by >= 1 True."
-    assert study_deviations(res) == DEVIATIONS + [probing_rule_counts(res), DECODING_DEVIATION["constrained"]]
-    assert study_deviations({"params": {"decoding": "free"}}) == DEVIATIONS + ["Probing rule in this run: no item was probed."]
+    lines = lambda r: STUDY.deviation_lines("task1", decoding_of(r), [probing_rule_counts(r)])  # what every artefact renders
+    assert lines(res) == list(STUDY.deviations["task1"]) + [probing_rule_counts(res), STUDY.decoding_deviations["task1"]["constrained"]]
+    assert lines({"params": {"decoding": "free"}}) == list(STUDY.deviations["task1"]) + ["Probing rule in this run: no item was probed."]
 
 
 # ---------------------------------------------------------------- the pipeline against the real model
@@ -548,8 +550,8 @@ def _check_arm_rows(rows, n):
 
 def test_format_tax_arm_with_stub_answers():
     "Same items in every arm; the stub's constrained answers: readable, ' True' x3 (kept), a wrong short answer (metric 0)."
-    from kgrag_nb.studies.awakening.task1 import FORMAT_TAX, format_tax_arm, format_tax_items
-    assert FORMAT_TAX["study"] == "awakening" and "Table 7" in FORMAT_TAX["paper"]
+    from kgrag_nb.studies.awakening.task1 import format_tax_arm, format_tax_items
+    assert STUDY.arm("awakening").as_dict()["study"] == "awakening" and "Table 7" in STUDY.arm("awakening").paper
     items = format_tax_items(2)
     assert [i["text"] for i in items] == ["Belgium, adjoins, France", "Ted Kennedy, sibling, John F. Kennedy"]
     rows = {d: format_tax_arm(_Fake(), d, 2) for d in DECODINGS}

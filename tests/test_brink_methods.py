@@ -401,8 +401,10 @@ def test_decoding_is_checked(chain):
 
 
 def test_format_tax_contract_declared():
-    from kgrag_nb.studies.brink.methods import FORMAT_TAX, format_tax_arm
-    assert FORMAT_TAX["study"] == "brink" and FORMAT_TAX["metric"] == "hits_hard" and "Table 6" in FORMAT_TAX["paper"]
+    from kgrag_nb.studies.brink import STUDY
+    from kgrag_nb.studies.brink.methods import format_tax_arm
+    arm = STUDY.arm("brink").as_dict()
+    assert arm["study"] == "brink" and arm["metric"] == "hits_hard" and "Table 6" in arm["paper"]
     with pytest.raises(ValueError, match="decoding="): format_tax_arm(None, "json", 1)
     with pytest.raises(ValueError, match="at least 1"): format_tax_arm(None, "free", 0)
 

@@ -314,7 +314,7 @@ def test_paper_rule_is_ours_plus_one_on_period_terminated_text(sents):
 
 def test_paper_rule_reproduces_table1_coe_pieces():
     from kgrag_nb import papers
-    paper = papers.paper_numbers(coe.PAPER, table="Table 1", setting="CoE", metric="knowledge pieces")
+    paper = papers.paper_numbers(coe.STUDY.paper, table="Table 1", setting="CoE", metric="knowledge pieces")
     rule = coe.paper_rule_pieces()
     got = {d: round(x, 1) for d, x in rule.loc[rule["variant"] == "CoE", ["dataset", "knowledge pieces"]].itertuples(index=False)}
     assert got == dict(zip(paper["dataset"], paper["value"])) == {"hotpotqa": 4.0, "2wiki": 3.4}
@@ -454,7 +454,8 @@ def test_decoding_modes_send_the_constraint_and_count_the_same():
     assert all(p.endswith(" no" + coe.REFORMAT["verdict"].line) for p in dec.calls[1][0]) and r["is_coe"] is False
     assert [t["stage"] for t in tw.records] == ["discriminate/intent/free", "discriminate/keywords/free", "discriminate/intent", "discriminate/keywords"]
     with pytest.raises(ValueError, match="free"): coe.discriminate(con, [("q", f, "K")], decoding="json")
-    assert coe.deviations("free") == coe.DEVIATIONS and "decoupled" in coe.deviations("decoupled")[-1]
+    S = coe.STUDY
+    assert S.deviation_lines("evidence", "free") == list(S.deviations["evidence"]) and "decoupled" in S.deviation_lines("evidence", "decoupled")[-1]
 
 
 def test_misinformation_decoupled_regroups_n_samples():
@@ -491,10 +492,12 @@ def test_constrained_steps_embedded(embedded_server, tmp_path):
 
 # ---------------------------------------------------------------- format tax (issue 21 item 4)
 def test_format_tax_declaration_and_bad_decoding():
-    from kgrag_nb.studies.coe.evidence import FORMAT_TAX, format_tax_arm
-    assert set(FORMAT_TAX) == {"study", "step", "metric", "paper", "settings"} and FORMAT_TAX["study"] == "coe"
-    assert "its own judge" in FORMAT_TAX["settings"] and "p = 0.5" in FORMAT_TAX["settings"]  # where the arm differs from the paper
-    assert "92.0%" in FORMAT_TAX["paper"] and "Table 2" in FORMAT_TAX["paper"]
+    from kgrag_nb.studies.coe import STUDY
+    from kgrag_nb.studies.coe.evidence import format_tax_arm
+    arm = STUDY.arm("coe").as_dict()
+    assert set(arm) == {"study", "step", "metric", "paper", "settings"} and arm["study"] == "coe"
+    assert "its own judge" in arm["settings"] and "p = 0.5" in arm["settings"]  # where the arm differs from the paper
+    assert "92.0%" in arm["paper"] and "Table 2" in arm["paper"]
     with pytest.raises(ValueError, match="decoding"):
         format_tax_arm(None, "json", 1)
 
@@ -604,6 +607,6 @@ def test_scopecoe_reports_what_phase_1_kept_of_the_pool():
 
 def test_constrained_deviation_states_the_lowercase_yes_no():
     "The yes/no formats admit lower case only while the authors' judge rule is case-insensitive: the deviation says so."
-    line = coe.deviations("constrained")[-1]
+    line = coe.STUDY.deviation_lines("evidence", "constrained")[-1]
     assert "lower case only" in line and "any case" in line and coe.VERDICT.value == (" yes", " no")
     assert coe.judge_verdict(" Yes") and coe.judge_verdict(" yes")  # the authors' rule (coe_upstream_prompts.txt §5)

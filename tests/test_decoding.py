@@ -23,6 +23,7 @@ from kgrag_nb.studies.coe import evidence as coe
 from kgrag_nb.studies.jcql import kbqa as jcql
 from kgrag_nb.studies.misk import rag as missing
 from kgrag_nb.studies.awakening import task2 as unseen
+from kgrag_nb.studies import awakening, coe as coe_study, jcql as jcql_study, misk as misk_study
 from kgrag_nb.decoding import Restatement, decode, plan_first, plan_restatement
 from kgrag_nb.llm import DECODINGS, Constraint, LLMClient, fill_constraint
 
@@ -154,13 +155,13 @@ def test_studies_whose_constrained_steps_sample_name_the_sampler():
     "Awakening (Step 1 and probing at drawn temperatures), JCQL (0.7) and CoE (the judges at 0.1) say, when constrained, that"
     " their sampled constrained answers come from the embedded server's lazy sampler; BRINK decodes at temperature 0 (App. F)."
     from kgrag_nb.decoding import SAMPLER_NOTE
-    lines = {"awakening Step 1": baselines.closed_book_deviations("constrained"),
-             "awakening": awaken.study_deviations({"params": {"decoding": "constrained"}}),
-             "jcql": jcql.deviations({"decoding": "constrained"}),
-             "coe": coe.deviations("constrained")}
+    lines = {"awakening Step 1": awakening.STUDY.deviation_lines("closed_book", "constrained"),
+             "awakening": awakening.STUDY.deviation_lines("task1", "constrained"),
+             "jcql": jcql_study.STUDY.deviation_lines("kbqa", "constrained"),
+             "coe": coe_study.STUDY.deviation_lines("evidence", "constrained")}
     missing = [k for k, v in lines.items() if not any(SAMPLER_NOTE in x for x in v)]
     assert not missing, missing
-    assert not any(SAMPLER_NOTE in x for x in coe.deviations("decoupled"))  # restatements are greedy: nothing sampled
+    assert not any(SAMPLER_NOTE in x for x in coe_study.STUDY.deviation_lines("evidence", "decoupled"))  # restatements are greedy: nothing sampled
     assert SAMPLER_NOTE not in brink_methods.decoding_note(dict(decoding="constrained"))  # greedy: nothing sampled
 
 
@@ -204,11 +205,11 @@ def test_a_typo_in_a_study_deviation_lookup_names_the_modes():
     assert decoding_deviation_lines(lines, "free") == [] and decoding_deviation_lines(lines, "constrained") == [lines["constrained"]]
     with pytest.raises(ValueError, match="the study has deviation lines for \\['constrained'\\] only"):
         decoding_deviation_lines(lines, "decoupled")
-    lookups = {"closed book": lambda d: baselines.closed_book_deviations(d),
-               "awakening": lambda d: awaken.study_deviations({"params": {"decoding": d}}),
-               "unseen": lambda d: unseen.unseen_deviations(d), "brink": lambda d: brink_methods.decoding_note({"decoding": d}),
-               "jcql": lambda d: jcql.deviations({"decoding": d}), "coe": lambda d: coe.deviations(d),
-               "missing": lambda d: missing.deviations({"decoding": d})}
+    lookups = {"closed book": lambda d: awakening.STUDY.deviation_lines("closed_book", d),
+               "awakening": lambda d: awakening.STUDY.deviation_lines("task1", d),
+               "unseen": lambda d: awakening.STUDY.deviation_lines("task2", d), "brink": lambda d: brink_methods.decoding_note({"decoding": d}),
+               "jcql": lambda d: jcql_study.STUDY.deviation_lines("kbqa", d), "coe": lambda d: coe_study.STUDY.deviation_lines("evidence", d),
+               "missing": lambda d: misk_study.STUDY.deviation_lines("rag", d)}
     for name, lookup in lookups.items():
         assert lookup("decoupled") != lookup("free"), name
         with pytest.raises(ValueError, match="decoding='json': use 'free'.*'constrained'.*'decoupled'"): lookup("json")

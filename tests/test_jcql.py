@@ -176,13 +176,13 @@ def test_replay_study_never_fine_tunes_on_held_out_triples(tmp_path):
 
 def _paper() -> str:
     from kgrag_nb.papers import paper_text
-    return paper_text(J.PAPER)  # shared/papers/ beside the data mirror; missing = an error, never a skip
+    return paper_text(J.STUDY.paper)  # shared/papers/ beside the data mirror; missing = an error, never a skip
 
 
 def _app_e_prompt(k: int) -> str:
     "The text of App. E's Prompt k: the line after its title, from '\\bullet Instruction:' on."
     m = re.search(rf"\nPrompt {k}\.\n[^\n]+\n(\\bullet Instruction:[^\n]+)", _paper())
-    assert m, f"Prompt {k} not found in {J.PAPER}"
+    assert m, f"Prompt {k} not found in {J.STUDY.paper}"
     return m.group(1)
 
 
@@ -441,10 +441,12 @@ def test_constrained_step_embedded(embedded_server, tmp_path):
 
 # ---------------------------------------------------------------- format tax (issue 21 item 4)
 def test_format_tax_declaration_and_bad_decoding():
-    from kgrag_nb.studies.jcql.kbqa import FORMAT_TAX, FT_VARIANT, format_tax_arm
-    assert set(FORMAT_TAX) == {"study", "step", "metric", "paper", "settings"} and FORMAT_TAX["study"] == "jcql"
-    assert "L = 2 steps (paper: 10)" in FORMAT_TAX["settings"]  # where the arm differs from the paper
-    assert "0.475" in FORMAT_TAX["paper"] and "Table 3" in FORMAT_TAX["paper"]
+    from kgrag_nb.studies.jcql import STUDY
+    from kgrag_nb.studies.jcql.kbqa import FT_VARIANT, format_tax_arm
+    arm = STUDY.arm("jcql").as_dict()
+    assert set(arm) == {"study", "step", "metric", "paper", "settings"} and arm["study"] == "jcql"
+    assert "L = 2 steps (paper: 10)" in arm["settings"]  # where the arm differs from the paper
+    assert "0.475" in arm["paper"] and "Table 3" in arm["paper"]
     assert "complete" not in get_method(FT_VARIANT).actions  # the arm's variant needs no SLM checkpoint
     with pytest.raises(ValueError, match="decoding"):
         format_tax_arm(None, "json", 1)

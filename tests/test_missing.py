@@ -13,6 +13,11 @@ from kgrag_nb.metrics import exact_match
 PROPS = settings(max_examples=150, deadline=None)
 
 
+def deviations(settings: dict) -> list[str]:
+    "What a misk artefact renders for an experiment's `settings`: the study's lines for its decoding, then the generator line."
+    return M.STUDY.deviation_lines("rag", settings.get("decoding", "free")) + M.generator_deviation(settings)
+
+
 # ---------------------------------------------------------------- prompts (App. A, Figs. 4-6, key literal lines)
 @pytest.mark.parametrize("prompt,line", [
     (M.NQ_MISSING_PROMPT, "You are an knowledge expert and proficient in JSON formats."),
@@ -408,10 +413,10 @@ def test_generator_in_captions_and_deviations():
     cap = M.caption("Table 3", s)
     assert "nq: generator=meta-llama/Llama-3.3-70B-Instruct" in cap and "med: generator=gemma-3-270m" in cap
     assert M.generator_of(s, "med") == "gemma-3-270m" and M.generator_of({}, "med", "old") == "old"
-    dev = M.deviations(s)
-    assert len(dev) == len(M.DEVIATIONS) + 1 and "med by gemma-3-270m" in dev[-1] and "Qwen2.5-72B-Instruct" in dev[-1]
+    dev = deviations(s)
+    assert len(dev) == len(M.STUDY.deviations["rag"]) + 1 and "med by gemma-3-270m" in dev[-1] and "Qwen2.5-72B-Instruct" in dev[-1]
     s["med"]["generator"] = "Qwen/Qwen2.5-72B-Instruct"  # both the paper's: no generator line
-    assert M.deviations(s) == M.DEVIATIONS
+    assert deviations(s) == list(M.STUDY.deviations["rag"])
 
 
 def test_miss_rate_and_rates_per_row():
@@ -485,8 +490,8 @@ def test_constrained_pipeline_fires_on_every_parsed_judge_true(decoding):
 
 
 def test_deviations_list_decoding_only_when_not_free():
-    assert M.deviations({"decoding": "free"}) == M.DEVIATIONS and M.deviations({}) == M.DEVIATIONS
-    assert M.deviations({"decoding": "constrained"})[-1].startswith("Decoding: the paper decodes freely")
+    assert deviations({"decoding": "free"}) == list(M.STUDY.deviations["rag"]) and deviations({}) == list(M.STUDY.deviations["rag"])
+    assert deviations({"decoding": "constrained"})[-1].startswith("Decoding: the paper decodes freely")
     assert any("decoding: decoupled" in l for l in M.settings_lines(M.run_settings(2048, [2], 0.5, decoding="decoupled")))
 
 
@@ -510,9 +515,10 @@ def test_constrained_fig4_step_embedded(embedded_server):
 
 # ---------------------------------------------------------------- format tax (issue 21 item 4)
 def test_format_tax_declaration_and_bad_decoding():
-    assert set(M.FORMAT_TAX) == {"study", "step", "metric", "paper", "settings"} and M.FORMAT_TAX["study"] == "misk"
-    assert "100 NQ passages + 100 distractors" in M.FORMAT_TAX["settings"]  # where the arm differs from the paper
-    assert "37.11" in M.FORMAT_TAX["paper"] and "Table 1" in M.FORMAT_TAX["paper"]
+    arm = M.STUDY.arm("misk").as_dict()
+    assert set(arm) == {"study", "step", "metric", "paper", "settings"} and arm["study"] == "misk"
+    assert "100 NQ passages + 100 distractors" in arm["settings"]  # where the arm differs from the paper
+    assert "37.11" in arm["paper"] and "Table 1" in arm["paper"]
     with pytest.raises(ValueError, match="decoding"):
         M.format_tax_arm(None, "json", 1)
     with pytest.raises(ValueError, match="n=0"):
@@ -646,4 +652,4 @@ def test_the_missing_knowledge_block_is_written_in_fig5_order():
     g = constraint_gbnf(M.MISSING_JSON)
     rule = next(l for l in g.splitlines() if "thought-kv" in l and "judge-kv" in l)
     assert rule.index("thought-kv") < rule.index("judge-kv") < rule.index("missing-knowledge-kv") < rule.index("query-kv"), rule
-    assert "alphabetical" not in M.DECODING_DEVIATIONS["constrained"]
+    assert "alphabetical" not in M.STUDY.decoding_deviations["rag"]["constrained"]

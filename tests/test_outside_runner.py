@@ -150,8 +150,8 @@ def test_study_notebooks_run_with_plain_papermill_on_the_embedded_server(tmp_pat
         assert [x["status"] for x in art_run["experiments"]] == ["reused"] and art_run["llm_usage"].get("requests", 0) == 0
     (a,) = art_run["artifacts"]
     assert a["status"] == "ok" and a["decoding"] == {"unseen_entity": "constrained"}
-    from kgrag_nb.studies.awakening.task2 import DECODING_DEVIATION
-    assert sum(DECODING_DEVIATION["constrained"] in d for d in a["deviations"]) == 1  # the study's line, once
+    from kgrag_nb.studies.awakening import STUDY
+    assert sum(STUDY.decoding_deviations["task2"]["constrained"] in d for d in a["deviations"]) == 1  # the study's line, once
     r = subprocess.run([KGRAG, "report"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     index = (tmp_path / "runs" / art_id / "report" / "index.html").read_text()

@@ -566,7 +566,7 @@ def test_family_parallel_equals_sequential(monkeypatch):
 def test_family_length_4_amie_2019():
     """Family, length 4, hc 0.1, PCA 0.3, support 1, min_initial_support 1: 3,245 rules; AMIE builds before April 2020
     output 2,732 distinct rules. The 2019 filter removes 511 of the 513 extra rules: 2,734 = AMIE's 2,732 plus the 2
-    rules AMIE's false-positive subsumption test drops (a bug not copied; see the module's DEVIATIONS)."""
+    rules AMIE's false-positive subsumption test drops (a bug not copied; see the study's `STUDY.deviations["rules"]`)."""
     kg = load_kg_or_tsv("family")
     every = mine_rules(kg, max_len=4, min_hc=0.1, min_pca=0.3, min_support=1, progress=False, min_initial_support=1)
     assert len(every) == 3245

@@ -5,6 +5,9 @@ module and, in its package, a `Study` record `STUDY` whose paper-number file exi
 inside its own folder. `wing_problems` reads a checkout's files only (no import), so the same check runs on a broken
 copy of the checkout; `test_every_study_package_exports_its_study` then imports each package and asks its `Study`.
 `nbs/studies/cross/` (the format tax and the claims ledger, of every paper) has a study.yaml and README but no package.
+The record (`STUDY`, from the study's `00_study.ipynb`) holds the paper, the deviation and decoding lines and the
+format-tax arms as data: no module of a study defines them as loose names (`loose_study_names`), and the package imports
+none of its modules. `Study.deviation_lines`, `FormatTaxArm` and `register_study` are checked on hand-made records.
 """
 from __future__ import annotations
 import ast, importlib, shutil
@@ -14,7 +17,7 @@ import pytest
 import yaml
 
 from kgrag_nb.config import get_config
-from kgrag_nb.reproduce import Study, _read_registry
+from kgrag_nb.reproduce import FormatTaxArm, NOTEBOOK_DECODING_LINES, STUDIES, Study, StudyRun, _read_registry, register_study
 
 ROOT = Path(__file__).resolve().parents[1]
 CROSS = "cross"  # the folder of notebooks that belong to every paper, not one: no package, no Study
@@ -137,3 +140,110 @@ def test_the_runner_refuses_a_notebook_outside_its_study_folder(tmp_path):
     (root / "nbs/studies/b/study.yaml").write_text(entry.replace("nbs/studies/a/artefacts/x.ipynb", "nbs/studies/b/x.ipynb"))
     with pytest.raises(ValueError, match="registered in .* too; ids are unique across study folders"):
         _read_registry(cfg=cfg)
+
+
+LOOSE_NAMES = {"PAPER", "DEVIATIONS", "DECODING_DEVIATION", "DECODING_DEVIATIONS", "DECODING_LINES", "FORMAT_TAX"}
+
+
+def loose_study_names(root: Path) -> list[str]:
+    "`kgrag_nb/studies/<id>/<file>.py: NAME` for every module-level assignment of a name the `Study` record holds instead."
+    out = []
+    for f in sorted((root / "kgrag_nb/studies").glob("*/*.py")):
+        for node in ast.parse(f.read_text()).body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+            names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            out += [f"{f.relative_to(root).as_posix()}: {n}" for n in sorted(names & LOOSE_NAMES)]
+    return out
+
+
+def test_no_study_module_defines_the_loose_names():
+    "The paper, deviations, decoding lines and format-tax arm of a study live in its `STUDY` record only (its `NN_study`"
+    " notebook), never in module-level names of its modules (`PAPER`, `DEVIATIONS`, `DECODING_DEVIATION`, `FORMAT_TAX`)."
+    assert loose_study_names(ROOT) == []
+
+
+def test_the_loose_name_scan_finds_one(tmp_path):
+    "The scan itself, on a hand-made study package: an assignment (plain, annotated or tuple) is found, a use is not."
+    pkg = tmp_path / "kgrag_nb/studies/demo"; pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("STUDY = Study(id='demo', paper='p.txt', modules=('m',))\n")
+    (pkg / "m.py").write_text("from . import STUDY\nPAPER, X = STUDY.paper, 1\nFORMAT_TAX: dict = {}\nlines = STUDY.deviations\n")
+    assert loose_study_names(tmp_path) == ["kgrag_nb/studies/demo/m.py: PAPER", "kgrag_nb/studies/demo/m.py: FORMAT_TAX"]
+
+
+def test_a_study_package_imports_none_of_its_modules():
+    "The record is data exported first (`00_study.ipynb`): its `__init__` imports nothing from its own package, so a"
+    " module that imports `STUDY` makes no cycle, and importing the package loads none of its modules."
+    for sid in study_ids(ROOT):
+        tree = ast.parse((ROOT / "kgrag_nb/studies" / sid / "__init__.py").read_text())
+        own = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1
+               or isinstance(n, (ast.Import, ast.ImportFrom)) and f"studies.{sid}" in ast.unparse(n)]
+        assert not own, (sid, own)
+        assert list((ROOT / "nbs/studies" / sid).glob("00_study.ipynb")), f"nbs/studies/{sid}/00_study.ipynb: the record comes first"
+
+
+
+def _arm(**kw) -> FormatTaxArm:
+    return FormatTaxArm(**{**dict(key="toy", step="the answer list (App. E)", metric="Hits@1", paper="0.5 Hits@1 (Table 3)",
+                                  settings="at most {max_triples} triples, {keep:.0%} KB", params=dict(max_triples=500, keep=0.5),
+                                  datasets=["family"]), **kw})
+
+
+def test_format_tax_arm_fills_its_settings_from_its_params():
+    a = _arm()
+    assert a.settings_line == "at most 500 triples, 50% KB" and a.datasets == ("family",)
+    assert a.as_dict() == {"study": "toy", "step": "the answer list (App. E)", "metric": "Hits@1",
+                           "paper": "0.5 Hits@1 (Table 3)", "settings": "at most 500 triples, 50% KB"}
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(params={}), r"settings='at most \{max_triples\} triples, \{keep:.0%\} KB' cannot be filled from params=\{\}.*add the field to params"),
+    (dict(metric=" "), r"FormatTaxArm\('toy'\): metric=' '; give one non-empty sentence"),
+    (dict(key="no key!"), r"FormatTaxArm\(key='no key!'\): give a plain key"),
+    (dict(params=[("max_triples", 500)]), r"params=\[\('max_triples', 500\)\]; give a dict"),
+    (dict(datasets="family"), r"datasets='family'; give a list of mirror dataset names"),
+])
+def test_format_tax_arm_names_a_bad_input_and_the_fix(bad, message):
+    with pytest.raises(ValueError, match=message): _arm(**bad)
+
+
+def _toy_study() -> Study:
+    return Study("toy", "toy_paper.txt", ("core", "methods"), deviations={"core": ["Data: a sample."], "methods": ["Prompts are ours."]},
+                 decoding_deviations={"methods": {"constrained": "Decoding: constrained; the paper decodes freely."}},
+                 decoding_notebooks={"methods": "toy_runs"}, format_tax=(_arm(),))
+
+
+def test_deviation_lines_hand_computed():
+    s = _toy_study()
+    assert s.deviation_lines("methods") == ["Prompts are ours."]
+    assert s.deviation_lines("methods", "constrained", ["Probing kept 3 of 5."]) == [
+        "Prompts are ours.", "Probing kept 3 of 5.", "Decoding: constrained; the paper decodes freely."]
+    assert s.deviation_lines("core", "free", ("x",)) == ["Data: a sample.", "x"]
+    assert s.deviations == {"core": ("Data: a sample.",), "methods": ("Prompts are ours.",)}  # stored as tuples
+    assert s.decoding_notebooks == {"methods": ("toy_runs",)} and s.arm("toy").key == "toy"
+    with pytest.raises(ValueError, match=r"decoding='json': use 'free'"): s.deviation_lines("methods", "json")
+    with pytest.raises(ValueError, match=r"deviation lines for \['constrained'\] only"): s.deviation_lines("methods", "decoupled")
+    with pytest.raises(ValueError, match=r"module='tables'; use one of \['core', 'methods'\]"): s.deviation_lines("tables")
+    with pytest.raises(ValueError, match=r"no format-tax arm 'other'; its arms are \['toy'\]"): s.arm("other")
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(deviations={"core": "one line"}), r"deviations\['core'\] must be a list of sentences"),
+    (dict(decoding_deviations={"other": {"constrained": "x"}}), r"decoding_deviations name \['other'\], which are not among its modules"),
+    (dict(decoding_deviations={"core": {"greedy": "x"}}), r"decoding='greedy'"),
+    (dict(decoding_deviations={"core": {"constrained": ""}}), r"must map decoding modes to sentences"),
+    (dict(decoding_notebooks={"core": "toy_runs"}), r"decoding_notebooks name \['core'\], which have no decoding_deviations"),
+    (dict(format_tax=({"study": "toy"},)), r"must be FormatTaxArm records"),
+])
+def test_a_bad_study_record_is_named(bad, message):
+    with pytest.raises(ValueError, match=message): Study("toy", "p.txt", ("core",), **bad)
+
+
+def test_a_registered_study_gives_a_run_its_decoding_line(tmp_path):
+    s = register_study(_toy_study())
+    try:
+        run = StudyRun("toy_runs", params={"decoding": "constrained"}, cfg=get_config(figures_dir=tmp_path))
+        assert run.decoding_lines() == ["Decoding: constrained; the paper decodes freely."]
+        assert run.deviations(s.deviation_lines("core")) == ["Data: a sample.", "Decoding: constrained; the paper decodes freely."]
+        assert STUDIES["toy"] is s
+    finally:
+        STUDIES.pop("toy", None); NOTEBOOK_DECODING_LINES.pop("toy_runs", None)

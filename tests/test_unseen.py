@@ -13,11 +13,12 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from kgrag_nb.backends import LocalBackend, RelationRetriever
 from kgrag_nb.kg import KG
+from kgrag_nb.studies.awakening import STUDY
 from kgrag_nb.studies.awakening.task2 import (UnseenConfig, DiFaR, KNOWLEDGE_SETS, METHODS, TOP_LEVEL_TYPES, build_incomplete_kg,
                              build_knowledge, decomposition_prompt, disambiguation_prompt, entity_queries,
                              extraction_prompt, kg_stats, knowledge_sets, merge_hits, paper_table3, parse_choice,
                              nearest_type, parse_decomposition, parse_extraction, parse_type, question_topics, relation_candidates,
-                             run_unseen_entity_qa, summarize_unseen, type_prompt, DEVIATIONS, IncompleteKG, masked_left,
+                             run_unseen_entity_qa, summarize_unseen, type_prompt, IncompleteKG, masked_left,
                              sample_questions, summarize_datasets, trace_table, fallback_table, answer_table)
 
 
@@ -280,7 +281,7 @@ def test_artefact_tables_hand_computed():
     s = summarize_datasets(ans)
     assert s[["dataset", "method", "F", "Hits@1", "Hits@10"]].values.tolist() == [[d, m, 4, 25.0, 25.0] for d in ("cwq", "webqsp") for m in ("No RAG", "Ours (T7)")]
     assert answer_table(ans).iloc[0][["gold", "knowledge", "first answer"]].tolist() == ["g", "k1 ; k2", "s"]
-    assert len(DEVIATIONS) == 8
+    assert len(STUDY.deviations["task2"]) == 8
 
 
 def test_run_rejects_bad_arguments():
@@ -356,8 +357,9 @@ def test_parse_table_and_deviations_hand_computed():
     assert t.loc["extraction", ["decoding", "outputs", "parsed", "failed", "parse_rate"]].tolist() == ["decoupled", 2, 2, 0, 100.0]
     assert t.loc["disambiguation", ["outputs", "parsed", "failed"]].tolist() == [1, 1, 0]
     assert t.loc["type", ["decoding", "parse_rate"]].tolist() == ["free", 50.0]
-    assert U.unseen_deviations("free") == DEVIATIONS and U.unseen_deviations("constrained")[-1].startswith("Decoding:")
-    with pytest.raises(ValueError, match="decoding"): U.unseen_deviations("json")
+    assert STUDY.deviation_lines("task2", "free") == list(STUDY.deviations["task2"])
+    assert STUDY.deviation_lines("task2", "constrained")[-1].startswith("Decoding:")
+    with pytest.raises(ValueError, match="decoding"): STUDY.deviation_lines("task2", "json")
 
 
 @pytest.fixture(scope="module")
@@ -404,8 +406,9 @@ def test_format_tax_rows_hand_computed():
     rows = U.format_tax_rows(trace, ["paris", "Amazon"])
     assert [(r["item"], r["metric"], r["parsed"]) for r in rows] == [("q1", 1.0, 1.0), ("q2", 0.0, 0.5)]
     assert all(r["fired"] is None and r["finished"] is None and r["kept"] is None for r in rows)
-    assert set(U.FORMAT_TAX) == {"study", "step", "metric", "paper", "settings"} and "40.0" in U.FORMAT_TAX["paper"]
-    assert "at most 500 triples" in U.FORMAT_TAX["settings"]  # where the arm differs from the paper
+    arm = STUDY.arm("unseen_entity").as_dict()
+    assert set(arm) == {"study", "step", "metric", "paper", "settings"} and "40.0" in arm["paper"]
+    assert "at most 500 triples" in arm["settings"] and U.FT_MAX_TRIPLES == 500  # where the arm differs from the paper; one source
     assert U.paper_table3("cwq").set_index("method").loc[U.FORMAT_TAX_ROW, "Llama3.1-8B-Instruct H@1"] == 40.0
     with pytest.raises(ValueError, match="decoding"): U.format_tax_arm(None, "json", 1)
     with pytest.raises(ValueError, match="n=0"): U.format_tax_arm(None, "free", 0)

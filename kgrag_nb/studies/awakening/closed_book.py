@@ -8,12 +8,11 @@ import numpy as np, pandas as pd
 from ...answers import first_line
 from ...metrics import acc_r, percent_cis
 from ...llm import Constraint
-from ...reproduce import register_decoding_deviation, decoding_deviation_lines  # StudyRun.deviations adds a run's decoding line
+from . import STUDY  # the study's record (its paper)
 
 # %% auto #0
-__all__ = ['AWAKENING_NO_RAG_TEMPLATE', 'SHORT_ANSWER_LABELS', 'SHORT_ANSWER', 'REFORMAT_SHORT', 'DEVIATIONS',
-           'DECODING_DEVIATION', 'no_rag_prompt', 'parse_short_answer', 'draw_temperatures', 'closed_book',
-           'summarize_closed_book', 'paper_no_rag_rows', 'closed_book_deviations']
+__all__ = ['AWAKENING_NO_RAG_TEMPLATE', 'SHORT_ANSWER_LABELS', 'SHORT_ANSWER', 'REFORMAT_SHORT', 'no_rag_prompt',
+           'parse_short_answer', 'draw_temperatures', 'closed_book', 'summarize_closed_book', 'paper_no_rag_rows']
 
 # %% ../../../nbs/studies/awakening/01_closed_book.ipynb #c004
 # awakening_unseen_entity_kgqa.txt, App. E, "The prompt template used in Unanswerable Question select" (verbatim)
@@ -54,7 +53,7 @@ SHORT_ANSWER = Constraint.regex(r" ?[^ \t\n\r][^\n]*\n?")
 
 # %% ../../../nbs/studies/awakening/01_closed_book.ipynb #b104
 from ...llm import DECODINGS  # one list of decodings for every study (the decode layer and the runner check one)
-from ...decoding import SAMPLER_NOTE, Restatement, decode  # one decode for every study: free, constrained, decoupled
+from ...decoding import Restatement, decode  # one decode for every study: free, constrained, decoupled
 # decoupled's second pass for a short answer (ours): one line after the free answer asking to restate it in the format
 REFORMAT_SHORT = Restatement("\n- Restate the short answer above on one line:")
 
@@ -116,33 +115,9 @@ from ...papers import paper_numbers
 
 def paper_no_rag_rows(dataset: str) -> pd.DataFrame:
     "The awakening paper's No-RAG Hits@1/Hits@10 for `dataset` (Table 3, from `kgrag_nb.papers`), one row per model."
-    t = paper_numbers("awakening_unseen_entity_kgqa.txt", table="Table 3", setting="No RAG")
+    t = paper_numbers(STUDY.paper, table="Table 3", setting="No RAG")
     t = t[t["dataset"] == dataset]
     rows = [{"source": f"paper: {m} (awakening Table 3)", "dataset": dataset,
              **{k: g.loc[g["metric"] == k, "value"].item() for k in ("Hits@1", "Hits@10")}}
             for m, g in t.groupby("model", sort=False)]
     return pd.DataFrame(rows)
-
-# %% ../../../nbs/studies/awakening/01_closed_book.ipynb #c015
-DEVIATIONS = [  # of the closed-book protocol from awakening_unseen_entity_kgqa.txt (App. C, App. E, §4.2)
-    "ACC_R implements the evident intent of App. C Eq. 15 (1 when every gold token is among the prediction's tokens); "
-    "the equation prints its two cases the wrong way round.",
-    "Step 1 temperatures: uniform in [0.1, 1.0] (§4.2; App. C says [0, 1]), seeded.",
-    "The ten Hits@k answers are drawn at temperature 0.7 (the paper's awakening temperature, App. C); Hits@1 = the first one.",
-    "The App. E template is sent as a completion prompt (a base model at the CPU profiles); the answer is the first line of the completion.",
-]
-
-# %% ../../../nbs/studies/awakening/01_closed_book.ipynb #c018
-DECODING_DEVIATION = {  # listed by `closed_book_deviations` only when Step 1 was not decoded freely
-    "constrained": "Decoding: constrained. Step 1's three closed-book answers (Eq. 6) are decoded under their declared format "
-                   "(a non-empty one-line short answer, `SHORT_ANSWER`), a llama.cpp grammar on the embedded model; the paper "
-                   "decodes freely (`decoding = \"free\"`). The ten Hits@k samples are decoded freely in every mode." + " " + SAMPLER_NOTE,
-    "decoupled": "Decoding: decoupled. Each Step 1 answer is generated freely as in the paper, then a second, greedy pass bound "
-                 "by `SHORT_ANSWER` restates it after the prompt, the free answer and `REFORMAT_SHORT`; its restatement is "
-                 "parsed. The paper decodes freely; the ten Hits@k samples are decoded freely in every mode.",
-}
-
-def closed_book_deviations(decoding: str = "free") -> list[str]:  # the decoding Step 1 ran under
-    "`DEVIATIONS`, plus the decoding line when Step 1 was not decoded freely (what the closed-book artefact renders)."
-    return list(DEVIATIONS) + decoding_deviation_lines(DECODING_DEVIATION, decoding)
-register_decoding_deviation("closed_book_baseline", DECODING_DEVIATION)  # StudyRun.deviations lists the run's line

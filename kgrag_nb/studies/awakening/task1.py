@@ -13,30 +13,29 @@ from ...answers import first_line
 from ...metrics import acc_r, percent_cis
 import zlib
 from .closed_book import (closed_book, no_rag_prompt, parse_short_answer, SHORT_ANSWER, DECODINGS, REFORMAT_SHORT)
-from ...decoding import SAMPLER_NOTE, Restatement, decode
+from ...decoding import Restatement, decode
 from ...datasets import load_qa, load_kg, topic_in_kg, mid_to_fb15k
 from ...retrieval import embed
 from ...backends import LocalBackend, bench_relation_retrieval
 from ...hooks import benchmark
 from ...llm import Constraint
-from ...reproduce import register_decoding_deviation, decoding_deviation_lines  # StudyRun.deviations adds a run's decoding line
+from . import STUDY  # the study's record: paper, deviation lines, format-tax arm
 
 # %% auto #0
 __all__ = ['AWAKENING_MAX_SUBGRAPH_TRIPLES', 'AWAKENING_IVF', 'AWAKENING_TEMPLATE', 'PROBE_TEMPLATE', 'PROBE_VERDICT', 'Triple',
-           'KNOWLEDGE_TYPES', 'MAIN_TYPES', 'BGE_RERANKER', 'GENERIC_TYPE_PREFIXES', 'REFORMAT', 'TABLES', 'DEVIATIONS',
-           'DECODING_DEVIATION', 'PAPER', 'PLOT_MODEL', 'FORMAT_TAX', 'bench_awakening_relation_retrieval',
-           'awakening_prompt', 'parse_awakening_answer', 'probe_prompt', 'parse_probe', 'parse_status',
-           'gold_relations', 'relation_parts', 'relation_matches', 'find_gold_path', 'knowledge_candidates',
-           'verbalize_knowledge', 'relation_text', 'type_label', 'qa_probe_question', 'leaks_answer', 'distances_to',
-           'knowledge_distance', 'minilm_scorer', 'make_scorer', 'ranking_query', 'rank_top1', 'extract_knowledge',
-           'rule_of', 'probe_rule', 'item_temperatures', 'probe', 'awaken', 'task1_data', 'save_run', 'AwakeningConfig',
-           'run_awakening', 'intersect_ids', 'passing_ids', 'base_ids', 'hits_row', 'awakening_table', 'filter_counts',
-           'distance_table', 'probe_counts', 'step1_counts', 'paper_rows', 'plot_comparison', 'decoding_of',
-           'decoding_note', 'probing_rule_counts', 'study_deviations', 'save_task1', 'task1_models', 'load_task1',
-           'knowledge_label', 'setting_of', 'task1_table', 'report_counts', 'paper_select', 'plot_panels',
-           'report_vs_paper', 'task1_artefact', 'probing_table', 'temperature_sweep', 'sweep_summary', 'size_table',
-           'mean_over_types', 'selected_knowledge', 'changed_by_query', 'distance_rows', 'plot_sweep',
-           'format_tax_items', 'format_tax_arm']
+           'KNOWLEDGE_TYPES', 'MAIN_TYPES', 'BGE_RERANKER', 'GENERIC_TYPE_PREFIXES', 'REFORMAT', 'TABLES', 'PLOT_MODEL',
+           'bench_awakening_relation_retrieval', 'awakening_prompt', 'parse_awakening_answer', 'probe_prompt',
+           'parse_probe', 'parse_status', 'gold_relations', 'relation_parts', 'relation_matches', 'find_gold_path',
+           'knowledge_candidates', 'verbalize_knowledge', 'relation_text', 'type_label', 'qa_probe_question',
+           'leaks_answer', 'distances_to', 'knowledge_distance', 'minilm_scorer', 'make_scorer', 'ranking_query',
+           'rank_top1', 'extract_knowledge', 'rule_of', 'probe_rule', 'item_temperatures', 'probe', 'awaken',
+           'task1_data', 'save_run', 'AwakeningConfig', 'run_awakening', 'intersect_ids', 'passing_ids', 'base_ids',
+           'hits_row', 'awakening_table', 'filter_counts', 'distance_table', 'probe_counts', 'step1_counts',
+           'paper_rows', 'plot_comparison', 'decoding_of', 'decoding_note', 'probing_rule_counts', 'save_task1',
+           'task1_models', 'load_task1', 'knowledge_label', 'setting_of', 'task1_table', 'report_counts',
+           'paper_select', 'plot_panels', 'report_vs_paper', 'task1_artefact', 'probing_table', 'temperature_sweep',
+           'sweep_summary', 'size_table', 'mean_over_types', 'selected_knowledge', 'changed_by_query', 'distance_rows',
+           'plot_sweep', 'format_tax_items', 'format_tax_arm']
 
 # %% ../../../nbs/studies/awakening/02_task1.ipynb #p001
 # awakening_unseen_entity_kgqa.txt App. C: "capping the number of triples retrieved for constructing two-hop subgraphs to 40,000"
@@ -695,7 +694,7 @@ def paper_rows(table: str = "Table 2",  # "Table 2", "Table 4" (Instruct block),
                models=None,  # models to show (default: every Instruct model in the table)
                label: str = "") -> pd.DataFrame:  # table name shown in the `source` column
     "The paper's rows for `dataset`: source, model, knowledge type, F, Hits@1, Hits@10 (models, then types, sorted)."
-    t = paper_numbers("awakening_unseen_entity_kgqa.txt", table=table)
+    t = paper_numbers(STUDY.paper, table=table)
     if dataset not in set(t["dataset"]): raise ValueError(f"paper_rows: no {dataset!r} block; the table has {sorted(set(t['dataset']))}")
     t = t[(t["dataset"] == dataset) & (t["model"].isin(models) if models is not None else t["model"].str.endswith("-Instruct"))]
     if t.empty: return pd.DataFrame()
@@ -726,47 +725,6 @@ def plot_comparison(frame: pd.DataFrame,  # rows with columns `by`, `hue` and `m
     return fig
 
 # %% ../../../nbs/studies/awakening/02_task1.ipynb #c101
-DEVIATIONS = [  # of Task 1 (awakening_unseen_entity_kgqa.txt §4.2, App. B, C, E) as run offline
-    "Data: CWQ only, on FB15k-237 (the offline Freebase subset) instead of Freebase, restricted to the questions whose topic "
-    "entity is in FB15k-237 (474 of GoG's 1,000); 2WikiMultihopQA and Mintaka need Wikidata 2-hop subgraphs (the online "
-    "`SparqlBackend`) and are not run offline.",
-    "Gold path (§4.2 Stage 1): the first sorted 2-hop path A_q-R1-B-R2-answer in FB15k-237 whose relations all occur in the "
-    "record's SPARQL / GoG crucial triples; FB15k-237 folds Freebase CVT nodes into single relations, so some gold paths are "
-    "one hop in the KG and are missed, and some 2-hop paths found are detours.",
-    "Reranker (§4.2 Stage 2): cosine similarity under the offline MiniLM embedder (`reranker = \"minilm\"`), because "
-    "bge-m3-reranker cannot be downloaded offline (set `reranker = \"BAAI/bge-reranker-v2-m3\"` where it can); more than "
-    "300 candidates per type are subsampled (seeded) before ranking.",
-    "T4 types: FB15k-237 has no type triples; A_q's types are the domains of its relations (`LocalBackend.entity_types`), "
-    "user/base domains removed.",
-    "Verbalization: `head, relation, tail` with the relation's last Freebase name (Table 1 style, e.g. `owne_s`).",
-    "Prompts: the App. E templates verbatim as completion prompts (a base model at the CPU profiles) with the answer cue of "
-    "the template's own example appended (`- Short Answer:` / `- **Conclusion**:`).",
-    "Probing rule: Eq. 7 (all three True) at `min_true = 3` (full). Smoke keeps Eq. 7 for QA-probing and relaxes "
-    "NLI-probing to `>= 1 True` of three, because the 270M base model rarely says True three times, also when its verdicts "
-    "are constrained to True / False (the next line counts what each rule keeps in this run); tiny relaxes both "
-    "(`min_true = 1`, two questions). The F-count and probing tables show both rules.",
-    "Order of steps: Step 2's KG filter runs before Step 1 so that only questions with a gold path cost LLM calls (the same "
-    "resulting set); probing temperatures are seeded per item (uniform in [0, 1], App. C).",
-    "Model: the embedded Gemma-3-270M base model (llama.cpp, CPU) at tiny and smoke, on a handful of questions; the paper's "
-    "7B-72B Instruct models need the `full` profile on a vLLM endpoint. Small-model, small-sample numbers: the bootstrap "
-    "CIs are wide and the F counts are shown.",
-    "One shared run (the `awaken_task1` experiment) serves every artefact: all knowledge types (the main six first), both "
-    "probing methods and ranking queries, and every awakening temperature are computed once; candidate subsampling draws "
-    "from one seeded generator in type order, so a type's candidates can differ from a run of that type alone.",
-]
-
-DECODING_DEVIATION = {  # listed by `study_deviations` only when the run did not decode freely
-    "constrained": "Decoding: Step 1's closed-book answers (Eq. 6) and the probing answers are decoded under their declared "
-                   "formats (Step 1 and QA-probing: a non-empty one-line short answer, `SHORT_ANSWER`; NLI: the choice ' True' / "
-                   "' False', `PROBE_VERDICT`), a llama.cpp grammar on the embedded model; the paper decodes freely "
-                   "(`decoding = \"free\"`, the full profile). The ten No-RAG samples and the awakening answers are decoded freely "
-                   "in every mode, so the No-RAG and knowledge rows of Hits@k are decoded alike." + " " + SAMPLER_NOTE,
-    "decoupled": "Decoding: decoupled. Each Step 1 and probing answer is generated freely as in the paper, then a second, greedy "
-                 "pass bound by the declared format (`SHORT_ANSWER`, `PROBE_VERDICT`) restates it after the prompt, the free answer "
-                 "and one line asking for the format (`REFORMAT`); its restatement is parsed. The paper decodes freely; the ten "
-                 "No-RAG samples and the awakening answers are decoded freely in every mode.",
-}
-
 def decoding_of(result: dict) -> str:
     "The decoding mode a result was probed with (`free` for runs recorded before the parameter existed)."
     return result.get("params", {}).get("decoding") or "free"
@@ -783,11 +741,6 @@ def probing_rule_counts(result: dict) -> str:
     return "Probing rule in this run: " + "; ".join(
         f"{r['probing']}-probing keeps {int(r['kept (Eq. 7, all True)'])} of {int(r['items'])} items by Eq. 7 and "
         f"{int(r['kept (>= 1 True)'])} by >= 1 True" for _, r in rows.iterrows()) + "."
-
-def study_deviations(result: dict) -> list[str]:
-    "`DEVIATIONS`, this run's probing-rule counts, and the decoding line when `result` was not decoded freely (what every artefact renders)."
-    return list(DEVIATIONS) + [probing_rule_counts(result)] + decoding_deviation_lines(DECODING_DEVIATION, decoding_of(result))
-register_decoding_deviation("awaken_task1", DECODING_DEVIATION)  # StudyRun.deviations lists the run's line
 
 # %% ../../../nbs/studies/awakening/02_task1.ipynb #c104
 def _json_columns(df: pd.DataFrame) -> list[str]:
@@ -840,7 +793,6 @@ def load_task1(exp,  # `ExperimentResults` of `awaken_task1` (or anything with `
     return out
 
 # %% ../../../nbs/studies/awakening/02_task1.ipynb #c107
-PAPER = "awakening_unseen_entity_kgqa.txt"
 PLOT_MODEL = "Llama3.1-8B-Instruct"  # the paper model drawn beside ours (the one every table has)
 
 def knowledge_label(setting: str) -> str:
@@ -885,7 +837,7 @@ def paper_select(table: str, dataset: str | None = "cwq",
                  models=None,  # None = every Instruct model; "all" = every model; or a list
                  **filters) -> pd.DataFrame:
     "Rows of the awakening paper's `table` (`paper_numbers`) for `dataset` (None = any) and `models`."
-    p = paper_numbers(PAPER, table=table, **({"dataset": dataset} if dataset else {}), **filters)
+    p = paper_numbers(STUDY.paper, table=table, **({"dataset": dataset} if dataset else {}), **filters)
     if isinstance(models, str) and models == "all": return p
     return p[p["model"].isin(models) if models is not None else p["model"].str.endswith("-Instruct")]
 
@@ -1012,7 +964,7 @@ def distance_rows(result: dict, types=("T3", "T7", "T8")) -> pd.DataFrame:
     return t
 
 def plot_sweep(sweep: pd.DataFrame,  # from `temperature_sweep`
-               paper: pd.DataFrame,  # the paper's Fig. 7 rows (`paper_numbers(PAPER, table="Fig. 7")`)
+               paper: pd.DataFrame,  # the paper's Fig. 7 rows (`paper_numbers(STUDY.paper, table="Fig. 7")`)
               ) -> Figure:
     "Fig. 7: our Hits@1 and Hits@10 per awakening temperature, the paper's best Hits@1 (a star) and best-Hits@10 temperature."
     v = paper.set_index("metric")["value"]
@@ -1029,15 +981,6 @@ def plot_sweep(sweep: pd.DataFrame,  # from `temperature_sweep`
 
 # %% ../../../nbs/studies/awakening/02_task1.ipynb #f001
 from ...hooks import register_format_tax
-FORMAT_TAX = dict(
-    study="awakening",
-    step="NLI-probing True/False (App. E prompt, §4.2 Stage 3, Eq. 7) and QA-probing short answers (App. B.4, closed-book "
-         "App. E prompt), three probes per T1 knowledge item at the App. C temperatures",
-    metric="QA-probing accuracy (ACC_R, App. C Eq. 15, of the item's three QA-probing answers)",
-    paper="not reported per answer; awakening Table 7 (Llama3.1-8B-Instruct, CWQ): QA-probing keeps 110 A_q-R_q-B (T1) items, "
-          "NLI-probing 446",
-    settings="T1 knowledge items of CWQ only, three probes each at the App. C temperatures")
-
 def format_tax_items(n: int,  # how many knowledge items
                      seed: int = 0,  # candidate-subsampling seed (as in Task 1)
                      dataset: str = "cwq") -> list[dict]:
@@ -1056,7 +999,7 @@ def format_tax_items(n: int,  # how many knowledge items
                           qa_expected=k["qa_expected"]))
     return items
 
-@register_format_tax(FORMAT_TAX, datasets=["cwq", "fb15k237"])  # the experiment format_tax_runs finds it (kgrag_nb.hooks)
+@register_format_tax(STUDY.arm("awakening"))  # the experiment format_tax_runs finds it (kgrag_nb.hooks)
 def format_tax_arm(client,  # `kgrag_nb.llm.LLMClient`
                    decoding: str,  # "free" (the paper's) | "constrained" | "decoupled"
                    n: int,  # knowledge items (fewer when the data has fewer; see `format_tax_items`)

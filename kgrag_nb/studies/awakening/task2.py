@@ -24,20 +24,20 @@ from ...answers import first_line
 from .task1 import AWAKENING_MAX_SUBGRAPH_TRIPLES, awakening_prompt
 from ...decoding import Restatement, decode
 from ...store import write_jsonl
-from ...reproduce import register_decoding_deviation, decoding_deviation_lines  # StudyRun.deviations adds a run's decoding line
+from . import STUDY  # the study's record: deviation lines, format-tax arm
 
 # %% auto #0
 __all__ = ['EXTRACTION_TEMPLATE', 'EXTRACTION_FORMAT', 'EXTRACTION_RESTATE', 'DISAMBIGUATION_TEMPLATE', 'DISAMBIGUATION_RESTATE',
            'TOP_LEVEL_TYPES', 'TYPE_TEMPLATE', 'KNOWLEDGE_SETS', 'METHODS', 'DECOMPOSITION_TEMPLATE', 'PAPER_MODELS',
-           'PAPER_DATASETS', 'DEVIATIONS', 'DECODING_DEVIATION', 'SUMMARY_COLUMNS', 'PARSED_STEPS', 'FORMAT_TAX',
-           'FORMAT_TAX_ROW', 'FT_MAX_TRIPLES', 'question_topics', 'kg_stats', 'IncompleteKG', 'build_incomplete_kg',
-           'extraction_prompt', 'parse_extraction', 'relation_candidates', 'disambiguation_prompt', 'parse_choice',
-           'disambiguation_format', 'type_prompt', 'parse_type', 'nearest_type', 'build_knowledge', 'knowledge_sets',
-           'DiFaR', 'merge_hits', 'decomposition_prompt', 'parse_decomposition', 'entity_queries', 'UnseenConfig',
-           'unseen_question', 'unseen_stages', 'UnseenMethod', 'NoRAG', 'DiFaRMethod', 'QDDiFaRMethod', 'OursMethod',
-           'run_unseen_entity_qa', 'summarize_unseen', 'paper_table3', 'unseen_deviations', 'sample_questions',
-           'masked_left', 'summarize_datasets', 'trace_table', 'fallback_table', 'parse_table', 'answer_table',
-           'full_difar_texts', 'bench_difar', 'first_answers', 'format_tax_rows', 'format_tax_arm']
+           'PAPER_DATASETS', 'SUMMARY_COLUMNS', 'PARSED_STEPS', 'FORMAT_TAX_ROW', 'FT_MAX_TRIPLES', 'question_topics',
+           'kg_stats', 'IncompleteKG', 'build_incomplete_kg', 'extraction_prompt', 'parse_extraction',
+           'relation_candidates', 'disambiguation_prompt', 'parse_choice', 'disambiguation_format', 'type_prompt',
+           'parse_type', 'nearest_type', 'build_knowledge', 'knowledge_sets', 'DiFaR', 'merge_hits',
+           'decomposition_prompt', 'parse_decomposition', 'entity_queries', 'UnseenConfig', 'unseen_question',
+           'unseen_stages', 'UnseenMethod', 'NoRAG', 'DiFaRMethod', 'QDDiFaRMethod', 'OursMethod',
+           'run_unseen_entity_qa', 'summarize_unseen', 'paper_table3', 'sample_questions', 'masked_left',
+           'summarize_datasets', 'trace_table', 'fallback_table', 'parse_table', 'answer_table', 'full_difar_texts',
+           'bench_difar', 'first_answers', 'format_tax_rows', 'format_tax_arm']
 
 # %% ../../../nbs/studies/awakening/03_task2.ipynb #c005
 def question_topics(records: list,  # QARecords (`.id`, `.topic_entities` = [{"id", "name"}])
@@ -639,51 +639,10 @@ PAPER_DATASETS = ("mintaka", "2wiki", "cwq")
 def paper_table3(dataset: str = "cwq") -> pd.DataFrame:
     "The awakening paper's Table 3 for `dataset`: one row per method, Hits@1 / Hits@10 per model."
     if dataset not in PAPER_DATASETS: raise ValueError(f"Table 3 has {PAPER_DATASETS}, not {dataset!r}")
-    t = paper_numbers("awakening_unseen_entity_kgqa.txt", table="Table 3", dataset=dataset).set_index(["setting", "model", "metric"])["value"]
+    t = paper_numbers(STUDY.paper, table="Table 3", dataset=dataset).set_index(["setting", "model", "metric"])["value"]
     return pd.DataFrame([dict(method=m, **{f"{mod} {h}": t[m, mod, metric] for mod in PAPER_MODELS
                                            for h, metric in (("H@1", "Hits@1"), ("H@10", "Hits@10"))})
                          for m in dict.fromkeys(t.index.get_level_values("setting"))])
-
-# %% ../../../nbs/studies/awakening/03_task2.ipynb #c101
-DEVIATIONS = [  # of Task 2 (awakening_unseen_entity_kgqa.txt §5, §6.4, App. C, E) as run offline
-    "KG: FB15k-237 (the offline Freebase subset) instead of full Freebase; only questions whose topic entity is in FB15k-237 "
-    "are used (CWQ 474 of 1,000, WebQSP 644 of 1,000) and A_q is the first such topic entity. At tiny and smoke the incomplete "
-    "KG is built from the evaluated questions only and capped at `max_triples` per entity (the paper: every question, 40,000 "
-    "per entity, App. C; the `full` profile does this).",
-    "Model and prompts: the embedded 270M base model on the completions endpoint at tiny and smoke, with the App. E templates "
-    "verbatim as completion prompts plus an answer cue; the paper uses 8B-70B instruction-tuned models.",
-    "The disambiguation, type-inference and question-decomposition prompts are ours (App. E has none); the LLM sees "
-    "`per_relation` seeded triples of each of the `k_relations` nearest relations. When it names no valid candidate the "
-    "best-ranked one is used, when it names no listed type the listed type nearest to its answer by MiniLM embedding "
-    "(`thing` for an empty answer); the fallback table counts both.",
-    "Top-level types: our 40-type list modelled on YAGO 4.5's upper taxonomy (`TOP_LEVEL_TYPES`); the paper's 40 YAGO 4.5 "
-    "types are not listed and YAGO is not in the offline mirror.",
-    "DiFaR / QD-DiFaR: unsupervised DiFaR over the verbalised triples of the incomplete KG (MiniLM, exact FAISS inner "
-    "product), top `difar_k` triples, answered with the App. E awakening prompt; QD-DiFaR takes the union of the top "
-    "`difar_k` triples of each sub-question (at most 3, our decomposition prompt), and QD-DiFaR (entity) queries each "
-    "sub-question with the topic-entity names it mentions (else A_q). The paper gives no k and no prompt for these.",
-    "Relation retrieval uses `RelationRetriever` in `distinct` mode (one vector per relation text): the same candidates as "
-    "the paper's per-triple IVF index (`faithful`), verified by `kgrag bench relation-retrieval`.",
-    "ACC_R as in `kgrag_nb.metrics.acc_r` (the evident intent of App. C Eq. 15, whose cases are printed swapped).",
-    "Sample: a seeded sample of `n_questions` per dataset, every method evaluated on the same questions (F equal across "
-    "rows); the paper's Table 3 has no WebQSP column, so WebQSP rows have no paper counterpart.",
-]
-
-DECODING_DEVIATION = {  # listed only when the run did not decode freely (the paper decodes freely)
-    "constrained": "Decoding: the entity-relation extraction and the disambiguation answers are decoded under their declared "
-                   "formats (`EXTRACTION_FORMAT`: one JSON string \"entity, relation\"; `disambiguation_format(n)`: a number 1..n), a "
-                   "llama.cpp grammar on the embedded model; the paper decodes freely (`decoding = \"free\"`, the full profile). "
-                   "The type, decomposition and answer steps are decoded freely in every mode.",
-    "decoupled": "Decoding: the extraction and disambiguation answers are decoded freely first; a second, greedy pass bound by "
-                 "their declared formats restates each after the prompt, the free answer and our restating line "
-                 "(`EXTRACTION_RESTATE`, `DISAMBIGUATION_RESTATE`), and that restatement is parsed. The paper decodes freely; "
-                 "the type, decomposition and answer steps are decoded freely in every mode.",
-}
-
-def unseen_deviations(decoding: str = "free") -> list[str]:
-    "`DEVIATIONS`, plus the decoding line when the run did not decode freely (what the Table 3 artefact should render)."
-    return DEVIATIONS + decoding_deviation_lines(DECODING_DEVIATION, decoding)
-register_decoding_deviation("unseen_entity", DECODING_DEVIATION)  # StudyRun.deviations lists the run's line
 
 # %% ../../../nbs/studies/awakening/03_task2.ipynb #c103
 from ...datasets import load_qa
@@ -811,13 +770,8 @@ def _bench_difar(n=None, **kw):
 from ...hooks import register_format_tax
 from ...datasets import load_kg
 
-FORMAT_TAX = dict(study="unseen_entity",
-                  step="Unseen-Entity entity-relation extraction (App. E) and disambiguation (§5.2, our prompt), awakening_unseen_entity_kgqa.txt §5.2",
-                  metric="Hits@1 of Ours (T7) (Table 3)",
-                  paper="40.0 Hits@1 on CWQ, Ours (T7), Llama3.1-8B-Instruct (awakening_unseen_entity_kgqa.txt Table 3)")
 FORMAT_TAX_ROW = "Ours (T7)"  # the Table 3 row whose knowledge rests on the two parsed steps only
-FT_MAX_TRIPLES = 500  # the incomplete KG around the arm's questions (ours; the smoke profile's size)
-FORMAT_TAX["settings"] = f"CWQ over FB15k-237, an incomplete KG of at most {FT_MAX_TRIPLES} triples around the questions (paper: §5.1's KGs)"
+FT_MAX_TRIPLES = STUDY.arm("unseen_entity").params["max_triples"]  # the incomplete KG around the arm's questions (its record)
 
 def first_answers(client,  # `kgrag_nb.llm.LLMClient`
                   trace: list[dict],  # the `unseen_stages` records of the questions
@@ -843,7 +797,7 @@ def format_tax_rows(trace: list[dict],  # `unseen_stages` records (with `gold`)
                          T7=t["knowledge_items"].get("T7", ""), answer=a))
     return rows
 
-@register_format_tax(FORMAT_TAX, datasets=["cwq", "fb15k237"])  # the experiment format_tax_runs finds it (kgrag_nb.hooks)
+@register_format_tax(STUDY.arm("unseen_entity"))  # the experiment format_tax_runs finds it (kgrag_nb.hooks)
 def format_tax_arm(client,  # `kgrag_nb.llm.LLMClient` (completions endpoint)
                    decoding: str,  # "free" (the paper's) | "constrained" | "decoupled"
                    n: int,  # questions: the first n of the seeded order

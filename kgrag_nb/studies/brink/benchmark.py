@@ -18,17 +18,17 @@ from ... import __version__
 from ...hooks import evaluator
 from ...kg import KG
 from ...llm import Constraint, progress_stream
+from . import STUDY  # the study's record (its deviation lines)
 from .rules import groundings  # rules, then brink, then brink_methods: the BRINK study's modules in order
 from ...metrics import bootstrap_ci, bootstrap_ratio_ci, brink_normalize, brink_per_question, hard_hits_rate, permissive_scores
 
 # %% auto #0
 __all__ = ['BRINK_PER_RULE', 'BRINK_SPLIT', 'BRINK_TAU', 'BRINK_TEMPERATURE', 'SPLITS', 'QG_PROMPT', 'QUESTION_LINE',
-           'QG_REFORMAT', 'DEVIATIONS', 'BENCHMARK_FILES', 'TABLE3_METRICS', 'PREDICTION_KEYS', 'Removal',
-           'select_removals', 'incomplete_kg', 'is_grounding', 'verify_inferable', 'complete_answers', 'downsample',
-           'split_sizes', 'assign_splits', 'qg_prompt', 'parse_question', 'mentions', 'candidate_questions',
-           'generate_questions', 'Benchmark', 'build_benchmark', 'load_questions', 'load_benchmark',
-           'benchmark_statistics', 'PredictionFormatError', 'read_predictions', 'evaluate', 'format_evaluation',
-           'failure_analysis']
+           'QG_REFORMAT', 'BENCHMARK_FILES', 'TABLE3_METRICS', 'PREDICTION_KEYS', 'Removal', 'select_removals',
+           'incomplete_kg', 'is_grounding', 'verify_inferable', 'complete_answers', 'downsample', 'split_sizes',
+           'assign_splits', 'qg_prompt', 'parse_question', 'mentions', 'candidate_questions', 'generate_questions',
+           'Benchmark', 'build_benchmark', 'load_questions', 'load_benchmark', 'benchmark_statistics',
+           'PredictionFormatError', 'read_predictions', 'evaluate', 'format_evaluation', 'failure_analysis']
 
 # %% ../../../nbs/studies/brink/02_benchmark.ipynb #c004
 BRINK_PER_RULE = 30  # groundings per rule, BRINK (brink_incomplete_kg_benchmark.txt) §3.2 "up to 30 groundings"
@@ -335,17 +335,6 @@ class Benchmark:
         sizes = {s: len(self.split(s)) for s in SPLITS}
         return f"Benchmark({self.datasheet.get('name')!r}: {len(self.questions)} questions {sizes}, {self.complete.num_triples:,} -> {self.incomplete.num_triples:,} triples)"
 
-DEVIATIONS = [
-    "Questions generated with the configured model on the completions endpoint: the App. D prompt (written for GPT-4, "
-    "a chat model) is sent verbatim as a completion prompt and the first output line ending with '?' is kept "
-    "(chat=True sends it as one user message instead).",
-    "Algorithm 1 is applied to the candidate questions before generation (it depends only on answer entities); "
-    "questions whose generation has no question line are dropped afterwards.",
-    "tau is ours: the paper tested 0.01-0.2 (App. B) without stating the value used.",
-    "Removals are selected rule by rule in the given order, groundings in seeded random order, greedily under both "
-    "constraints of §3.2.",
-]
-
 # %% ../../../nbs/studies/brink/02_benchmark.ipynb #c040
 def _sha256(path: Path) -> str: return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
@@ -442,10 +431,10 @@ def build_benchmark(kg: KG,  # the complete KG
               rule_types=_counts(_rule_type(r) for r in rules),
               removals_by_rule_type=_counts(_rule_type(rules[r.rule_index]) for r in removals),
               questions_by_rule_type=_counts(r["rule_type"] for r in recs),
-              deviations=DEVIATIONS, files={f: _sha256(out / f) for f in files})
+              deviations=list(STUDY.deviations["benchmark"]), files={f: _sha256(out / f) for f in files})
     if client is not None and decoding != "free":  # a free datasheet keeps its bytes
         ds["decoding"] = decoding
-        ds["deviations"] = DEVIATIONS + [f"decoding={decoding!r}: App. D questions bound to one question line "
+        ds["deviations"] = list(STUDY.deviations["benchmark"]) + [f"decoding={decoding!r}: App. D questions bound to one question line "
                                          "(QUESTION_LINE; 'decoupled': free output restated under it); the paper decodes freely."]
     (out / "datasheet.json").write_text(json.dumps(ds, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     (out / "DATASHEET.md").write_text(_datasheet_md(ds), encoding="utf-8")

@@ -33,20 +33,20 @@ from .rules import APP_A2, mine_rules_cached
 from .benchmark import Benchmark, evaluate, failure_analysis, load_benchmark, build_benchmark, BRINK_TAU, DECODINGS
 from ...llm import Constraint
 from ...decoding import Restatement
-from ...reproduce import register_decoding_deviation, decoding_deviation_lines  # StudyRun.deviations adds a run's decoding line
+from ...reproduce import decoding_deviation_lines
+from . import STUDY  # the study's record: deviation and decoding lines, format-tax arm
 
 # %% auto #0
-__all__ = ['BRINK_METHODS', 'BRINK_SETTINGS', 'METHOD_FAMILIES', 'BENCHMARK_DEVIATIONS', 'DEVIATIONS', 'LLM_ONLY_PROMPT',
-           'ROG_PLAN_PROMPT', 'PATH_ANSWER_PROMPT', 'TOG_PRUNE_PROMPT', 'TRIPLE_ANSWER_PROMPT', 'ORACLE_PROMPT',
-           'ANSWER_LIST', 'ANSWER_REFORMAT', 'GROUP', 'FORMAT_TAX', 'PAPER_METHOD_OF', 'DECODING_DEVIATION',
-           'SETTING_COLORS', 'BRINK_PAPER', 'PERMISSIVE', 'STRICT', 'MethodConfig', 'template_question',
-           'question_view', 'answer_prompt', 'parse_answer', 'parse_answer_list', 'train_path_ranker', 'rank_paths',
-           'brink_question', 'run_methods', 'BrinkMethod', 'LLMOnly', 'RoG', 'TrainedPaths', 'ToG', 'KNNTriples',
-           'Oracle', 'score_predictions', 'rule_type_hhr', 'failure_ratio', 'answer_parse_rates', 'sample_rules',
-           'study_benchmark', 'experiment_benchmark', 'brink_experiment', 'format_tax_arm', 'method_predictions',
-           'StudyData', 'study_data', 'decoding_note', 'plot_setting_bars', 'paper_table', 'paper_claim', 'versus_gog',
-           'setting_drop', 'plot_rule_type_hhr', 'plot_label_modes', 'oracle_vs_paper', 'permissive_vs_strict',
-           'failure_labels', 'retrieval_share', 'plot_failures']
+__all__ = ['BRINK_METHODS', 'BRINK_SETTINGS', 'METHOD_FAMILIES', 'BENCHMARK_DEVIATIONS', 'LLM_ONLY_PROMPT', 'ROG_PLAN_PROMPT',
+           'PATH_ANSWER_PROMPT', 'TOG_PRUNE_PROMPT', 'TRIPLE_ANSWER_PROMPT', 'ORACLE_PROMPT', 'ANSWER_LIST',
+           'ANSWER_REFORMAT', 'GROUP', 'PAPER_METHOD_OF', 'SETTING_COLORS', 'PERMISSIVE', 'STRICT', 'MethodConfig',
+           'template_question', 'question_view', 'answer_prompt', 'parse_answer', 'parse_answer_list',
+           'train_path_ranker', 'rank_paths', 'brink_question', 'run_methods', 'BrinkMethod', 'LLMOnly', 'RoG',
+           'TrainedPaths', 'ToG', 'KNNTriples', 'Oracle', 'score_predictions', 'rule_type_hhr', 'failure_ratio',
+           'answer_parse_rates', 'sample_rules', 'study_benchmark', 'experiment_benchmark', 'brink_experiment',
+           'format_tax_arm', 'method_predictions', 'StudyData', 'study_data', 'decoding_note', 'plot_setting_bars',
+           'paper_table', 'paper_claim', 'versus_gog', 'setting_drop', 'plot_rule_type_hhr', 'plot_label_modes',
+           'oracle_vs_paper', 'permissive_vs_strict', 'failure_labels', 'retrieval_share', 'plot_failures']
 
 # %% ../../../nbs/studies/brink/03_methods.ipynb #c004
 BRINK_METHODS = ("llm_only", "rog", "trained_paths", "tog", "knn_triples", "oracle")
@@ -59,30 +59,8 @@ METHOD_FAMILIES = {
     "knn_triples": "embedding k-NN triple retrieval (G-Retriever-style retrieval, no GNN)",
     "oracle": "oracle: rule + alternative path given (BRINK App. H, Table 6)",
 }
-BENCHMARK_DEVIATIONS = [  # how the benchmark the methods answer departs from BRINK's (Table 3 shows it)
-    "questions='template': questions are written from relation and topic (template_question), because the 270M base "
-    "model copies App. D's example question instead of asking about the topic.",
-    "Benchmark: a seeded, type-balanced sample of `max_rules` mined rules with `per_rule` groundings each (BRINK: every "
-    "rule, 30 groundings, rules of length 4 on FB15k-237); FB15k-237 is the mirror's train ∪ valid ∪ test, larger than "
-    "the paper's FB15k-237-Complete (Table 3 shows both); Wikidata5m is not available offline.",
-]
-DEVIATIONS = [  # every BRINK artefact renders these (StudyRun.deviations)
-    "Family-level re-implementations on one shared model, not the original RoG/G-Retriever/GNN-RAG/PoG/StructGPT/ToG "
-    "systems with their backbones (BRINK App. F); nothing is fine-tuned.",
-    "Prompts are ours (App. F uses each system's original prompts without printing them): few-shot completion prompts "
-    "for a base model; RoG-style prompts paraphrase RoG's published instructions.",
-    "The trained retriever ranks relation paths per (question relation, direction) counted on the train split, "
-    "instead of learning from the question text.",
-    "ToG-style search prunes entities by a seeded random sample and always runs to `depth`.",
-    "k-NN retrieval ranks 2-hop triples by MiniLM similarity (no GNN, no PCST subgraph).",
-    "Relations at an entity are listed by frequency, capped at `max_relations`; '~r' = r from tail to head; Freebase "
-    "relations are shown by the last segment of their path id (relation_names).",
-    *BENCHMARK_DEVIATIONS,
-    "Model and sample: one small model (at the tiny and smoke profiles the embedded Gemma-3-270M base model on CPU, "
-    "temperature 0) answers the first `n_test` test questions per KG (BRINK: every test question of Table 3, "
-    "7B-70B models): the numbers show that the pipeline works, their level is not comparable with the "
-    "paper's, and the confidence intervals are wide.",
-]
+BENCHMARK_DEVIATIONS = [d for d in STUDY.deviations["methods"]  # how the benchmark the methods answer departs from BRINK's
+                        if d.startswith(("questions='template'", "Benchmark: "))]  # (Table 3 shows these two)
 
 # %% ../../../nbs/studies/brink/03_methods.ipynb #c006
 @dataclass(frozen=True)
@@ -621,13 +599,7 @@ def brink_experiment(kg_name: str,  # dataset name
 
 # %% ../../../nbs/studies/brink/03_methods.ipynb #c047b
 from ...hooks import register_format_tax
-FORMAT_TAX = dict(study="brink", step="the oracle's answer list (BRINK App. H; App. E list form, parse_answer_list / ANSWER_LIST)",
-                  metric="hits_hard",
-                  paper="BRINK Table 6 (App. H), Family, incomplete KG, rule + alternative path given: Hits@Hard 0.91 (GPT-4o), "
-                        "0.88 (GPT-3.5-turbo)",
-                  settings="Family only, the oracle method (rule and alternative path given, App. H), the first test questions")
-
-@register_format_tax(FORMAT_TAX, datasets=["family"])  # the experiment format_tax_runs finds it (kgrag_nb.hooks)
+@register_format_tax(STUDY.arm("brink"))  # the experiment format_tax_runs finds it (kgrag_nb.hooks)
 def format_tax_arm(client,  # kgrag_nb.llm.LLMClient
                    decoding: str,  # 'free' | 'constrained' | 'decoupled'
                    n: int,  # first n test questions of the Family benchmark
@@ -704,7 +676,7 @@ class StudyData:
 
     @property
     def scope(self) -> str:
-        "This run's sample as one deviation line (the artefact notebooks render it after `DEVIATIONS`)."
+        "This run's sample as one deviation line (the artefact notebooks render it after the study's methods deviations)."
         b = self.setup.get("benchmark", {})
         return (f"This run ({self.label}): KGs {', '.join(self.setup['kgs'])}, a sample of {b.get('max_rules')} rules x "
                 f"{b.get('per_rule')} groundings per KG, the first {self.setup['n_test']} test questions of each (the `tiny` "
@@ -722,21 +694,9 @@ def study_data(run,  # kgrag_nb.reproduce.StudyRun of the artefact notebook
                      f"{', '.join(run.models)}, {run.profile}, n={setup['n_test']}/KG" + ("" if dec == "free" else f", decoding={dec}"),
                      n_resamples, seed)
 
-DECODING_DEVIATION = {d: f"Decoding: {d} ({how}); BRINK decodes freely. A plan or pruning that names no listed relation cannot "
-                         "occur, so the retrieval failures App. J analyses (and Fig. 3's retrieval step) are those of a model held "
-                         "to the listed relations: run `--set decoding=free` for App. J as the paper measures it."
-                      for d, how in {  # what each decoding other than the paper's does to the three parsed steps
-    "constrained": "three parsed steps are bound to their formats: every answer list to ANSWER_LIST (1-10 short comma-separated "
-                   "items), RoG's relation-path plans to relation_paths_constraint and ToG's relation pruning to steps_constraint "
-                   "(both: only relations the prompt lists, at least one)",
-    "decoupled": "the three parsed steps (answer lists, RoG's relation-path plans, ToG's relation pruning) are given freely, then "
-                 "restated under their formats (ANSWER_LIST, relation_paths_constraint, steps_constraint) by a second, greedy request",
-}.items()}
-register_decoding_deviation("brink_methods", DECODING_DEVIATION)  # StudyRun.deviations lists the run's line
-
 def decoding_note(setup: dict) -> str:  # the experiment's setup (`decoding` absent = free: runs that predate the decoding modes)
     "The deviation sentence of a run that did not decode freely, after a space ('' when free, so free outputs keep their bytes)."
-    return "".join(" " + line for line in decoding_deviation_lines(DECODING_DEVIATION, setup.get("decoding", "free")))
+    return "".join(" " + line for line in decoding_deviation_lines(STUDY.decoding_deviations["methods"], setup.get("decoding", "free")))
 
 # %% ../../../nbs/studies/brink/03_methods.ipynb #c053b
 SETTING_COLORS = {"complete": "#d62728", "incomplete": "#1f77b4"}  # BRINK Fig. 1-2: complete red, incomplete blue
@@ -763,18 +723,16 @@ def plot_setting_bars(scores: pd.DataFrame,  # score_predictions rows (one mode)
     return fig
 
 # %% ../../../nbs/studies/brink/03_methods.ipynb #c055
-BRINK_PAPER = "brink_incomplete_kg_benchmark"  # kgrag_nb/papers/<stem>.csv
-
 def paper_table(table: str,  # e.g. 'Table 5' (kgrag_nb.papers `table` column)
                 datasets: Sequence[str] | None = None) -> pd.DataFrame:  # keep these datasets (None = all rows)
     "The paper's numbers of one table (`kgrag_nb.papers.paper_numbers`), restricted to `datasets`."
-    df = paper_numbers(BRINK_PAPER, table=table)
+    df = paper_numbers(STUDY.paper, table=table)
     return df if datasets is None else df[df["dataset"].isin(list(datasets))].reset_index(drop=True)
 
 # %% ../../../nbs/studies/brink/03_methods.ipynb #c055a
 def paper_claim(artefact: str) -> str:  # e.g. 'brink_fig1'
     "The paper's claim for a figure it prints no values for (`kgrag_nb.papers.paper_claims`), with its section."
-    c = paper_claims(BRINK_PAPER, artefact=artefact).iloc[0]
+    c = paper_claims(STUDY.paper, artefact=artefact).iloc[0]
     return f"{c['section']}: {c['claim']}"
 
 def _with_ci(metrics: Sequence[str]) -> list[str]: return [c for m in metrics for c in (m, f"{m}_lo", f"{m}_hi")]

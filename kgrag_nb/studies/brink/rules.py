@@ -14,19 +14,19 @@ import scipy.sparse as sp
 from ...config import get_config
 from ...kg import KG
 from ...papers import paper_numbers
+from . import STUDY  # the study's record (its paper)
 from ...hooks import subcommand, benchmark
 import signal, subprocess
 from joblib.externals.loky import get_reusable_executor
 from tqdm.auto import tqdm
 from ...datasets import REGISTRY, load_kg
 
-
 # %% auto #0
 __all__ = ['VAR_NAMES', 'RULE_TYPES', 'OTHER_PATTERNS', 'TSV_COLUMNS', 'MIN_PARALLEL_ITEMS', 'AMIE_COMPAT', 'RULES_CACHE_OPTIONS',
-           'DEVIATIONS', 'APP_A2', 'is_variable', 'Atom', 'Rule', 'classify_rule', 'parse_amie', 'rule_measures',
-           'amie_2019_dropped', 'amie_filters', 'mine_rules', 'Grounding', 'groundings', 'rules_to_frame',
-           'write_rules_tsv', 'read_rules_tsv', 'MinedRules', 'kg_checksum', 'rules_cache_key', 'mine_rules_cached',
-           'load_kg_or_tsv', 'brink_table1', 'bench_rules', 'table1_counts']
+           'APP_A2', 'is_variable', 'Atom', 'Rule', 'classify_rule', 'parse_amie', 'rule_measures', 'amie_2019_dropped',
+           'amie_filters', 'mine_rules', 'Grounding', 'groundings', 'rules_to_frame', 'write_rules_tsv',
+           'read_rules_tsv', 'MinedRules', 'kg_checksum', 'rules_cache_key', 'mine_rules_cached', 'load_kg_or_tsv',
+           'brink_table1', 'bench_rules', 'table1_counts']
 
 # %% ../../../nbs/studies/brink/01_rules.ipynb #c005
 VAR_NAMES = tuple(f"?{c}" for c in "abcdefghijklmnopqrstuvwxyz")  # variable names; ?a, ?b are the head's
@@ -1126,22 +1126,9 @@ def _rules_cli(sub):
 # %% ../../../nbs/studies/brink/01_rules.ipynb #c051
 def brink_table1(kg_name: str) -> dict:  # "family", "fb15k237" or "wikidata5m"
     "BRINK (brink_incomplete_kg_benchmark.txt) Table 1, mined rules by type, from `kgrag_nb.papers`: {type: n, 'total': n}."
-    df = paper_numbers("brink_incomplete_kg_benchmark.txt", table="Table 1", dataset=kg_name, metric="rules")
+    df = paper_numbers(STUDY.paper, table="Table 1", dataset=kg_name, metric="rules")
     return {s: int(v) for s, v in zip(df["setting"], df["value"])}
 
-DEVIATIONS = [  # of the rule mining step (BRINK §3.1, App. A.2, App. B) from AMIE 3 as BRINK ran it
-    "Rules are mined by this module's re-implementation of AMIE 3's semantics (NumPy/SciPy), not by AMIE 3 itself (Java, "
-    "not installable offline); compared with AMIE 3 (commit a70998e1) rule by rule, every measure of every common rule "
-    "agrees and no AMIE rule is missing.",
-    "The default output is the semantically complete rule set; AMIE builds before April 2020 and the v3.5/v3.5.1 "
-    "releases of 2024 (so every released AMIE 3 jar) also leave out closed rules of even length >= 4 in which every "
-    "relation occurs exactly twice. BRINK does not say which build it ran: amie_compat='2019' reproduces that filter, "
-    "and the study shows both.",
-    "AMIE's confidence skyline has an order-dependent false-positive subsumption test (a body chain r2(?b,?z), r1(?z,?a) "
-    "taken as a child of r1(?b,?z), r2(?z,?a)); it is a bug and is not reproduced, so a few rules AMIE drops are output.",
-    "min_support defaults to 2 (BRINK names none; AMIE's default head-coverage pruning applies no -mins); with AMIE's "
-    "min_initial_support of 100 and head coverage 0.1 it never binds.",
-]
 APP_A2 = dict(min_std=0.3, min_pca=0.4)  # BRINK App. A.2: confidence 0.3, PCA confidence 0.4
 
 def _by_type(rules) -> dict:

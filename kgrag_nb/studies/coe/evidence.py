@@ -17,7 +17,7 @@ from ...metrics import mann_whitney, bootstrap_ci
 from ...stats import as_outcomes, judge_signal
 from ...llm import Constraint
 from ...kgqa import TraceWriter, complete_traced
-from ...reproduce import register_decoding_deviation, decoding_deviation_lines  # StudyRun.deviations adds a run's decoding line
+from . import STUDY  # the study's record: paper, deviation lines, format-tax arm
 
 # %% auto #0
 __all__ = ['EXTRACT_INTENT_KEYWORDS_PROMPT', 'EXTRACT_RELATIONS_PROMPT', 'INTENT_PROMPT', 'KEYWORD_PROMPT', 'RELATION_PROMPT',
@@ -26,20 +26,19 @@ __all__ = ['EXTRACT_INTENT_KEYWORDS_PROMPT', 'EXTRACT_RELATIONS_PROMPT', 'INTENT
            'RELATIONS', 'VERDICT', 'JUDGE_VERDICT', 'PHRASE_LABELS', 'PHRASE', 'SENTENCE', 'VERDICT_TOKENS',
            'FEATURE_TOKENS', 'RELATION_TOKENS', 'REFORMAT', 'DATASETS', 'VARIANTS', 'MARKUP', 'PLACEMENTS',
            'BROADER_TERM_PROMPT', 'MISINFORMATION_PROMPT', 'CONDITIONS', 'ANSWER_TOKENS', 'JUDGE_TOKENS', 'ANSWER_STOP',
-           'RAG_TOP_K', 'PAPER', 'PAPER_MODELS', 'OPEN_STAND_INS', 'CONDITION_TABLE', 'DEVIATIONS',
-           'DECODING_DEVIATION', 'DECODING_LINES', 'GPT4O_ROLES', 'FORMAT_TAX', 'FT_DATASET', 'FT_P', 'fill',
-           'parse_features', 'parse_relations', 'parse_verdict', 'judge_verdict', 'parse_phrase', 'split_sentences',
-           'sentence_spans', 'decode_traced', 'extract_features', 'discrimination_prompts', 'coe_decision',
-           'discriminate', 'contains', 'load_released', 'quirks', 'piece_counts', 'sample_records', 'paper_piece_count',
-           'paper_piece_counts', 'paper_rule_pieces', 'irrelevant_chars', 'irrelevant_context', 'misinformation_needed',
-           'misinformation_context', 'swap_answer', 'wrong_answers', 'is_yes_no', 'rebuild_samples', 'rebuild_summary',
-           'make_misinformation', 'answer_prompt', 'following', 'build_contexts', 'run_conditions', 'cell_table',
-           'significance', 'discrimination_rates', 'minimal_coverage', 'distractor_index', 'pool_released',
-           'pool_hotpot', 'rag_select', 'scope_coe', 'scope_coe_many', 'pair_jobs', 'usability_jobs',
-           'answer_usability', 'run_usability', 'usability_table', 'setting_label', 'ours_vs_paper_cells',
-           'stars_vs_paper', 'deviations', 'roles_spec', 'role_models', 'released_overview', 'misinformation_counts',
-           'usability_questions', 'hotpot_questions', 'bm25_distractors', 'report_condition', 'judge_report',
-           'report_usability', 'report_roles', 'decoding_of', 'report_table1', 'format_tax_arm']
+           'RAG_TOP_K', 'PAPER_MODELS', 'OPEN_STAND_INS', 'CONDITION_TABLE', 'GPT4O_ROLES', 'FT_DATASET', 'FT_P',
+           'fill', 'parse_features', 'parse_relations', 'parse_verdict', 'judge_verdict', 'parse_phrase',
+           'split_sentences', 'sentence_spans', 'decode_traced', 'extract_features', 'discrimination_prompts',
+           'coe_decision', 'discriminate', 'contains', 'load_released', 'quirks', 'piece_counts', 'sample_records',
+           'paper_piece_count', 'paper_piece_counts', 'paper_rule_pieces', 'irrelevant_chars', 'irrelevant_context',
+           'misinformation_needed', 'misinformation_context', 'swap_answer', 'wrong_answers', 'is_yes_no',
+           'rebuild_samples', 'rebuild_summary', 'make_misinformation', 'answer_prompt', 'following', 'build_contexts',
+           'run_conditions', 'cell_table', 'significance', 'discrimination_rates', 'minimal_coverage',
+           'distractor_index', 'pool_released', 'pool_hotpot', 'rag_select', 'scope_coe', 'scope_coe_many', 'pair_jobs',
+           'usability_jobs', 'answer_usability', 'run_usability', 'usability_table', 'setting_label',
+           'ours_vs_paper_cells', 'stars_vs_paper', 'roles_spec', 'role_models', 'released_overview',
+           'misinformation_counts', 'usability_questions', 'hotpot_questions', 'bm25_distractors', 'report_condition',
+           'judge_report', 'report_usability', 'report_roles', 'decoding_of', 'report_table1', 'format_tax_arm']
 
 # %% ../../../nbs/studies/coe/01_evidence.ipynb #c005
 # chain_of_evidence.txt App. A, "Intent and Keyword Extraction Prompt" (verbatim; 5 few-shot examples)
@@ -315,7 +314,7 @@ def sentence_spans(text: str) -> list[str]:  # knowledge text
 VERDICT_TOKENS, FEATURE_TOKENS, RELATION_TOKENS = 3, 48, 64  # ours: generation budgets (completion model)
 
 from ...llm import DECODINGS  # one list of decodings for every study (the decode layer and the runner check one)
-from ...decoding import SAMPLER_NOTE, Restatement, decode  # one decode for every study
+from ...decoding import Restatement, decode  # one decode for every study
 
 # ours (decoupled decoding): appended to original prompt + free output (after a newline), then the constrained continuation
 REFORMAT = {k: Restatement("\n" + line) for k, line in {
@@ -939,7 +938,6 @@ def usability_table(rows: pd.DataFrame) -> pd.DataFrame:  # run_usability / answ
 
 
 # %% ../../../nbs/studies/coe/01_evidence.ipynb #c037
-PAPER = "chain_of_evidence.txt"
 PAPER_MODELS = ["GPT-3.5", "GPT-4", "Llama2-13B", "Llama3-70B", "Qwen2.5-32B"]
 OPEN_STAND_INS = {"GPT-3.5": "Qwen/Qwen2.5-7B-Instruct", "GPT-4": "Qwen/Qwen2.5-72B-Instruct"}  # ours: open models run in their place
 CONDITION_TABLE = {"irrelevant": ("Table 2", "ACC"), "faithfulness": ("Table 3", "FR"), "misinformation": ("Table 4", "ACC")}
@@ -960,40 +958,6 @@ def stars_vs_paper(sig: pd.DataFrame, paper: pd.DataFrame, condition: str) -> pd
     pstars = {(r.dataset, r.setting): "*" if "*" in str(r.note) else "" for r in paper.itertuples()}
     d["paper stars (any model)"] = [pstars.get((ds, setting_label(p, v)), "n/a") for ds, p, v in zip(d["dataset"], d["p"], d["variant"])]
     return d.rename(columns={"stars": "our stars"})
-
-DEVIATIONS = [
-    "Models: the embedded Gemma-3-270M base model (a completion model) answers, extracts, discriminates and judges at tiny/smoke; the paper uses GPT-4o for extraction, discrimination, WordP broader terms, wrong answers, misinformation and judging, and GPT-3.5, GPT-4, Llama2-13B, Llama3-70B, Qwen2.5-32B as answerers (full profile: the five answerers with open stand-ins for GPT-3.5/GPT-4 in Tables 2–5, a stronger judge on its own endpoint, and GPT-4o's other roles played by `roles_model`, the judge's model by default; the `roles` table of each artefact names the model of every role).",
-    "Completion prompts: the App. B prompts get an 'Output:' cue; the authors' answer prompt is sent as system prompt + user turn + 'Answer:' in one completion prompt; the judges, answer containment and FR's wrong-answer test read the first non-empty line of the output (answers stop at a blank line).",
-    "Decoding budgets are ours (verdicts 3 tokens, features 48, relations 64, answers 32); extraction and discrimination run at temperature 0 (the paper does not say), answers and judges at 0.1 (§5.1 / the authors' code).",
-    "Features: an unreadable intent/keyword reply leaves the question out (counted); an unreadable relation reply is counted and the question is judged on intent and keywords only; an unreadable yes/no verdict counts as 'no' (tallied). No relations = the relation condition holds (our reading).",
-    "Knowledge pieces are split on '.', '!', '?' (the authors' code's rule); decimals and abbreviations therefore split too. Table 1 also shows the paper's count, `len(text.split('.'))` (`paper_piece_count`: the empty piece after a final period counts, so about one piece more per text), which reproduces its CoE 4.0 / 3.4.",
-    "Irrelevant text is measured in characters and misinformation in sentences (at least one when p > 0), appended after the knowledge by default: the authors' released code, not the paper, fixes these units.",
-    "Misinformation sentences are not released: we make them from the CoE sentences containing the answer (answer replaced by the wrong answer) plus sentences the LLM generates with our prompt that contain the wrong answer and not the gold one; available vs needed counts are reported.",
-    "Faithfulness: records whose knowledge variant does not contain the answer (nothing to replace) are excluded per variant and counted.",
-    "Rebuilt samples: from the mirror's 500-question HotpotQA distractor dev file, not the paper's random 1,000; SenP removes candidate sentences in text order; WordP uses our broader-term prompt (the paper prints none) and only keywords that occur literally in the CoE.",
-    "Statistics: Mann–Whitney U on per-question means over runs (the paper does not state its test unit); stars = two-sided p < 0.05; with a handful of questions per cell the test has little power.",
-    "Table 5: the Google-snippet corpus is not available; substitutes (a) released irrelevant snippets + CoE sentences + BM25 hard distractors and (b) HotpotQA distractor sentences (capped pool); the RAG reranker is MiniLM cosine similarity; pools are shuffled with the seed.",
-    "Table 5, same questions in both arms: a question whose features are unreadable stays in both arms; its RAG+ScopeCoE row is a ScopeCoE failure (no selection, no answer, ACC 0), counted in the column `scope_failed`; snippets and gold recall are means over the questions each arm selected for.",
-    "Sample sizes: tiny evaluates 1 record per dataset (reduced for CI), smoke 4 de-duplicated records per dataset with every condition and three runs (about 20 would settle more comparisons; measured here cold, 4 records take 23 minutes with 1,601 requests at 0.85 s each on 2 cores, so 20 records need ~7,000 requests, about 1.7 hours; `--set n_records=20 --set n_discriminate=20` runs that size), full every released record, not 676 / 660. With 4 questions per group a two-sided Mann–Whitney p can reach 0.029 at best (3 would never reach 0.05).",
-    "The rebuild (§4.1–4.2) is run on HotpotQA only: the mirror has no 2WikiMultihopQA records with supporting facts beyond a two-record fixture.",
-]
-
-# listed by the artefacts only when the run's decoding is not free (the paper decodes freely)
-DECODING_DEVIATION = ("Decoding ({decoding}): the paper decodes freely; here the App. A feature JSON, the App. B yes/no verdicts, the judges' yes/no, "
-    "the App. C wrong answers, our broader terms and the misinformation sentences are decoded under their declared formats (FEATURES, RELATIONS, "
-    "VERDICT, JUDGE_VERDICT, PHRASE, SENTENCE; tiny/smoke default to constrained), the answers stay free. constrained = a grammar bounds the "
-    "output; decoupled = free generation first, then a second constrained pass that only restates the free output in the required format. "
-    "The yes/no formats (VERDICT, JUDGE_VERDICT) admit ' yes' and ' no' in lower case only, while the authors' judge rule reads "
-    "'yes' in any case (coe_upstream_prompts.txt §5): a constrained verdict is always one the rule reads, but the model cannot "
-    "write 'Yes' and must spend that probability on ' yes' or ' no' (the judges' yes-rates are printed with every table). "
-    "The feature formats cap nothing App. A admits (any number of keywords and relations, two keywords per relation).")
-
-DECODING_LINES = register_decoding_deviation(  # StudyRun.deviations lists the run's line; constrained: the judges sample
-    "coe_runs", {d: DECODING_DEVIATION.format(decoding=d) + (" " + SAMPLER_NOTE if d == "constrained" else "") for d in ("constrained", "decoupled")})
-
-def deviations(decoding: str = "free") -> list[str]:  # the run's decoding (run_info['decoding'])
-    "`DEVIATIONS`, plus the decoding line when `decoding` is not free (constrained: the judges sample, `SAMPLER_NOTE`)."
-    return DEVIATIONS + decoding_deviation_lines(DECODING_LINES, decoding)
 
 # %% ../../../nbs/studies/coe/01_evidence.ipynb #rl01
 GPT4O_ROLES = {"extraction": "§3.2, App. A", "discrimination": "§3.2, App. B; ScopeCoE §8.2.1", "broader terms (WordP)": "§4.2",
@@ -1075,7 +1039,7 @@ def report_condition(run,  # kgrag_nb.reproduce.StudyRun of the artefact
     rows = xp.load("answers")
     rows = rows[rows["condition"] == condition]
     cells, sig = cell_table(rows, metric.lower()), significance(rows, metric.lower())
-    paper = papers_mod.paper_numbers(PAPER, table=table)
+    paper = papers_mod.paper_numbers(STUDY.paper, table=table)
     ours = ours_vs_paper_cells(cells, condition)
     both = papers_mod.compare(ours, paper, on=["model", "dataset", "setting"], ours_label=f"{run.profile}, {', '.join(sorted(set(rows['model'])))}")
     run.save_table(both, f"{table.lower().replace(' ', '')}_vs_paper", f"{table}: {metric} (%) per model × dataset × p × variant; ours = mean over runs (min, max), n questions" + _dec(dec))
@@ -1120,7 +1084,7 @@ def report_usability(run, xp, papers_mod) -> dict:
     _sizes(run, xp); dec = decoding_of(xp); roles = report_roles(run, xp)
     rows = xp.load("usability")
     t = usability_table(rows)
-    paper = papers_mod.paper_numbers(PAPER, table="Table 5")
+    paper = papers_mod.paper_numbers(STUDY.paper, table="Table 5")
     ours = t.rename(columns={"setting": "substitute"}).rename(columns={"method": "setting", "ACC mean": "ACC"}).round(2)
     both = papers_mod.compare(ours, paper, on=["model", "dataset", "setting"], ours_label=run.profile)
     run.save_table(both, "table5_vs_paper", "Table 5: ACC (%) of naive RAG (top 5) and RAG+ScopeCoE, mean snippets selected (paper: §8.4 prose); "
@@ -1157,7 +1121,7 @@ def report_table1(run, xp, papers_mod) -> dict:
     _sizes(run, xp); dec = decoding_of(xp); report_roles(run, xp)
     q, pieces = xp.load("quirks"), xp.load("pieces")
     run.save_table(q, "released_quirks", "Released files (lsplx/ScopeCOE data/): rows vs unique questions and each quirk's count per dataset" + _dec(dec))
-    paper = papers_mod.paper_numbers(PAPER, table="Table 1")
+    paper = papers_mod.paper_numbers(STUDY.paper, table="Table 1")
     cols = {"variant": "setting", "samples (unique questions)": "samples"}
     ours = pieces.rename(columns=cols).assign(model="", source="ours (released files, all records; our rule: non-empty sentences split on . ! ?)")
     rule = paper_rule_pieces(list(dict.fromkeys(pieces["dataset"])), run.cfg)  # deterministic: recounted from the released files
@@ -1178,17 +1142,9 @@ def report_table1(run, xp, papers_mod) -> dict:
 
 # %% ../../../nbs/studies/coe/01_evidence.ipynb #ft01
 from ...hooks import register_format_tax
-FORMAT_TAX = dict(study="coe",
-                  step="App. A feature JSON, App. B discrimination yes/no (§3.2), correctness judge (ACC, §5.1) and "
-                       "groundedness judge (FR, §6.1), chain_of_evidence.txt; HotpotQA, CoE, irrelevant p=0.5",
-                  metric="ACC of the CoE answer with irrelevant information (p=0.5) as judged",
-                  paper="92.0% ACC: chain_of_evidence.txt §5.2 Finding-1 (CoE, average of five LLMs, two datasets, all p); "
-                        "Table 2 HotpotQA CoE p=0.5: 86.1-91.8% (Qwen2.5-32B to GPT-4)")
-FT_DATASET, FT_P = "hotpotqa", 0.5  # one dataset and one irrelevant proportion (Table 2's middle column); one seed
-FORMAT_TAX["settings"] = (f"{FT_DATASET}, p = {FT_P}, one seed; the generator is its own judge (paper: GPT-4o judges the "
-                          "answers of five LLMs); metric: gold-answer containment, the judged ACC beside it")
+FT_DATASET, FT_P = (STUDY.arm("coe").params[k] for k in ("dataset", "p"))  # one dataset and one irrelevant proportion (the arm's record)
 
-@register_format_tax(FORMAT_TAX, datasets=["scopecoe_hotpotqa"])  # the experiment format_tax_runs finds it (kgrag_nb.hooks)
+@register_format_tax(STUDY.arm("coe"))  # the experiment format_tax_runs finds it (kgrag_nb.hooks)
 def format_tax_arm(client,  # LLMClient (answers, features, verdicts and judges: the generator judges below full)
                    decoding: str,  # every parsed output: "free" (the paper), "constrained" or "decoupled"
                    n: int,  # the first n de-duplicated released HotpotQA records

@@ -23,57 +23,13 @@ from ...papers import compare
 from ...hooks import benchmark
 
 # %% auto #0
-__all__ = ['DEVIATIONS', 'NOOP', 'SEP', 'SPECIALS', 'CHECKPOINT_VERSION', 'PYKEEN_MODELS', 'METRICS', 'PATH_SOURCES', 'VARIANTS',
+__all__ = ['NOOP', 'SEP', 'SPECIALS', 'CHECKPOINT_VERSION', 'PYKEEN_MODELS', 'METRICS', 'PATH_SOURCES', 'VARIANTS',
            'unique_names', 'fb15k237_splits', 'KBCData', 'slice_triples', 'build_kbc_data', 'questions_in_kg',
            'slice_topics', 'relation_cooccurrence', 'ContextIndex', 'kbc_input', 'build_tokenizer',
            'sampled_filtered_rank', 'SLMConfig', 'kbc_training_triples', 'KBCModel', 'train_kbc', 'checkpoint_key',
            'train_or_load', 'pykeen_factory', 'PyKEENBaseline', 'tune_pykeen', 'frequency_prior', 'random_ranking',
            'cap_tail_share', 'tail_share', 'triple_values', 'metric_cis', 'path_triples', 'table8', 'result_row',
            'mark_paper_only', 'bench_kbc', 'ours_for_compare', 'table1_view', 'table9_view']
-
-# %% ../../../nbs/studies/jcql/01_kbc.ipynb #4f96fb0f
-DEVIATIONS = [
-    "KB: FB15k-237 (Freebase, names from entity2text/relation2text) replaces the paper's Wikidata 2-hop KBs of WebQSP/CWQ "
-    "(not available offline); the 30%/50% KB is a seeded `subsample_edges` of the FB15k-237 train split and the standard "
-    "FB15k-237 valid/test splits are the KBC valid/test sets (the paper samples 20,000 + 20,000 triples from its own KB).",
-    "One KB for both 'WebQSP' and 'CWQ' columns: FB15k-237 is not built per QA dataset, so our rows carry dataset=fb15k237.",
-    "Descriptions 𝒟 do not exist for FB15k-237 (names only): our main row is Table 9's 'w/o 𝒟' variant [𝒰;𝒯], not [𝒰;𝒟;𝒯].",
-    "tiny/smoke train on a KB slice (the 2-hop triples around the topic entities of a seeded sample of CWQ/WebQSP questions, "
-    "capped, recorded) and rank over the slice's entities, not over all FB15k-237 entities; a slice's test triples are "
-    "dominated by a few hub tails (smoke: 121 of the slice's 199 test tails are one country), so the evaluated sample "
-    "caps every tail's share (`cap_tail_share`) and slice scores are not comparable to the paper's: the 'Frequency prior' "
-    "(tail prior per relation) and 'Random ranking' rows are shown beside them. Most slice test heads have no KB edge but "
-    "their noop self-loop (smoke: 146 of 199), which leaves an embedding model only the relation to go on.",
-    "SLM size: a T5 encoder-decoder sized per profile (tiny: d_model 64, 1+1 layers; smoke: d_model 128, 2+2 layers, "
-    "about 1.3 M parameters) trained from scratch for minutes on 2 CPU cores, not T5-small/BART-small/Flan-T5-small "
-    "(pre-trained) on a GPU; tiny/smoke numbers are small-model, small-sample numbers.",
-    "Tokenizer: a byte-level BPE built with `tokenizers` from the KB's entity/relation names and the template words "
-    "(the paper uses the pre-trained models' SentencePiece vocabularies).",
-    "Optimiser: Adafactor with a fixed learning rate at tiny/smoke (the paper's relative step size with warm-up "
-    "initialisation moves too slowly for a few hundred steps); `paper_schedule=True` restores it (full profile).",
-    "Sampling size R = 500 at full only; smoke evaluates with smaller R (Fig. 3 sweeps R in {10, 50, 100, 500} instead "
-    "of {100, ..., 1000}), tiny with R = 10; the exact all-entity score (teacher-forced log-probability of every entity "
-    "name) is reported beside the sampled one.",
-    "Context 𝒯: Eq. 2 ranks the one-hop triples of h by S(r, r̂); ties keep the KB order (out-edges first); in-edges "
-    "(h', r̂, h) are shown in their own direction `<h' || r̂ || h>`; the target triple is never in its own context. "
-    "App. F's 'uniformly at random' is the `context='random'` option.",
-    "Sequence score of a sampled entity: the summed token log-probability of the sampled token sequence (temperature 1, "
-    "no top-k/top-p truncation), the best over the samples that decode to the entity name.",
-    "Baselines TransE/DistMult/ComplEx/RotatE: PyKEEN 1.11 models trained with LCWA (1-vs-all) and a cross-entropy loss "
-    "(with PyKEEN's sLCWA defaults ComplEx and RotatE never left their initialisation in a few hundred "
-    "steps and ranked even their own training triples at random), embedding dimension, learning rate and epochs tuned with "
-    "PyKEEN's `hpo_pipeline` on the validation split within the budget the experiment records (`pykeen_tuning`), scored "
-    "with our filtered ranking (tie = mean rank, PyKEEN's 'realistic'); the paper does not say how its baselines were "
-    "trained. SimKGC, CSProm-KG, DIFT, IVR, GoldE, RAA-KGC, SATKGC, BiNet are not run: their rows show the paper's "
-    "numbers only.",
-    "Evaluated triples: a seeded sample of the test split in which no tail entity holds more than `max_tail_share` of the "
-    "sample (uncapped, half of the smoke sample's tails were one country); every method, the frequency "
-    "prior and the random-ranking row are scored on the same sample, each number with a 95% percentile-bootstrap CI over "
-    "the evaluated triples (the paper reports point values on 20,000 triples).",
-    "Table 8 analogue: reasoning-path triples are GoG's crucial triples (gold SPARQL paths) that lie in FB15k-237, not "
-    "the paths the paper's agent produced.",
-]
-len(DEVIATIONS)
 
 # %% ../../../nbs/studies/jcql/01_kbc.ipynb #d881705a
 NOOP = "noop"  # App. A: the self-loop relation of isolated entities <e, noop, e>

@@ -20,27 +20,27 @@ from ...papers import paper_numbers, compare
 from .kbc import fb15k237_splits, build_kbc_data, metric_cis  # the KBC side of the format-tax arm (w/o complete: no checkpoint)
 from ...kgqa import (BaseMethod, Question, Prediction, TraceWriter, register_method, get_method, METHODS, relation_names, candidate_steps,
                            parse_steps, step_label, expand_beam, beam_ends, beam_context, path_text, steps_constraint)
-from ...reproduce import register_decoding_deviation, decoding_deviation_lines  # StudyRun.deviations adds a run's decoding line
+from . import STUDY  # the study's record: paper, deviation lines, format-tax arm
 
 # %% auto #0
 __all__ = ['ACTIONS', 'INSTRUCTION_HEAD', 'ACTION_SENTENCES', 'EXAMPLE_TRAIN', 'EXAMPLE_TEST', 'PROMPT_ENTITY',
            'PROMPT_RELATIONS', 'PROMPT_GENERATE', 'EXAMPLE_HINT', 'PROMPT_MODIFY', 'PROMPT_SCHEMA', 'PROMPT_PATHS',
            'REFORMAT', 'MAX_FINISH_ANSWERS', 'MAX_THOUGHT_CHARS', 'COT_ANSWER', 'SHORT_ANSWER', 'IO_PROMPT',
-           'COT_PROMPT', 'TOG_PRUNE', 'TOG_ANSWER', 'OFFLINE_STAGES', 'PAPER', 'DEVIATIONS', 'DECODING_DEVIATION',
-           'PATH_QUESTION_COLUMNS', 'PAPER_ROW', 'TABLE3_ROW', 'TABLE4_ROW', 'NO_KB', 'DATASET_LABEL', 'PAPER_LLMS',
-           'DEFAULT_PAPER_LLM', 'METHOD_LABEL', 'FORMAT_TAX', 'FT_VARIANT', 'FT_MAX_STEPS', 'FT_KEEP', 'FT_HOPS',
-           'FT_MAX_TRIPLES', 'agent_instruction', 'agent_example', 'ParsedStep', 'parse_step', 'step_constraint',
-           'entity_constraint', 'relations_constraint', 'triples_constraint', 'schema_constraint', 'paths_constraint',
-           'agent_decode', 'entity_names', 'relation_names_of', 'name_kg', 'AgentKB', 'triple_line', 'TailFrequencyKBC',
-           'GoldLeakError', 'gold_leaks', 'AgentConfig', 'parse_triples', 'step_prompt', 'parse_choice',
-           'parse_relation_choice', 'JCQLAgent', 'io_prompt', 'cot_prompt', 'parse_short', 'parse_cot', 'majority',
-           'BaselineConfig', 'IOBaseline', 'CoTBaseline', 'SCBaseline', 'ToGStyle', 'bfs_path', 'expand_paths',
-           'parse_trajectory', 'parse_paths', 'replay_batch', 'slm_triples', 'jcql_train', 'kbqa_questions',
-           'is_offline', 'prediction_frame', 'hits_table', 'failure_table', 'efficiency_table', 'format_table',
-           'deviations', 'decoding_note', 'exclude_held_out', 'select_questions', 'run_methods', 'special_test_set',
-           'special_first', 'topic_answer_path', 'path_questions', 'replay_study', 'training_curve', 'named_triples',
-           'paper_rows', 'paper_llm', 'ours_for_table', 'label_by_model', 'experiment_frames', 'versus_paper',
-           'llm_predictions', 'trace_file', 'traced_calls', 'disabled_attempts', 'plot_lines', 'format_tax_arm']
+           'COT_PROMPT', 'TOG_PRUNE', 'TOG_ANSWER', 'OFFLINE_STAGES', 'PATH_QUESTION_COLUMNS', 'PAPER_ROW',
+           'TABLE3_ROW', 'TABLE4_ROW', 'NO_KB', 'DATASET_LABEL', 'PAPER_LLMS', 'DEFAULT_PAPER_LLM', 'METHOD_LABEL',
+           'FT_VARIANT', 'FT_MAX_STEPS', 'FT_KEEP', 'FT_HOPS', 'FT_MAX_TRIPLES', 'agent_instruction', 'agent_example',
+           'ParsedStep', 'parse_step', 'step_constraint', 'entity_constraint', 'relations_constraint',
+           'triples_constraint', 'schema_constraint', 'paths_constraint', 'agent_decode', 'entity_names',
+           'relation_names_of', 'name_kg', 'AgentKB', 'triple_line', 'TailFrequencyKBC', 'GoldLeakError', 'gold_leaks',
+           'AgentConfig', 'parse_triples', 'step_prompt', 'parse_choice', 'parse_relation_choice', 'JCQLAgent',
+           'io_prompt', 'cot_prompt', 'parse_short', 'parse_cot', 'majority', 'BaselineConfig', 'IOBaseline',
+           'CoTBaseline', 'SCBaseline', 'ToGStyle', 'bfs_path', 'expand_paths', 'parse_trajectory', 'parse_paths',
+           'replay_batch', 'slm_triples', 'jcql_train', 'kbqa_questions', 'is_offline', 'prediction_frame',
+           'hits_table', 'failure_table', 'efficiency_table', 'format_table', 'decoding_note', 'exclude_held_out',
+           'select_questions', 'run_methods', 'special_test_set', 'special_first', 'topic_answer_path',
+           'path_questions', 'replay_study', 'training_curve', 'named_triples', 'paper_rows', 'paper_llm',
+           'ours_for_table', 'label_by_model', 'experiment_frames', 'versus_paper', 'llm_predictions', 'trace_file',
+           'traced_calls', 'disabled_attempts', 'plot_lines', 'format_tax_arm']
 
 # %% ../../../nbs/studies/jcql/02_kbqa.ipynb #c005
 ACTIONS = ("search", "complete", "generate", "finish")  # §3.2-3.3: the agent's action space
@@ -332,7 +332,7 @@ def parse_step(text: str,  # the completion after 'Thought i:'
 # "constrained" restricts each parsed output to its format (a `Constraint` next to its parser); "decoupled" decodes
 # freely first, then a second, constrained call only restates the free text in the required format.
 from ...llm import DECODINGS  # one list of decodings for every study (the decode layer and the runner check one)
-from ...decoding import SAMPLER_NOTE, Restatement, adecode, decode  # one decode for every study
+from ...decoding import Restatement, adecode, decode  # one decode for every study
 # ours (decoupled): the restatement line, then the label the output follows ('Thought 3:', 'Answers:', 'Related relations:', '1.')
 REFORMAT = Restatement("\n\nRestate the text above in the format of the example, without changing its content.\n", repeat_label=True)
 
@@ -1264,41 +1264,10 @@ def format_table(df: pd.DataFrame, by=("dataset", "setting", "method")) -> pd.Da
     return pd.DataFrame(rows)
 
 # %% ../../../nbs/studies/jcql/02_kbqa.ipynb #c041
-PAPER = "jcql_joint_kbc_kbqa.txt"
-
-DEVIATIONS = [  # of the agent side of JCQL (jcql_joint_kbc_kbqa.txt §3.2-3.4, §4.1, App. E) as run here
-    "KB: FB15k-237 (a Freebase subset with names, no descriptions) instead of the paper's Wikidata 2-hop subsets; the 30%/50% KBs are seeded random edge subsamples of its training split.",
-    "Questions: GoG's CWQ (474 of 1,000) and WebQSP (644 of 1,000) questions whose topic entity is in FB15k-237; CWQ training questions = ToG's CWQ file minus GoG's 1,000; WebQSP train/test = seeded halves. Gold topic entities replace ReFinED; seeded random subsets only.",
-    "Prompts are App. E's, sentence for sentence, with the line structure a completion model needs restored; they still say 'Wikidata' (the paper's KB) although our KB is Freebase-derived.",
-    "The LLM at the CPU profiles is the embedded Gemma-3-270M base model (completion prompts), not GPT-4o-mini / Llama-3.1-70B / Qwen3-30B-A3B; how often its steps parse is counted and shown with Table 3 under the run's decoding (the decoding line below, when it is not free; the format-tax artefact compares free, constrained and decoupled).",
-    "Prompt 3 needs entity descriptions FB15k-237 does not have: each candidate is described by its KG id and first relations.",
-    "Relation descriptions for Prompt 6 are the relation2text names, not Wikidata's descriptions refined by the LLM; schemas are summarised by the LLM from five KB triples with our prompt (the paper prints none).",
-    "Search shows at most 5 triples per selected relation and looks up at most 3 entities; Prompt 4 is skipped when an entity has 3 relations or fewer (the paper gives no caps).",
-    "The oldest observations are elided from the agent prompt beyond 6,000 characters (the embedded server's 2,048-token window); elisions are recorded.",
-    "A step without a valid action gets ReAct's 'Invalid action' observation and counts as a parse failure; a trajectory without Finish within L steps has no answer (Hits@1 = 0).",
-    "IO, CoT, SC and ToG prompts are ours (the paper prints none); SC votes over 5 CoT samples; the ToG row is a ToG-style beam explorer of the KG-QA layer (depth 2, width 3), not ToG's code.",
-    "Parse: 'filter the incorrect predicted answers with the corresponding observations' is read as dropping every observed triple that mentions a wrong predicted answer; BFS is undirected with neighbours in triple order and starts from every topic entity of E_q (the shortest path per answer is kept); P_q falls back to the BFS path triples when Prompt 7 selects no known triple (counted).",
-    "Algorithm 1 runs on a few training questions whose topic entity is in the KB slice: first those with a topic → answer path of at most `path_hops` triples in the complete slice ('Setting Details' guarantees a path; `path_questions`), then the rest of a seeded pool, each group with Fig. 2 special triples first; the KBQA test then uses the fine-tuned SLM (§3.4). Taking short-path questions first is our choice, not the paper's (its data guarantees a path of any length and it trains in the data's order): at smoke (`path_hops` 1) it favours the easiest questions, so P_q and Fig. 5 lean optimistic; `--set path_hops=0` trains in the paper's order.",
-    "Fig. 2 adds an 'oracle paths' row (the SLM fine-tuned on the special triples themselves) and Fig. 5 uses those oracle paths when the agent's P_q are empty (recorded in `paths_from`).",
-    "IncFineTune fine-tunes on path triples whose head and tail are KB entities (others, e.g. generated names outside the KB, are dropped and counted); replay triples are drawn without replacement within one update.",
-    "The agent's L is the paper's 10 only in the full profile; tiny and smoke cap it (the experiment's `max_steps` parameter, shown with every table).",
-    "Table 4 times: seconds of LLM calls that missed the response cache, summed per question (questions run concurrently, so a call's latency includes waiting for the server); cache hits are reported apart.",
-]
-# listed only when the run's decoding is not the paper's free decoding
-DECODING_DEVIATION = {
-    "constrained": "Decoding is constrained (tiny/smoke): every parsed output (each ReAct step, with only the enabled actions, Prompts 3-7, the CoT/IO answers) is restricted to its format by a llama.cpp grammar, while the paper decodes freely. " + SAMPLER_NOTE,
-    "decoupled": "Decoding is decoupled: each parsed output is decoded freely, then a second, constrained call restates the free text in the required format (the paper decodes freely, once).",
-}
-
-def deviations(setup: dict) -> list[str]:  # the `setup` saved by the jcql_kbqa experiment
-    "`DEVIATIONS`, plus the decoding line when the run did not decode freely (old runs without `decoding` decoded freely)."
-    return DEVIATIONS + decoding_deviation_lines(DECODING_DEVIATION, setup.get("decoding", "free"))
-
 def decoding_note(setup: dict) -> str:
     "The decoding of the run, for every table caption ('decoding: free' = the paper's protocol)."
     d = setup.get("decoding", "free")
     return f" [decoding: {d}{' (the paper decodes freely)' if d != 'free' else ''}]"
-register_decoding_deviation("jcql_kbqa", DECODING_DEVIATION)  # StudyRun.deviations lists the run's line
 
 # %% ../../../nbs/studies/jcql/02_kbqa.ipynb #h8i22i7b
 def exclude_held_out(path_batches: Sequence[Sequence],  # one list of path triples (names) per update, in order
@@ -1465,7 +1434,7 @@ def named_triples(kg: KG) -> list[tuple[str, str, str]]:
 # %% ../../../nbs/studies/jcql/02_kbqa.ipynb #c046a
 def paper_rows(table: str, **filters) -> pd.DataFrame:
     "Rows of the paper's `table` (kgrag_nb/papers/jcql_joint_kbc_kbqa.csv)."
-    return paper_numbers(PAPER, table=table, **filters)
+    return paper_numbers(STUDY.paper, table=table, **filters)
 
 # %% ../../../nbs/studies/jcql/02_kbqa.ipynb #c046b
 # §4.3: JCQL runs with three LLMs (Table 2: JCQL_Qwen3-30B-A3B, JCQL_LLaMA3.1-70B, JCQL_GPT-4o-mini); a served id
@@ -1571,17 +1540,10 @@ def plot_lines(df: pd.DataFrame, x: str, y: str, hue: str, title: str = "", xlab
 
 # %% ../../../nbs/studies/jcql/02_kbqa.ipynb #ft01
 from ...hooks import register_format_tax
-FORMAT_TAX = dict(study="jcql",
-                  step="each ReAct step (Thought + one enabled action and its argument; jcql_joint_kbc_kbqa.txt §3.2-3.4, "
-                       "App. E Prompt 2) and Prompts 3-6, variant JCQL w/o complete",
-                  metric="Hits@1 (KBQA; §4.1, App. B)",
-                  paper="0.475 Hits@1: jcql_joint_kbc_kbqa.txt Table 3, JCQL w/o complete, CWQ, 50% KB (GPT-4o-mini)")
-FT_VARIANT, FT_MAX_STEPS = "jcql w/o complete", 2  # Table 3's variant without the SLM; L as the tiny profile (paper: 10)
-FT_KEEP, FT_HOPS, FT_MAX_TRIPLES = 0.5, 2, 500  # 50% KB (§4.1); the slice around the questions' topics (ours)
-FORMAT_TAX["settings"] = (f"L = {FT_MAX_STEPS} steps (paper: 10), variant {FT_VARIANT}; {FT_KEEP:.0%} KB as a slice of at most "
-                          f"{FT_MAX_TRIPLES} triples within {FT_HOPS} hops of the questions' topics (paper: the whole KB)")
+FT_VARIANT, FT_MAX_STEPS, FT_KEEP, FT_HOPS, FT_MAX_TRIPLES = (STUDY.arm("jcql").params[k] for k in (  # the arm's record: one source
+    "variant", "max_steps", "keep", "hops", "max_triples"))
 
-@register_format_tax(FORMAT_TAX, datasets=["cwq", "fb15k237"])  # the experiment format_tax_runs finds it (kgrag_nb.hooks)
+@register_format_tax(STUDY.arm("jcql"))  # the experiment format_tax_runs finds it (kgrag_nb.hooks)
 def format_tax_arm(client,  # LLMClient
                    decoding: str,  # every agent step and auxiliary prompt: "free" (the paper), "constrained", "decoupled"
                    n: int,  # the first n CWQ test questions (file order) with a topic entity in FB15k-237

@@ -18,7 +18,8 @@ from ...config import Config, get_config
 from ...datasets import fetch, load_corpus, read_json_records
 from ...llm import LLMClient, Constraint
 from ... import papers
-from ...reproduce import StudyRun, register_decoding_deviation, decoding_deviation_lines
+from ...reproduce import StudyRun
+from . import STUDY  # the study's record: paper, deviation lines, format-tax arm
 from ...stats import judge_signal
 from ...retrieval import embed, load_embedder, embedder_name, DenseIndex, BM25Index, md5_key, md5_dedup
 from ...answers import first_line
@@ -26,77 +27,28 @@ from ...metrics import (exact_match, token_f1, squad_normalize, rouge_scores, Ch
                               bootstrap_ci)
 
 # %% auto #0
-__all__ = ['DEVIATIONS', 'DECODING_DEVIATIONS', 'NQ_MISSING_PROMPT', 'MED_MISSING_PROMPT', 'NQ_ANSWER_PROMPT',
-           'MED_ANSWER_PROMPT', 'MISSING_SECTION', 'PARSE_STATUSES', 'MISSING_SCHEMA', 'MISSING_JSON',
-           'MISSING_BLOCK_OPEN', 'MISSING_REASON_STOP', 'MISSING_RESTATE', 'BGE_QUERY_PREFIX', 'NQ_WIKI_SOURCES',
-           'NQ_WIKI_KBS', 'RAG_ROWS', 'MISK_ROWS', 'ROWS', 'BUDGET_RULE', 'SPLIT_POLICY', 'FALLBACK_POLICY',
-           'PSEUDO_QA_PROMPT', 'TAU_EN', 'TAU_ZH', 'TAU', 'TAU_GRID', 'CALIBRATION_KINDS', 'DIAGNOSTIC_KINDS',
-           'PAIR_CONSTRUCTIONS', 'JUDGE_GT_PROMPT', 'JUDGE_ATTR_PROMPT', 'ATTRIBUTION', 'ATTRIBUTION_RESTATE', 'OURS',
-           'TOKEN_ORIGQ', 'TOKEN_MISQ', 'RECALL_COLUMNS', 'FIG3_Y', 'DATASETS', 'PAPER_GENERATORS', 'GOLD_ROWS',
-           'PAPER', 'FORMAT_TAX', 'FT_TOPK', 'FT_POOL', 'FT_DISTRACTORS', 'FT_N_CTX', 'FT_MAX_TOKENS',
-           'FT_MAX_TOKENS_MISSING', 'fill', 'standard_prompt', 'direct_prompt', 'Chunk', 'format_contexts',
-           'clip_chunks', 'balanced_objects', 'parse_json_verdict', 'jieba_words', 'KnowledgeBase', 'kb_statistics',
-           'load_nq_oracle', 'load_distractors', 'hotpot_paragraphs', 'load_wiki_passages', 'load_medical', 'qa_text',
-           'leaks', 'cmekg_texts', 'cmekg_subjects', 'nq_setup', 'medical_setup', 'second_retrieval', 'clean_answer',
-           'complete_as', 'run_pipeline', 'parse_pseudo_qa', 'pseudo_qa_pairs', 'token_recall', 'attributed_det',
-           'recall_eq3', 'sentences', 'verbatim_pairs', 'calibrate_tau', 'agreement_ci', 'balanced_accuracy_ci',
-           'tau_table', 'kind_table', 'clauses', 'answer_window', 'reordered_clauses', 'hard_pairs',
-           'nq_calibration_items', 'med_calibration_items', 'tau_pairs', 'tau_calibration', 'tau_before_after',
-           'calibration_lines', 'parse_facts', 'parse_attribution', 'add_recall', 'llm_judge', 'containment_em',
-           'JiebaTokenizer', 'nq_scores', 'med_scores', 'corpus_bleu', 'bleu_resamples', 'table1', 'table3', 'table4',
-           'fig3_data', 'generator', 'judge_client', 'generator_models', 'generator_clients', 'judge_clients',
-           'format_rates', 'gold_recall', 'run_settings', 'NQRunConfig', 'run_nq', 'MedRunConfig', 'run_med',
-           'setting_label', 'vs_paper', 'table2_vs_paper', 'table4_vs_paper', 'fig3_figure', 'settings_lines',
-           'open_artefact', 'recall_judge_signal', 'judge_notes', 'record_calibration', 'caption', 'deviations',
+__all__ = ['NQ_MISSING_PROMPT', 'MED_MISSING_PROMPT', 'NQ_ANSWER_PROMPT', 'MED_ANSWER_PROMPT', 'MISSING_SECTION',
+           'PARSE_STATUSES', 'MISSING_SCHEMA', 'MISSING_JSON', 'MISSING_BLOCK_OPEN', 'MISSING_REASON_STOP',
+           'MISSING_RESTATE', 'BGE_QUERY_PREFIX', 'NQ_WIKI_SOURCES', 'NQ_WIKI_KBS', 'RAG_ROWS', 'MISK_ROWS', 'ROWS',
+           'BUDGET_RULE', 'SPLIT_POLICY', 'FALLBACK_POLICY', 'PSEUDO_QA_PROMPT', 'TAU_EN', 'TAU_ZH', 'TAU', 'TAU_GRID',
+           'CALIBRATION_KINDS', 'DIAGNOSTIC_KINDS', 'PAIR_CONSTRUCTIONS', 'JUDGE_GT_PROMPT', 'JUDGE_ATTR_PROMPT',
+           'ATTRIBUTION', 'ATTRIBUTION_RESTATE', 'OURS', 'TOKEN_ORIGQ', 'TOKEN_MISQ', 'RECALL_COLUMNS', 'FIG3_Y',
+           'DATASETS', 'PAPER_GENERATORS', 'GOLD_ROWS', 'FT_TOPK', 'FT_POOL', 'FT_DISTRACTORS', 'FT_N_CTX',
+           'FT_MAX_TOKENS', 'FT_MAX_TOKENS_MISSING', 'fill', 'standard_prompt', 'direct_prompt', 'Chunk',
+           'format_contexts', 'clip_chunks', 'balanced_objects', 'parse_json_verdict', 'jieba_words', 'KnowledgeBase',
+           'kb_statistics', 'load_nq_oracle', 'load_distractors', 'hotpot_paragraphs', 'load_wiki_passages',
+           'load_medical', 'qa_text', 'leaks', 'cmekg_texts', 'cmekg_subjects', 'nq_setup', 'medical_setup',
+           'second_retrieval', 'clean_answer', 'complete_as', 'run_pipeline', 'parse_pseudo_qa', 'pseudo_qa_pairs',
+           'token_recall', 'attributed_det', 'recall_eq3', 'sentences', 'verbatim_pairs', 'calibrate_tau',
+           'agreement_ci', 'balanced_accuracy_ci', 'tau_table', 'kind_table', 'clauses', 'answer_window',
+           'reordered_clauses', 'hard_pairs', 'nq_calibration_items', 'med_calibration_items', 'tau_pairs',
+           'tau_calibration', 'tau_before_after', 'calibration_lines', 'parse_facts', 'parse_attribution', 'add_recall',
+           'llm_judge', 'containment_em', 'JiebaTokenizer', 'nq_scores', 'med_scores', 'corpus_bleu', 'bleu_resamples',
+           'table1', 'table3', 'table4', 'fig3_data', 'generator', 'judge_client', 'generator_models',
+           'generator_clients', 'judge_clients', 'format_rates', 'gold_recall', 'run_settings', 'NQRunConfig', 'run_nq',
+           'MedRunConfig', 'run_med', 'setting_label', 'vs_paper', 'table2_vs_paper', 'table4_vs_paper', 'fig3_figure',
+           'settings_lines', 'open_artefact', 'recall_judge_signal', 'judge_notes', 'record_calibration', 'caption',
            'generator_of', 'generator_deviation', 'load_predictions', 'save_predictions', 'format_tax_arm']
-
-# %% ../../../nbs/studies/misk/01_rag.ipynb #m005
-DEVIATIONS = [
-    "Data: NQ-open dev questions with their annotated gold passage (nq-open-oracle) stand in for the full NQ Wikipedia "
-    "(4.8M chunks); the Wiki KB is every Wikipedia passage of the offline mirror (`nq_wiki: mirror`, smoke and full: "
-    "15,520 distinct passages from the 2,655 NQ-open gold passages, 1,000 sample passages, HotpotQA context and "
-    "2WikiMultihopQA corpus paragraphs), or (`nq_wiki: sample`, tiny, for CI minutes) the gold passages of a sampled "
-    "pool plus unrelated Wikipedia distractors. Gold-passage recall@K (`gold_recall`) shows how hard retrieval is.",
-    "Data: the NQ QA-pairs KB holds NQ-open dev QA pairs not evaluated (the paper uses NQ train) plus pseudo-QA pairs the "
-    "generator writes from the evaluated questions' gold passages (prompt ours, §3.1 prints none); pairs repeating an "
-    "evaluated question are removed and counted.",
-    "Data: Huatuo-26M is unavailable; the medical set is a Chinese online-consultation sample (query = title + ask, "
-    "reference = answer), its other records form the history-QA KB (test questions and answers removed) and CMeKG "
-    "(pycmekg, one text per subject, chunks of <= 400 characters) is the encyclopedia KB.",
-    "Retrieval: English uses the bundled MiniLM embedder at smoke (BGE at full) with exact L2 search (Eq. 1); Chinese uses "
-    "BM25 over jieba words at smoke (no Chinese dense embedder offline), not L2.",
-    "Prompts: Figs. 4-6 are transcribed by hand (headings and fences restored; typos kept); the medical prompts are the "
-    "paper's printed English translations, not its Chinese originals; the first-round / standard-RAG prompt (Fig. 6 "
-    "without the missing-knowledge section), the DirectGen prompt, the pseudo-QA prompt and both judge prompts are ours.",
-    "Parser: the paper has none; ours takes the last balanced JSON object with a real boolean judge, repairs Python "
-    "literals, trailing commas, full-width punctuation and string fields, and counts every failure (truncated output "
-    "and an echoed schema fail); a failed parse or judge=false means no second retrieval (fallback policy recorded).",
-    "Budget: at TopK=K Misk takes K/2 chunks for the original query and K/2 shared round-robin by the missing-knowledge "
-    "queries (our reading of §3.3/§3.5 and Fig. 3's '1+1 vs 2'); 2-way retrieval takes K/2 from each KB (§3.2).",
-    "EM: the paper's EM exceeds its F1 in every Table 1 row, impossible for strict EM; we report strict EM and answer-"
-    "containment EM side by side.",
-    "Metrics: the paper does not say how Chinese is tokenised for ROUGE/BLEU; main = jieba words, sensitivity = "
-    "characters; BLEU-n is sacrebleu's cumulative corpus BLEU of order n.",
-    "Context recall (Eq. 3): judge prompts ours (closest analogue RAGAS context recall) and the generator model as judge "
-    "at tiny/smoke; beside it a deterministic judge, ours (GT_C = gold passage / reference answer; attributed on md5 match or "
-    "when >= tau of a GT_C item's tokens occur in the context, token recall, tau calibrated per language on partial / "
-    "reordered positives vs random / same-topic negatives); Eq. 3 is clipped at 1. The LLM-judged recall goes under the "
-    "paper's Context_Recall_OrigQ/MisQ headers, the deterministic one under `(token recall, ours)`; on NQ the "
-    "deterministic judge does not credit a QA-pair chunk that states the answer (too few of the gold passage's tokens: "
-    "the calibration's `qa_pair` kind), so its QA-pair recall there is a floor.",
-    "Context window: the embedded server runs with n_ctx from the profile; chunks are clipped to fit and every clip is "
-    "counted per row.",
-]
-DECODING_DEVIATIONS = {  # listed by `deviations(settings)` only when the run's decoding is not "free"
-    "constrained": "Decoding: the paper decodes freely; this run (tiny/smoke default) decodes constrained: the Fig. 4/5 "
-    "call writes its reasoning freely (bounded, stopped at the JSON block) and then the ```json block under a JSON schema "
-    "(judge=true -> 1-3 queries, judge=false -> empty lists; bounded strings; keys in Fig. 5's order: thought, judge, "
-    "missing_knowledge, query), and the context-recall judge's verdict is constrained to true/false.",
-    "decoupled": "Decoding: the paper decodes freely; this run decodes decoupled: every parsed call is first decoded "
-    "freely as in the paper, then a second, constrained pass (prompt + free answer + a one-line instruction of ours to "
-    "restate it) only reformats the free answer into the required structure, which is what gets parsed.",
-}
-register_decoding_deviation("misk_runs", DECODING_DEVIATIONS)  # StudyRun.deviations lists the run's line
 
 # %% ../../../nbs/studies/misk/01_rag.ipynb #m007
 # missing_knowledge_rag.txt App. A, Fig. 4 (Natural Questions), verbatim
@@ -1638,8 +1590,6 @@ def run_med(client,  # generator LLMClient
     return preds, kb_statistics(kbs.values(), "Huatuo-26M"), settings
 
 # %% ../../../nbs/studies/misk/01_rag.ipynb #m046
-PAPER = "missing_knowledge_rag.txt"
-
 def setting_label(topk: int, row: str) -> str:
     "The paper's row label: `DirectGen` or `TopK=K, <row>`."
     return "DirectGen" if row == "DirectGen" else f"TopK={int(topk)}, {row}"
@@ -1650,18 +1600,18 @@ def vs_paper(ours: pd.DataFrame,  # table1(...) or table3(...) rows (one tokenis
     "Our rows under the paper's labels beside the paper's numbers (`papers.compare`)."
     o = ours.copy()
     o.insert(0, "setting", [setting_label(k, r) for k, r in zip(o.pop("TopK"), o.pop("Knowledge Base"))])
-    return papers.compare(o, papers.paper_numbers(PAPER, table=table), on=["setting"], ours_label=label)
+    return papers.compare(o, papers.paper_numbers(STUDY.paper, table=table), on=["setting"], ours_label=label)
 
 def table2_vs_paper(kb_stats: pd.DataFrame, label: str = "") -> pd.DataFrame:
     "Table 2: our chunk counts (after md5 de-duplication; before in `chunks_raw`) beside the paper's."
     o = kb_stats.rename(columns={"kb": "setting", "chunks_dedup": "#Text Chunks"})
-    both = papers.compare(o, papers.paper_numbers(PAPER, table="Table 2"), on=["dataset", "setting"], ours_label=label)
+    both = papers.compare(o, papers.paper_numbers(STUDY.paper, table="Table 2"), on=["dataset", "setting"], ours_label=label)
     return both.astype({"#Text Chunks": "Int64", "chunks_raw": "Int64"})  # counts: no float rounding in the CSV
 
 def table4_vs_paper(t4: pd.DataFrame, label: str = "") -> pd.DataFrame:
     "Table 4: recall of the QA-pair and the wiki chunks per method, ours (largest TopK) beside the paper's."
     o = t4[t4["TopK"] == t4["TopK"].max()].rename(columns={"Method": "setting", "Dataset": "dataset"})
-    return papers.compare(o, papers.paper_numbers(PAPER, table="Table 4"), on=["dataset", "setting"], ours_label=label)
+    return papers.compare(o, papers.paper_numbers(STUDY.paper, table="Table 4"), on=["dataset", "setting"], ours_label=label)
 
 def fig3_figure(data: pd.DataFrame, title: str = "") -> Figure:
     "Fig. 3: context recall vs TopK, missing-knowledge query vs standard RAG, (a) QA pairs, (b) wiki KB."
@@ -1741,11 +1691,6 @@ def caption(text: str, settings: dict) -> str:
     return text + ". Provenance: " + " | ".join(settings_lines(settings))
 
 # %% ../../../nbs/studies/misk/01_rag.ipynb #m048p2
-def deviations(settings: dict) -> list[str]:
-    "`DEVIATIONS`, plus the decoding line when the experiment did not decode freely and the generator line when a"
-    " dataset did not run on the paper's model (what artefacts list)."
-    return DEVIATIONS + decoding_deviation_lines(DECODING_DEVIATIONS, settings.get("decoding", "free")) + generator_deviation(settings)
-
 def generator_of(settings: dict,  # the experiment's settings
                  dataset: str,  # "nq" or "med"
                  default: str | None = None) -> str | None:  # for an experiment run before the generator was recorded
@@ -1773,18 +1718,11 @@ def save_predictions(xp, name: str, df: pd.DataFrame):
 
 # %% ../../../nbs/studies/misk/01_rag.ipynb #ft01
 from ...hooks import register_format_tax
-FORMAT_TAX = dict(study="misk",
-                  step="the one-pass missing-knowledge JSON of Fig. 4 (missing_knowledge_rag.txt App. A, §2.2), NQ, "
-                       "row Misk Merged KB at TopK=4",
-                  metric="EM (strict, SQuAD-normalised) of the Misk Merged KB answer on NQ",
-                  paper="37.11 EM: missing_knowledge_rag.txt Table 1, TopK=4, Misk Merged KB (NQ dev, 256 sampled "
-                        "questions, Llama3.3-70B); §3.3 'EM score of 37.11%'")
-FT_TOPK, FT_POOL, FT_DISTRACTORS = 4, 100, 100  # TopK of the paper's headline row; pool sizes ours (smallest real KB)
-FT_N_CTX, FT_MAX_TOKENS, FT_MAX_TOKENS_MISSING = 2048, 24, 192  # as the tiny/smoke profiles of misk_runs
-FORMAT_TAX["settings"] = (f"a KB of {FT_POOL} NQ passages + {FT_DISTRACTORS} distractors (paper: the NQ Wikipedia and QA-pair KBs), "
-                          f"TopK {FT_TOPK}, n_ctx {FT_N_CTX}, answers of at most {FT_MAX_TOKENS} tokens")
+FT_TOPK, FT_POOL, FT_DISTRACTORS, FT_N_CTX, FT_MAX_TOKENS = (STUDY.arm("misk").params[k] for k in (  # the arm's record: one source
+    "topk", "pool", "distractors", "n_ctx", "max_tokens"))
+FT_MAX_TOKENS_MISSING = 192  # the Fig. 4 call's budget, as the tiny/smoke profiles of misk_runs
 
-@register_format_tax(FORMAT_TAX, datasets=["nq_open_oracle", "nq_wiki_passages"])  # the experiment format_tax_runs finds it (kgrag_nb.hooks)
+@register_format_tax(STUDY.arm("misk"))  # the experiment format_tax_runs finds it (kgrag_nb.hooks)
 def format_tax_arm(client,  # LLMClient (the generator)
                    decoding: str,  # the Fig. 4 call: "free" (the paper), "constrained" or "decoupled"
                    n: int,  # the first n questions of the seeded NQ pool
@@ -1835,4 +1773,3 @@ def format_tax_arm(client,  # LLMClient (the generator)
                         fallback_reason=reasons[i], second_chunks=len(seconds[i]), missing_text=mres[i]["text"],
                         decoding=decoding))
     return out
-
