@@ -79,7 +79,7 @@ def jcql_fig2_triples(xp) -> pd.DataFrame:
     return p[["dataset", "setting", "model", "head", "relation", "tail"]].assign(rr=v["mrr"].to_numpy(), hits1=v["hits@1"].to_numpy())
 
 # %% ../nbs/20_claims.ipynb #cm007
-@outcome("awakening.task1", "awaken_task1", 88, "awaken_task1: 88 questions with a gold path answered at full (plan_full.md)")
+@outcome("awakening.task1", "awakening_task1", 88, "awakening_task1: 88 questions with a gold path answered at full (plan_full.md)")
 def awakening_task1(xp) -> pd.DataFrame:
     "Awakening Table 4: per knowledge type T, Hits@1 of T and of No RAG on T's population (Step-1-unanswerable questions"
     " whose T knowledge passed probing), triple ranking at the run's main temperature; `population` names T."
@@ -95,7 +95,7 @@ def awakening_task1(xp) -> pd.DataFrame:
         rows += [dict(population=t, arm="No RAG", id=i, hits1=float(no_rag[i])) for i in a["id"] if i in no_rag.index]
     return pd.DataFrame(rows, columns=["population", "arm", "id", "hits1"])
 
-@outcome("awakening.unseen", "unseen_entity", 1118, "unseen_entity: 1,118 questions at full (plan_full_4.md)")
+@outcome("awakening.unseen", "awakening_task2", 1118, "awakening_task2: 1,118 questions at full (plan_full_4.md)")
 def awakening_unseen(xp) -> pd.DataFrame:
     "Unseen-Entity Table 3: Hits@1 per (dataset, method, id)."
     a = xp.load("answers")

@@ -17,32 +17,54 @@ from matplotlib.figure import Figure
 from .config import get_config
 
 # %% auto #0
-__all__ = ['COLUMNS', 'KEY', 'CLAIM_COLUMNS', 'CLAIM_REQUIRED', 'CLAIM_OPTIONAL', 'papers_dir', 'available_papers', 'paper_stem',
-           'papers_text_dir', 'paper_text', 'paper_numbers', 'paper_claims', 'compare', 'plot_compare', 'ledger_claims',
-           'paper_effect']
+__all__ = ['COLUMNS', 'KEY', 'CLAIM_COLUMNS', 'CLAIM_REQUIRED', 'CLAIM_OPTIONAL', 'papers_dir', 'paper_files', 'available_papers',
+           'paper_stem', 'paper_file', 'papers_text_dir', 'paper_text', 'paper_numbers', 'paper_claims', 'compare',
+           'plot_compare', 'ledger_claims', 'paper_effect']
 
 # %% ../nbs/13_papers.ipynb #c005
 COLUMNS = ("paper", "artefact", "table", "model", "dataset", "setting", "metric", "value", "note")  # the CSV schema
 KEY = ("paper", "table", "model", "dataset", "setting", "metric")  # unique per row
-CLAIM_COLUMNS = ("paper", "artefact", "section", "claim")  # <paper stem>.claims.csv
+CLAIM_COLUMNS = ("paper", "artefact", "section", "claim")  # <study id>.claims.csv
 
 def papers_dir() -> Path:
     "The package folder holding the paper CSVs (`kgrag_nb/papers/`)."
     return Path(str(files("kgrag_nb"))) / "papers"
 
+@lru_cache(maxsize=None)
+def paper_files() -> dict[str, str]:
+    "`{paper stem: file stem}`: each study's numbers file is `<study id>.csv` and names its one paper in its `paper` column."
+    out = {}
+    for p in sorted(papers_dir().glob("*.csv")):
+        if p.name.endswith(".claims.csv"): continue
+        papers = sorted(set(pd.read_csv(p, dtype=str, usecols=["paper"], keep_default_na=False)["paper"]))
+        if len(papers) != 1: raise ValueError(f"{p}: a numbers file holds one paper; its `paper` column has {papers}")
+        stem = Path(papers[0]).stem
+        if stem in out: raise ValueError(f"{p.name} and {out[stem]}.csv both hold {papers[0]}; keep one file per paper")
+        out[stem] = p.stem
+    return out
+
 def available_papers() -> list[str]:
     "Paper stems that have a numbers CSV, e.g. `['awakening_unseen_entity_kgqa', 'brink_incomplete_kg_benchmark']`."
-    return sorted(p.stem for p in papers_dir().glob("*.csv") if not p.name.endswith(".claims.csv"))
+    return sorted(paper_files())
 
 # %% ../nbs/13_papers.ipynb #c005a
 def paper_stem(paper: str) -> str:
-    "`paper` as a stem: accepts `brink_incomplete_kg_benchmark`, `....txt` or `....csv`; errors name the known papers."
+    "`paper` as the paper's stem: accepts `brink_incomplete_kg_benchmark`, its `.txt`, or its study's numbers file (`brink`,"
+    " `brink.csv`); errors name the known papers."
     stem = Path(str(paper)).name
     for ext in (".txt", ".csv"): stem = stem.removesuffix(ext)
-    if stem not in available_papers():
+    by_file = {f: p for p, f in paper_files().items()}
+    if stem in by_file: return by_file[stem]
+    if stem not in paper_files():
         raise ValueError(f"no paper numbers for {paper!r}; known papers: {available_papers()} "
-                         f"(add kgrag_nb/papers/<stem>.csv via nbs/13_papers.ipynb to add one)")
+                         f"(add kgrag_nb/papers/<study id>.csv via nbs/13_papers.ipynb to add one)")
     return stem
+
+def paper_file(paper: str,  # as `paper_stem` accepts it
+               kind: str = ".csv") -> Path:  # ".csv" (numbers), ".claims.csv" or ".claims.yaml"
+    "The file of `paper`'s numbers (or claims) in `papers_dir()`: `<study id><kind>`."
+    if kind not in (".csv", ".claims.csv", ".claims.yaml"): raise ValueError(f"kind={kind!r}: use '.csv', '.claims.csv' or '.claims.yaml'")
+    return papers_dir() / f"{paper_files()[paper_stem(paper)]}{kind}"
 
 # %% ../nbs/13_papers.ipynb #c005b
 def papers_text_dir(cfg=None) -> Path:
@@ -58,7 +80,7 @@ def paper_text(paper: str, cfg=None) -> str:
 # %% ../nbs/13_papers.ipynb #c007
 @lru_cache(maxsize=None)
 def _read(stem: str, claims: bool = False) -> pd.DataFrame:
-    path = papers_dir() / (f"{stem}.claims.csv" if claims else f"{stem}.csv")
+    path = paper_file(stem, ".claims.csv" if claims else ".csv")
     cols = CLAIM_COLUMNS if claims else COLUMNS
     if not path.exists(): return pd.DataFrame(columns=list(cols))
     df = pd.read_csv(path, dtype=str, keep_default_na=False)
@@ -68,7 +90,7 @@ def _read(stem: str, claims: bool = False) -> pd.DataFrame:
     if value.isna().any():
         bad = df.loc[value.isna()].index[0]
         raise ValueError(f"{path} line {bad + 2}: value {df.loc[bad, 'value']!r} is not a number; non-numeric "
-                         f"statements go to {stem}.claims.csv or the `note` column")
+                         f"statements go to {paper_file(stem, '.claims.csv').name} or the `note` column")
     return df.assign(value=value.astype(float))
 
 def _select(df: pd.DataFrame, what: str, filters: dict) -> pd.DataFrame:
@@ -205,7 +227,7 @@ def _check_claim(c: dict, i: int, path: Path) -> dict:
 
 @lru_cache(maxsize=None)
 def _read_claims(stem: str) -> tuple:
-    path = papers_dir() / f"{stem}.claims.yaml"
+    path = paper_file(stem, ".claims.yaml")
     if not path.exists(): return ()
     doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     if doc.get("paper") != f"{stem}.txt": raise ValueError(f"{path.name}: `paper:` must be {stem + '.txt'!r}, got {doc.get('paper')!r}")
@@ -214,7 +236,7 @@ def _read_claims(stem: str) -> tuple:
 def ledger_claims(paper: str | None = None,  # stem or file name; None = every paper
                   artefact: str | None = None,  # only the claims this artefact shows
                  ) -> list[dict]:
-    "The claims of `<stem>.claims.yaml` (each a dict with `paper` added), in file order; ids are unique over all papers."
+    "The claims of `<study id>.claims.yaml` (each a dict with `paper` added), in file order; ids are unique over all papers."
     stems = [paper_stem(paper)] if paper is not None else available_papers()
     out = [dict(c) for s in stems for c in _read_claims(s)]
     ids = [c["id"] for c in out]

@@ -31,7 +31,7 @@ __all__ = ['DEFAULT_PLAN_MODEL', 'DEFAULT_THROUGHPUT', 'EXACT_PROMPTS', 'H100_BF
 DEFAULT_PLAN_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 DEFAULT_THROUGHPUT = 5000.0  # output tok/s, Llama-3.1-8B on one H100: MLPerf Inference v5.1 Server scenario (5,103 tok/s, vLLM FP8)
 EXACT_PROMPTS = {  # notebooks whose requests depend only on the data, not on earlier answers
-    "closed_book_baseline": "Step-1 answers and the n samples per question: prompts from the questions only (awakening App. E)",
+    "awakening_closed_book": "Step-1 answers and the n samples per question: prompts from the questions only (awakening App. E)",
 }
 
 def _check_throughput(throughput) -> float:

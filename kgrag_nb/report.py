@@ -829,11 +829,11 @@ ITEM_ADAPTERS["coe_table1"] = coe_discrimination_items
 _AW_FIG1 = ("T1", "T2", "T3", "T4")
 _AW_QUERY = {"triple": "A_q-R_q^1-B query", "head_relation": "A_q-R_q^1 query"}  # App. B.8's two rankings (Table 11)
 _AW_ARTEFACTS = {  # artefact -> (knowledge types, No-RAG row, Hits metrics its table reports)
-    "awaken_table2": (awaken.MAIN_TYPES, True, ("Hits@1", "Hits@10")), "awaken_table4": (awaken.MAIN_TYPES, True, ("Hits@1", "Hits@10")),
-    "awaken_fig1": (_AW_FIG1, True, ("Hits@1", "Hits@10")), "awaken_table7": (awaken.MAIN_TYPES, True, ("Hits@1", "Hits@10")),
-    "awaken_table8_9": (("T3", "T7", "T8"), False, ("Hits@1",)), "awaken_table11": (awaken.MAIN_TYPES, True, ("Hits@1", "Hits@10")),
-    "awaken_fig5": (awaken.MAIN_TYPES, False, ("Hits@1", "Hits@10")), "awaken_fig6": (awaken.MAIN_TYPES, True, ("Hits@1", "Hits@10")),
-    "awaken_fig7": (("T7",), False, ("Hits@1", "Hits@10"))}
+    "awakening_table2": (awaken.MAIN_TYPES, True, ("Hits@1", "Hits@10")), "awakening_table4": (awaken.MAIN_TYPES, True, ("Hits@1", "Hits@10")),
+    "awakening_fig1": (_AW_FIG1, True, ("Hits@1", "Hits@10")), "awakening_table7": (awaken.MAIN_TYPES, True, ("Hits@1", "Hits@10")),
+    "awakening_table8_9": (("T3", "T7", "T8"), False, ("Hits@1",)), "awakening_table11": (awaken.MAIN_TYPES, True, ("Hits@1", "Hits@10")),
+    "awakening_fig5": (awaken.MAIN_TYPES, False, ("Hits@1", "Hits@10")), "awakening_fig6": (awaken.MAIN_TYPES, True, ("Hits@1", "Hits@10")),
+    "awakening_fig7": (("T7",), False, ("Hits@1", "Hits@10"))}
 
 def _aw_rows(aid: str, runs: dict) -> list[dict]:
     "The artefact's rows as `awaken`'s table functions build them: per row the model, type, query mode, temperature and"
@@ -845,30 +845,30 @@ def _aw_rows(aid: str, runs: dict) -> list[dict]:
     for model, r in runs.items():
         p, base = r["params"], awaken.base_ids(r)
         temp = p.get("temperature", 0.7)
-        pre = f"{model} · " if aid in ("awaken_fig5", "awaken_fig6") else ""
+        pre = f"{model} · " if aid in ("awakening_fig5", "awakening_fig6") else ""
         row = lambda t, counted, mode="triple", temperature=temp, label="", **kw: dict(
             model=model, type=t, mode="-" if t == "No RAG" else mode, temperature=temperature, counted=counted,
             label=pre + awaken.knowledge_label(t) + label, **kw)
-        if aid == "awaken_table11":  # both ranking queries, each on its own intersection (Table 2 protocol)
+        if aid == "awakening_table11":  # both ranking queries, each on its own intersection (Table 2 protocol)
             for mode, q in _AW_QUERY.items():
                 common = awaken.intersect_ids([passing(r, t, mode) for t in types])
                 rows += [row(t, common, mode, label=f" · {q}") for t in ["No RAG", *types]]
-        elif aid == "awaken_table7":  # `awaken.probing_table`'s blocks: a question counts in each block whose ids hold it
+        elif aid == "awakening_table7":  # `awaken.probing_table`'s blocks: a question counts in each block whose ids hold it
             ok = {(m, t): passing(r, t, "triple", m) for m in ("qa", "nli") for t in types}
             for t in ["No RAG", *types]:
                 tt = "T1" if t == "No RAG" else t
                 blocks = {f"{m}/{b}": (base if (t, m, b) == ("No RAG", "nli", "original") else ok[(m, tt)] if b == "original"
                                        else ok[("qa", tt)] & ok[("nli", tt)]) for m in ("qa", "nli") for b in ("original", "intersection")}
                 rows.append(row(t, None, blocks=blocks))
-        elif aid == "awaken_fig7":  # `awaken.temperature_sweep`: each temperature of the run, the type's own questions
+        elif aid == "awakening_fig7":  # `awaken.temperature_sweep`: each temperature of the run, the type's own questions
             rows += [row(t, passing(r, t), temperature=float(x), label=f" · T={float(x):g}")
                      for x in p.get("temperatures") or [temp] for t in types]
-        elif aid == "awaken_fig5":  # `awaken.size_table`: each type on the questions it passed for every model
+        elif aid == "awakening_fig5":  # `awaken.size_table`: each type on the questions it passed for every model
             common = {t: awaken.intersect_ids([passing(o, t) for o in runs.values()]) for t in types}
             rows += [row(t, common[t]) for t in types]
         else:
             per = {t: passing(r, t) for t in types}
-            common = awaken.intersect_ids(list(per.values())) if aid == "awaken_table2" else None
+            common = awaken.intersect_ids(list(per.values())) if aid == "awakening_table2" else None
             rows += [row(t, base if common is None else common) for t in ["No RAG"] * no_rag]
             rows += [row(t, per[t] if common is None else common) for t in types]
     return rows
@@ -880,14 +880,14 @@ def _aw_verdicts(k: dict, method: str) -> str | None:
     return ", ".join(map(str, v)) + (f" ({', '.join(map(str, st))})" if st is not None and not isinstance(st, float) else "")
 
 def awaken_items(aid: str,  # an awakening Task 1 artefact (`_AW_ARTEFACTS`)
-                 results: dict, cfg: Config) -> list[ItemSet]:  # {'awaken_task1': ExperimentResults}
+                 results: dict, cfg: Config) -> list[ItemSet]:  # {'awakening_task1': ExperimentResults}
     "Per Step-1-unanswerable CWQ question (the No-RAG population, `awaken.base_ids`): the answer of each row of the"
     " artefact's table (knowledge type, and where the table varies them the ranking query, temperature or model), as"
     " `awaken`'s table functions score it: Hits@1 / Hits@10 over the sampled answers, whether the row counts the question"
     " (per probing block for Table 7), the selected knowledge and its probing verdicts."
-    xp = results["awaken_task1"]
+    xp = results["awakening_task1"]
     models = awaken.task1_models(xp)
-    runs = {m: awaken.load_task1(xp, m) for m in (models if aid in ("awaken_fig5", "awaken_fig6") else models[:1])}
+    runs = {m: awaken.load_task1(xp, m) for m in (models if aid in ("awakening_fig5", "awakening_fig6") else models[:1])}
     metrics_shown = list(_AW_ARTEFACTS[aid][2])
     items: dict[str, dict] = {}
     for spec in _aw_rows(aid, runs):
@@ -907,8 +907,8 @@ def awaken_items(aid: str,  # an awakening Task 1 artefact (`_AW_ARTEFACTS`)
             details["samples correct"] = "".join(str(int(c)) for c in x.get("correct") if c is not None)
             k = kn.get(iid, {})
             details |= {k2: v for k2, v in {"knowledge": _py(k.get("text")), "NLI probing": _aw_verdicts(k, "nli"),
-                                            "QA probing": _aw_verdicts(k, "qa") if aid == "awaken_table7" else None,
-                                            "hops to answer": _py(k.get("dist_to_answer")) if aid == "awaken_table8_9" else None}.items()
+                                            "QA probing": _aw_verdicts(k, "qa") if aid == "awakening_table7" else None,
+                                            "hops to answer": _py(k.get("dist_to_answer")) if aid == "awakening_table8_9" else None}.items()
                         if v is not None}
             it["outputs"][spec["label"]] = dict(
                 raw=None, parsed=" | ".join(map(str, x["samples"])) if x.get("samples") is not None else None, status=None,
@@ -919,10 +919,10 @@ def awaken_items(aid: str,  # an awakening Task 1 artefact (`_AW_ARTEFACTS`)
              " verdicts' parse outcomes are in the details).",
              f"NLI probing (min_true {p.get('min_true')}), knowledge ranked by the A_q-R_q^1-B query and temperature"
              f" {p.get('temperature', 0.7):g} unless the method names another; a question counts for a row only when its"
-             " knowledge passed probing" + {"awaken_table2": " for every main type (the intersection).",
-                                           "awaken_table11": " for every main type under that row's query (the intersection).",
-                                           "awaken_fig5": " for every model (Table 10's intersection).",
-                                           "awaken_table7": ": per block, 'counted in' names the probing/block pairs that count it."}.get(aid, ".")]
+             " knowledge passed probing" + {"awakening_table2": " for every main type (the intersection).",
+                                           "awakening_table11": " for every main type under that row's query (the intersection).",
+                                           "awakening_fig5": " for every model (Table 10's intersection).",
+                                           "awakening_table7": ": per block, 'counted in' names the probing/block pairs that count it."}.get(aid, ".")]
     return [check_items(ItemSet("Step-1-unanswerable CWQ questions", metrics_shown, list(items.values()),
                                 status_of="not recorded", notes=notes), aid)] if items else []
 
@@ -1075,12 +1075,12 @@ def jcql_qa_items(aid: str,  # a JCQL KBQA artefact (`_JCQL_QA`)
 ITEM_ADAPTERS |= {a: jcql_qa_items for a in _JCQL_QA}
 
 # %% ../nbs/17_report.ipynb #090ac997
-def unseen_items(aid: str,  # 'awaken_table3'
-                 results: dict, cfg: Config) -> list[ItemSet]:  # {'unseen_entity': ExperimentResults}
+def unseen_items(aid: str,  # 'awakening_table3'
+                 results: dict, cfg: Config) -> list[ItemSet]:  # {'awakening_task2': ExperimentResults}
     "Per question of awakening Task 2 (Unseen-Entity KGQA), one set per dataset: each method's sampled answers (the raw"
     " completions from `traces/<dataset>/llm_calls.jsonl`, the ranked answers the study scored), Hits@1 and Hits@10, and"
     " the question's trace records (shared stages and every method's answer call)."
-    xp = results["unseen_entity"]
+    xp = results["awakening_task2"]
     ans = xp.load("answers")
     sets = []
     for ds, g in ans.groupby("dataset", sort=False):
@@ -1104,7 +1104,7 @@ def unseen_items(aid: str,  # 'awaken_table3'
                                         status_of="not recorded per answer", notes=notes), f"{aid} {ds}"))
     return sets
 
-ITEM_ADAPTERS["awaken_table3"] = unseen_items
+ITEM_ADAPTERS["awakening_table3"] = unseen_items
 
 # %% ../nbs/17_report.ipynb #f9d5427c
 _FT_MECHANISM = {"fired": "second retrieval fired", "finished": "reached Finish", "kept": "knowledge kept by probing"}
@@ -1162,7 +1162,7 @@ def format_tax_items(aid: str,  # 'format_tax'
 ITEM_ADAPTERS["format_tax"] = format_tax_items
 
 # %% ../nbs/17_report.ipynb #b77dbb1a
-def closed_book_items(aid: str,  # 'closed_book_baseline'
+def closed_book_items(aid: str,  # 'awakening_closed_book'
                       files: list[Path], cfg: Config) -> list[ItemSet]:  # the artefact's files (`artifact_files`)
     "Per question of the closed-book baseline, one set per dataset, from the artefact's own `closed_book_answers` table"
     " (it runs no experiment): the first sampled answer, Hits@1 / Hits@10 over the samples and Step 1's answerability."
@@ -1182,7 +1182,7 @@ def closed_book_items(aid: str,  # 'closed_book_baseline'
         sets.append(check_items(ItemSet(f"{ds} questions", ["Hits@1", "Hits@10"], items, status_of="not recorded", notes=notes), f"{aid} {ds}"))
     return sets
 
-FILE_ITEM_ADAPTERS = {"closed_book_baseline": closed_book_items}  # artefacts that run no experiment: items from their own files
+FILE_ITEM_ADAPTERS = {"awakening_closed_book": closed_book_items}  # artefacts that run no experiment: items from their own files
 
 # %% ../nbs/17_report.ipynb #196dc353
 _TEMPLATES["items.html"] = """\
@@ -1304,7 +1304,7 @@ NO_ITEM_PAGES = {  # artefact -> why it has no item pages: its numbers are aggre
     "jcql_fig5": "Fig. 5 keeps MRR / Hits@k per replay size with their CIs (`fig5`), not the per-triple ranks behind them.",
     "misk_table2": "Table 2 counts the knowledge bases' text chunks; its NQ gold-passage recall per TopK and row averages the"
                    " questions of misk_table1's item pages.",
-    "kg_statistics": "It counts each KG's entities, relations, triples and degrees; no model answers an item in it.",
+    "brink_kg_statistics": "It counts each KG's entities, relations, triples and degrees; no model answers an item in it.",
     "brink_table1": "Table 1 counts the Horn rules mined per type (App. A.2 thresholds); no model answers an item in it.",
     "claims_ledger": "The ledger's rows are paired tests over claims; the items behind each claim are on its artefacts' item pages."}
 

@@ -1680,7 +1680,7 @@ class Study:
     @property
     def package(self) -> str: return f"kgrag_nb.studies.{self.id}"
     @property
-    def paper_numbers(self) -> str: return f"kgrag_nb/papers/{Path(self.paper).stem}.csv"  # the paper's reported numbers
+    def paper_numbers(self) -> str: return f"kgrag_nb/papers/{self.id}.csv"  # the paper's reported numbers, named by the study's id
     @property
     def all_deviations(self) -> list[str]: return [d for m in self.modules for d in self.deviations.get(m, ())]
 

@@ -79,15 +79,15 @@ def test_workload_requests_one_per_distinct_prompt(tmp_path):
 def test_study_groups_by_paper_experiments_first():
     from kgrag_nb.bench import study_groups
     manifest = {"experiments": [{"experiment": "coe_runs", "paper": "chain_of_evidence.txt"},
-                                {"experiment": "awaken_task1", "paper": "awakening_unseen_entity_kgqa.txt"},
+                                {"experiment": "awakening_task1", "paper": "awakening_unseen_entity_kgqa.txt"},
                                 {"experiment": "misk_runs", "paper": "missing_knowledge_rag.txt"},
-                                {"experiment": "unseen_entity", "paper": "awakening_unseen_entity_kgqa.txt"},
+                                {"experiment": "awakening_task2", "paper": "awakening_unseen_entity_kgqa.txt"},
                                 {"experiment": "format_tax_runs", "paper": "all"}],
-                "artifacts": [{"artifact": "closed_book_baseline", "paper": "awakening_unseen_entity_kgqa.txt"},
+                "artifacts": [{"artifact": "awakening_closed_book", "paper": "awakening_unseen_entity_kgqa.txt"},
                               {"artifact": "jcql_table2", "paper": "jcql_joint_kbc_kbqa.txt"}]}
     g = study_groups(manifest)
     assert list(g) == ["coe", "awakening", "misk", "format_tax", "jcql"]
-    assert g["awakening"] == [("experiments", "awaken_task1"), ("experiments", "unseen_entity"), ("artifacts", "closed_book_baseline")]
+    assert g["awakening"] == [("experiments", "awakening_task1"), ("experiments", "awakening_task2"), ("artifacts", "awakening_closed_book")]
     assert g["jcql"] == [("artifacts", "jcql_table2")] and g["format_tax"] == [("experiments", "format_tax_runs")]
 
 
@@ -104,8 +104,8 @@ def _key_log_run(tmp_path):
             keys[name] = request_key("completion", model, prompt, params, seed)
             cache.put(keys[name], {"text": f" {name}"}, request={"kind": "completion", "model": model, "payload": prompt,
                                                                  "params": params, "sample_index": seed})
-    (run / "experiments" / "awaken_task1.keys").write_text("".join(f"{keys[k]}\n" for k in ("p0s0", "p0s1", "stub", "p0s0")) + "\n" + "f" * 64 + "\n")
-    (run / "artifacts" / "closed_book_baseline.keys").write_text(f"{keys['p1s0']}\n{keys['p0s1']}\n")
+    (run / "experiments" / "awakening_task1.keys").write_text("".join(f"{keys[k]}\n" for k in ("p0s0", "p0s1", "stub", "p0s0")) + "\n" + "f" * 64 + "\n")
+    (run / "artifacts" / "awakening_closed_book.keys").write_text(f"{keys['p1s0']}\n{keys['p0s1']}\n")
     return run, keys
 
 
@@ -113,16 +113,16 @@ def test_study_requests_in_key_log_order(tmp_path):
     from kgrag_nb.bench import read_key_log, study_requests
     from kgrag_nb.llm import ResponseCache
     run, keys = _key_log_run(tmp_path)
-    assert read_key_log(run / "experiments" / "awaken_task1.keys") == [keys["p0s0"], keys["p0s1"], keys["stub"], keys["p0s0"], "f" * 64]
+    assert read_key_log(run / "experiments" / "awakening_task1.keys") == [keys["p0s0"], keys["p0s1"], keys["stub"], keys["p0s0"], "f" * 64]
     assert read_key_log(run / "experiments" / "absent.keys") == []
-    members = [("experiments", "awaken_task1"), ("experiments", "unseen_entity"), ("artifacts", "closed_book_baseline")]
+    members = [("experiments", "awakening_task1"), ("experiments", "awakening_task2"), ("artifacts", "awakening_closed_book")]
     with ResponseCache(tmp_path / "cache" / "llm_cache.sqlite") as cache:
         reqs, skipped = study_requests(run, members, cache, n=10)
         # repeats and samples kept, in order; the stub's request and the unknown key skipped; the artefact's log after the experiment's
         assert [r["key"] for r in reqs] == [keys[k] for k in ("p0s0", "p0s1", "p0s0", "p1s0", "p0s1")] and skipped == 2
         assert [(r["payload"], r["params"]["seed"], r["sample_index"], r["source"]) for r in reqs[:2]] == [
-            ("Q: a?", 0, 0, "awaken_task1"), ("Q: a?", 1, 1, "awaken_task1")]
-        assert reqs[3]["source"] == "closed_book_baseline"
+            ("Q: a?", 0, 0, "awakening_task1"), ("Q: a?", 1, 1, "awakening_task1")]
+        assert reqs[3]["source"] == "awakening_closed_book"
         first3, skipped3 = study_requests(run, members, cache, n=3)
         assert [r["key"] for r in first3] == [keys["p0s0"], keys["p0s1"], keys["p0s0"]] and skipped3 == 1
 
@@ -175,8 +175,8 @@ def test_llm_studies_replay_identical_on_real_servers(tmp_path):
     run, keys = _key_log_run(tmp_path)
     (run / "manifest.json").write_text(json.dumps({
         "profile": "smoke", "started": "2026-11-01T00:00:00", "config": {"cache_dir": str(tmp_path / "cache")},
-        "experiments": [{"experiment": "awaken_task1", "paper": "awakening_unseen_entity_kgqa.txt"}],
-        "artifacts": [{"artifact": "closed_book_baseline", "paper": "awakening_unseen_entity_kgqa.txt"}]}))
+        "experiments": [{"experiment": "awakening_task1", "paper": "awakening_unseen_entity_kgqa.txt"}],
+        "artifacts": [{"artifact": "awakening_closed_book", "paper": "awakening_unseen_entity_kgqa.txt"}]}))
     cfg = get_config(runs_dir=tmp_path / "runs")  # the model from the project cache; the LLM cache is the run's
     rows, facts = profile_llm_studies(n=3, cfg=cfg)
     assert [r["key"] for r in rows] == [keys["p0s0"], keys["p0s1"], keys["p0s0"]]  # the third is a repeat: a snapshot hit after

@@ -12,7 +12,7 @@ from kgrag_nb.bundle import (REPLAY_URL, BundleError, BundleReplayError, bundle_
 from kgrag_nb.config import get_config
 from kgrag_nb.reproduce import reproduce
 
-ONLY = "awaken_table3,closed_book_baseline"  # one cheap LLM experiment (unseen_entity) with its artefact, and an LLM artefact
+ONLY = "awakening_table3,awakening_closed_book"  # one cheap LLM experiment (awakening_task2) with its artefact, and an LLM artefact
 SECRET = "sk-kgrag-bundle-secret-0123456789"
 
 
@@ -59,10 +59,10 @@ def test_bundle_holds_exactly_the_rows_the_run_used(tiny):
     rows = [json.loads(l) for l in members["llm_rows.jsonl"].decode().splitlines()]
     assert {r[0] for r in rows} == logged and len(rows) == len(logged) > 0  # every logged key once, nothing else
     assert info["missing_rows"] == [] and info["stale_outputs"] == [] and info["model"] == m["model"]
-    assert set(info["experiments"]) == {"unseen_entity"} and info["experiments"]["unseen_entity"]["needs_llm"] is True
-    assert "run/experiments/unseen_entity.keys" in members and "run/artifacts/closed_book_baseline.keys" in members
-    assert any(n.startswith("experiments/unseen_entity/") and n.endswith("_SUCCESS.json") for n in members)
-    assert _tables(members) and "run/notebooks/closed_book_baseline.ipynb" in members
+    assert set(info["experiments"]) == {"awakening_task2"} and info["experiments"]["awakening_task2"]["needs_llm"] is True
+    assert "run/experiments/awakening_task2.keys" in members and "run/artifacts/awakening_closed_book.keys" in members
+    assert any(n.startswith("experiments/awakening_task2/") and n.endswith("_SUCCESS.json") for n in members)
+    assert _tables(members) and "run/notebooks/awakening_closed_book.ipynb" in members
     print(f"\ntiny bundle: {b['size']} bytes, {b['members']} members, {b['llm_rows']} LLM rows, made in {b['bundle_s']} s")
 
 
@@ -118,7 +118,7 @@ def test_replay_in_a_fresh_clone_sends_nothing_and_renders_identical_tables(tiny
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     m = json.loads((clone / "runs" / "replayed" / "manifest.json").read_text())
     assert m["llm_usage"].get("requests", 0) == 0 and m["llm_url"] == REPLAY_URL and m["config"]["llm_cache_mode"] == "replay"
-    assert [(e["experiment"], e["status"]) for e in m["experiments"]] == [("unseen_entity", "computed")]  # rerun, from the rows
+    assert [(e["experiment"], e["status"]) for e in m["experiments"]] == [("awakening_task2", "computed")]  # rerun, from the rows
     _, members = read_bundle(tiny["bundle"]["out"])
     hits = m["llm_usage"].get("cache_hits", 0)
     assert hits >= len(members["llm_rows.jsonl"].splitlines()) > 0  # every answer came from the bundled rows
@@ -143,22 +143,22 @@ def test_a_row_missing_from_the_bundle_names_the_notebook_and_the_request(tiny, 
     " asks something the run never did): the error names the notebook and the request; nothing is sent."
     _, members = read_bundle(tiny["bundle"]["out"])
     rows = members["llm_rows.jsonl"].decode().splitlines(keepends=True)
-    keys = members["run/artifacts/closed_book_baseline.keys"].decode().split()
+    keys = members["run/artifacts/awakening_closed_book.keys"].decode().split()
     dropped = [r for r in rows if json.loads(r)[0] != keys[0]]
     assert len(dropped) == len(rows) - 1
     cfg = _cfg(tmp_path)
     pre = _rewrite({**members, "llm_rows.jsonl": "".join(dropped).encode()}, tmp_path / "pre.tar.gz")
-    with pytest.raises(BundleReplayError, match=rf"nbs/studies/awakening/artefacts/closed_book_baseline.ipynb \(closed_book_baseline\) needs LLM request {keys[0]}"):
+    with pytest.raises(BundleReplayError, match=rf"nbs/studies/awakening/artefacts/awakening_closed_book.ipynb \(awakening_closed_book\) needs LLM request {keys[0]}"):
         replay_bundle(pre, cfg=cfg, progress=False)
     assert not cfg.runs_dir.exists()  # nothing ran
-    info = json.loads(members["bundle.json"]); info["only"] = "closed_book_baseline"  # the artefact alone: a short replay
+    info = json.loads(members["bundle.json"]); info["only"] = "awakening_closed_book"  # the artefact alone: a short replay
     log = "".join(f"{k}\n" for k in keys[1:]).encode()
     inside = _rewrite({**members, "bundle.json": json.dumps(info).encode(), "llm_rows.jsonl": "".join(dropped).encode(),
-                       "run/artifacts/closed_book_baseline.keys": log}, tmp_path / "inside.tar.gz")
+                       "run/artifacts/awakening_closed_book.keys": log}, tmp_path / "inside.tar.gz")
     with pytest.raises(BundleReplayError) as err:
         replay_bundle(inside, cfg=cfg, progress=False, run_id="missing-row")
     msg = str(err.value)
-    assert "nbs/studies/awakening/artefacts/closed_book_baseline.ipynb (closed_book_baseline) needed an LLM request the bundle does not hold" in msg, msg
+    assert "nbs/studies/awakening/artefacts/awakening_closed_book.ipynb (awakening_closed_book) needed an LLM request the bundle does not hold" in msg, msg
     assert "CacheMissError: replay mode: no cached" in msg and "prompt" in msg, msg
     m = json.loads((cfg.runs_dir / "missing-row" / "manifest.json").read_text())
     assert m["llm_usage"].get("requests", 0) == 0

@@ -5,7 +5,7 @@ from kgrag_nb.datasets import get_spec
 from kgrag_nb.hooks import FORMAT_TAX_ARMS, load_study_modules, study_modules
 
 # the six studies' format-tax arms (issue 21 item 4); the experiment `format_tax_runs` runs what is registered
-EXPECTED_ARMS = {"awakening", "unseen_entity", "brink", "jcql", "misk", "coe"}
+EXPECTED_ARMS = {"awakening", "awakening_task2", "brink", "jcql", "misk", "coe"}
 
 
 def test_every_study_registers_its_format_tax_arm():

@@ -131,31 +131,31 @@ def test_a_failing_notebook_run_by_hand_says_failed(tmp_path):
 @pytest.mark.llm
 @pytest.mark.slow
 def test_study_notebooks_run_with_plain_papermill_on_the_embedded_server(tmp_path, embedded_server):
-    "unseen_entity (an experiment) and awaken_table3 (its artefact) run by plain papermill at tiny; `kgrag report` finds the artefact."
+    "awakening_task2 (an experiment) and awakening_table3 (its artefact) run by plain papermill at tiny; `kgrag report` finds the artefact."
     env = _env(tmp_path, KGRAG_LLM_URL=embedded_server.url)
-    exp_nb, art_nb = ROOT / "nbs/studies/awakening/experiments/unseen_entity.ipynb", ROOT / "nbs/studies/awakening/artefacts/awaken_table3.ipynb"
-    code0 = code_version(get_config(), "nbs/studies/awakening/experiments/unseen_entity.ipynb")
-    p, t_exp = _papermill(exp_nb, tmp_path / "unseen_entity.ipynb", env, ROOT, "-p", "profile", "tiny")
+    exp_nb, art_nb = ROOT / "nbs/studies/awakening/experiments/awakening_task2.ipynb", ROOT / "nbs/studies/awakening/artefacts/awakening_table3.ipynb"
+    code0 = code_version(get_config(), "nbs/studies/awakening/experiments/awakening_task2.ipynb")
+    p, t_exp = _papermill(exp_nb, tmp_path / "awakening_task2.ipynb", env, ROOT, "-p", "profile", "tiny")
     assert p.returncode == 0, p.stderr[-3000:]
-    p2, t_art = _papermill(art_nb, tmp_path / "awaken_table3.ipynb", env, ROOT, "-p", "profile", "tiny")
+    p2, t_art = _papermill(art_nb, tmp_path / "awakening_table3.ipynb", env, ROOT, "-p", "profile", "tiny")
     assert p2.returncode == 0, p2.stderr[-3000:]
     assert TCP_WARNING not in p.stdout + p.stderr + p2.stdout + p2.stderr
-    print(f"plain papermill at tiny: unseen_entity {t_exp:.1f} s, awaken_table3 {t_art:.1f} s")
+    print(f"plain papermill at tiny: awakening_task2 {t_exp:.1f} s, awakening_table3 {t_art:.1f} s")
     runs = _runs(tmp_path)
-    (exp_run,) = [m for r, m in runs.items() if r.startswith("nb-unseen_entity-")]
-    (art_id, art_run), = [(r, m) for r, m in runs.items() if r.startswith("nb-awaken_table3-")]
+    (exp_run,) = [m for r, m in runs.items() if r.startswith("nb-awakening_task2-")]
+    (art_id, art_run), = [(r, m) for r, m in runs.items() if r.startswith("nb-awakening_table3-")]
     assert exp_run["status"] == art_run["status"] == "finished" and exp_run["model"] == embedded_server.model
     assert exp_run["experiments"][0]["params"]["n_questions"] == 1 and exp_run["llm_usage"]["requests"] > 0
-    if code_version(get_config(), "nbs/studies/awakening/experiments/unseen_entity.ipynb") == code0:  # else other work changed the code meanwhile
+    if code_version(get_config(), "nbs/studies/awakening/experiments/awakening_task2.ipynb") == code0:  # else other work changed the code meanwhile
         assert [x["status"] for x in art_run["experiments"]] == ["reused"] and art_run["llm_usage"].get("requests", 0) == 0
     (a,) = art_run["artifacts"]
-    assert a["status"] == "ok" and a["decoding"] == {"unseen_entity": "constrained"}
+    assert a["status"] == "ok" and a["decoding"] == {"awakening_task2": "constrained"}
     from kgrag_nb.studies.awakening import STUDY
     assert sum(STUDY.decoding_deviations["task2"]["constrained"] in d for d in a["deviations"]) == 1  # the study's line, once
     r = subprocess.run([KGRAG, "report"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     index = (tmp_path / "runs" / art_id / "report" / "index.html").read_text()
-    assert 'id="art-awaken_table3"' in index and "table3_hits" in index
+    assert 'id="art-awakening_table3"' in index and "table3_hits" in index
 
 
 def test_ensure_experiment_keys_an_llm_experiment_as_the_runner_does(tmp_path):

@@ -14,7 +14,7 @@ import yaml
 from hypothesis import given, settings, strategies as st
 
 from kgrag_nb.config import get_config
-from kgrag_nb.papers import (CLAIM_COLUMNS, COLUMNS, KEY, available_papers, compare, paper_claims, paper_numbers,
+from kgrag_nb.papers import (CLAIM_COLUMNS, COLUMNS, KEY, available_papers, compare, paper_file, paper_claims, paper_numbers,
                              paper_text, papers_dir, papers_text_dir)
 
 AW, BR = "awakening_unseen_entity_kgqa", "brink_incomplete_kg_benchmark"
@@ -73,7 +73,7 @@ def v(paper, table, model, dataset, setting, metric) -> float:
 def test_files_schema_keys_and_values():
     assert set(available_papers()) >= {AW, BR, JC, CE, MK}
     for stem in available_papers():
-        raw = pd.read_csv(papers_dir() / f"{stem}.csv", dtype=str, keep_default_na=False)
+        raw = pd.read_csv(paper_file(stem), dtype=str, keep_default_na=False)
         assert tuple(raw.columns) == COLUMNS
         assert pd.to_numeric(raw["value"], errors="coerce").notna().all(), f"{stem}: non-numeric value"
         assert set(raw["paper"]) == {f"{stem}.txt"}

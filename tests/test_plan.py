@@ -41,7 +41,7 @@ def test_price_keys_rekeys_for_the_target_model(tmp_path):
 
 @pytest.mark.llm
 def test_tiny_plan_counts_the_requests_a_real_tiny_run_sends(embedded_server, tmp_path):
-    only = "closed_book_baseline"
+    only = "awakening_closed_book"
     common = dict(runs_dir=tmp_path / "runs", figures_dir=tmp_path / "figures")
     rehearsal_cfg = get_config(cache_dir=tmp_path / "rehearsal_cache", **common)
     real_cfg = get_config(cache_dir=tmp_path / "real_cache", **common)
@@ -118,7 +118,7 @@ def test_shipped_records_cover_every_llm_notebook_of_studies_yaml():
     assert rec[["requests", "prompt_tokens", "completion_tokens_max", "n_samples"]].gt(0).all().all()
     assert set(rec["status"]) <= {"measured", "extrapolated", "estimated"} and rec["source"].str.len().gt(0).all()
     full = {**{k: e.profiles["full"] for k, e in exps.items()}, **{k: a.profiles["full"] for k, a in arts.items()}}
-    for sid in ("awaken_task1", "coe_runs"):  # every model the full profile names, and the run's own
+    for sid in ("awakening_task1", "coe_runs"):  # every model the full profile names, and the run's own
         named = set(full[sid]["models"]) | ({full[sid]["judge_model"]} if full[sid].get("judge_model") else set())
         got = set(rec.loc[rec["id"] == sid, "model"])
         assert "{model}" in got and named - {"meta-llama/Llama-3.1-8B-Instruct"} <= got, (sid, named - got)
@@ -168,7 +168,7 @@ from kgrag_nb.plan import PREFILL_RULE
 
 
 def _sampled_rehearsal(d: Path, n: int = 3, prompt_tokens: int = 100, max_tokens: int = 8, model: str = STUB_MODEL):
-    "A hand-made rehearsal of closed_book_baseline (tiny): one prompt x `n` samples, `prompt_tokens` each; its config."
+    "A hand-made rehearsal of awakening_closed_book (tiny): one prompt x `n` samples, `prompt_tokens` each; its config."
     run = d / "runs" / "reh"; (run / "artifacts").mkdir(parents=True); (d / "reh_cache").mkdir()
     params, keys = {"max_tokens": max_tokens, "temperature": 0.7, "seed": 0}, []
     with ResponseCache(d / "reh_cache" / "llm_cache.sqlite") as c:
@@ -176,8 +176,8 @@ def _sampled_rehearsal(d: Path, n: int = 3, prompt_tokens: int = 100, max_tokens
             keys.append(request_key("completion", model, "Q: who?", params, i))
             c.put(keys[-1], {"text": "x", "prompt_tokens": prompt_tokens},
                   request=dict(kind="completion", model=model, payload="Q: who?", params=params, sample_index=i))
-    (run / "artifacts" / "closed_book_baseline.keys").write_text("\n".join(keys) + "\n")
-    (run / "artifacts" / "closed_book_baseline.json").write_text("{}")
+    (run / "artifacts" / "awakening_closed_book.keys").write_text("\n".join(keys) + "\n")
+    (run / "artifacts" / "awakening_closed_book.json").write_text("{}")
     (run / "manifest.json").write_text(json.dumps(dict(run_id="reh", profile="tiny", config={"cache_dir": str(d / "reh_cache")})))
     return get_config(runs_dir=d / "runs", cache_dir=d / "real_cache")
 
@@ -185,12 +185,12 @@ def _sampled_rehearsal(d: Path, n: int = 3, prompt_tokens: int = 100, max_tokens
 def test_prefill_counts_one_prompt_of_n_samples_once(tmp_path):
     # 3 requests = 1 prompt x 3 samples of 100 prompt tokens, max_tokens 8: prompt 300 sent, prefill 100, decode 3 x 8 = 24
     cfg = _sampled_rehearsal(tmp_path)
-    keys = tmp_path / "runs" / "reh" / "artifacts" / "closed_book_baseline.keys"
+    keys = tmp_path / "runs" / "reh" / "artifacts" / "awakening_closed_book.keys"
     p = price_keys(keys, tmp_path / "reh_cache" / "llm_cache.sqlite", None, "meta-llama/Llama-3.1-8B-Instruct")
     assert (p["requests"], p["prompt_tokens"], p["prefill_tokens"], p["completion_tokens_max"]) == (3, 300, 100, 24)
     assert p["by_model"] == {"meta-llama/Llama-3.1-8B-Instruct": dict(requests=3, prompt_tokens=300, prefill_tokens=100, completion_tokens_max=24,
                                                                       prefill_tokens_min=100)}
-    row = plan("tiny", only="closed_book_baseline", cfg=cfg).set_index("id").loc["closed_book_baseline"]
+    row = plan("tiny", only="awakening_closed_book", cfg=cfg).set_index("id").loc["awakening_closed_book"]
     assert (row["requests"], row["models"], row["prompt_tokens"], row["prefill_tokens"], row["completion_tokens_max"]) == (3, 1, 300, 100, 24)
     # Llama-3.1-8B: prefill 30,919 tok/s, decode 5,000 tok/s (SIZE_CLASSES["7-8B"])
     assert row["prefill_hours"] == pytest.approx(100 / 30919 / 3600) and row["decode_hours"] == pytest.approx(24 / 5000 / 3600)
@@ -217,7 +217,7 @@ def test_prefill_is_per_model_and_per_prompt(tmp_path):
 def test_shipped_models_cover_every_model_the_full_profile_names():
     exps, _ = _read_registry()
     full = {k: e.profiles["full"] for k, e in exps.items()}
-    named = {"awaken_task1": full["awaken_task1"]["models"],
+    named = {"awakening_task1": full["awakening_task1"]["models"],
              "coe_runs": [*full["coe_runs"]["models"], full["coe_runs"]["judge_model"]],
              "misk_runs": list(full["misk_runs"]["generators"].values()),
              "jcql_kbqa": full["jcql_kbqa"]["models"]}
@@ -231,10 +231,10 @@ def test_shipped_models_cover_every_model_the_full_profile_names():
     assert misk.loc["{model}", "role"].startswith("context-recall judge")  # judge_model null: the run's model prices the judge
     # prefill: never more than sent; n-sampled rows (awakening, CoE's seeded runs, JCQL's SC) evaluate fewer than they send
     assert (rec["prefill_tokens"] <= rec["prompt_tokens"]).all() and (rec["prefill_tokens"] > 0).all()
-    for sid in ("closed_book_baseline", "awaken_task1", "unseen_entity", "coe_runs", "jcql_kbqa"):
+    for sid in ("awakening_closed_book", "awakening_task1", "awakening_task2", "coe_runs", "jcql_kbqa"):
         r = rec[(rec["id"] == sid) & (rec["n_samples"] > 1)]
         assert len(r) and (r["prefill_tokens"] < r["prompt_tokens"]).all(), sid
-    cb = rec.set_index("id").loc["closed_book_baseline"]
+    cb = rec.set_index("id").loc["awakening_closed_book"]
     assert cb["prefill_tokens"] == round(cb["prompt_tokens"] / 13)  # 3 Step-1 answers + 10 samples of one prompt per question
 
 
@@ -269,7 +269,7 @@ def _cli(capsys, *args):
 @pytest.mark.parametrize("value", ["0", "-5", "nan", "inf", "-inf", "fast"])
 def test_throughput_refused_up_front(capsys, value):
     "`--throughput 0` was silently the default, `nan` printed NaN hours and `inf` 0 decode hours, all with exit 0."
-    rc, out, err = _cli(capsys, f"--throughput={value}", "--only", "closed_book_baseline")
+    rc, out, err = _cli(capsys, f"--throughput={value}", "--only", "awakening_closed_book")
     assert rc == 2 and "--throughput" in err and repr(value) in err and "> 0" in err, (rc, err)
     assert "TOTAL" not in out
 
@@ -277,7 +277,7 @@ def test_throughput_refused_up_front(capsys, value):
 @pytest.mark.parametrize("value", [0.0, -1.0, _math.nan, _math.inf])
 def test_plan_api_refuses_bad_throughput(tmp_path, value):
     with pytest.raises(ValueError, match="throughput="):
-        plan("full", only="closed_book_baseline", throughput=value, cfg=get_config(runs_dir=tmp_path / "runs", cache_dir=tmp_path))
+        plan("full", only="awakening_closed_book", throughput=value, cfg=get_config(runs_dir=tmp_path / "runs", cache_dir=tmp_path))
     with pytest.raises(ValueError, match="throughput="): gpu_hours(1, throughput=value)
 
 
@@ -369,30 +369,30 @@ def test_model_size_from_config(tmp_path, cfg, total, active):
 
 def test_plan_names_the_class_and_prices_big_models(tmp_path, no_hf_cache):
     cfg = get_config(runs_dir=tmp_path / "runs", cache_dir=tmp_path / "cache")
-    base = plan("full", only="closed_book_baseline", cfg=cfg).set_index("id").loc["closed_book_baseline"]
+    base = plan("full", only="awakening_closed_book", cfg=cfg).set_index("id").loc["awakening_closed_book"]
     assert (base["prefill_hours"], base["decode_hours"]) == (pytest.approx(base["prefill_tokens"] / 30919 / 3600),
                                                              pytest.approx(base["completion_tokens_max"] / 5000 / 3600))
     for m, cls, pre, dec in [("deepseek-ai/DeepSeek-V3", "MoE 671B/37B active", 7730, 60), ("meta-llama/Llama-3.1-405B-Instruct", "405B", 611, 99),
                              ("mistralai/Mixtral-8x22B-Instruct-v0.1", "MoE 141B/39B active", 7730, 285)]:
-        p = plan("full", only="closed_book_baseline", model=m, cfg=cfg)
+        p = plan("full", only="awakening_closed_book", model=m, cfg=cfg)
         by = p.attrs["by_model"].set_index("model")
         assert (by.loc[m, "size_class"], by.loc[m, "prefill_tok_s"], by.loc[m, "decode_tok_s"]) == (cls, pre, dec) and by.loc[m, "sized_from"]
-        row = p.set_index("id").loc["closed_book_baseline"]
+        row = p.set_index("id").loc["awakening_closed_book"]
         assert row["prefill_hours"] == pytest.approx(row["prefill_tokens"] / pre / 3600), m
         assert row["decode_hours"] == pytest.approx(row["completion_tokens_max"] / dec / 3600), m
     with pytest.raises(UnknownModelSize, match="house-model"):
-        plan("full", only="closed_book_baseline", model="my-org/house-model", cfg=cfg)
-    p = plan("full", only="closed_book_baseline", model="my-org/house-model", params="70e9", cfg=cfg)
+        plan("full", only="awakening_closed_book", model="my-org/house-model", cfg=cfg)
+    p = plan("full", only="awakening_closed_book", model="my-org/house-model", params="70e9", cfg=cfg)
     assert p.attrs["by_model"].set_index("model").loc["my-org/house-model", "size_class"] == "70B+"
 
 
 def test_kgrag_plan_cli_names_the_assumed_class(capsys, no_hf_cache):
-    rc, out, err = _cli(capsys, "--model", "deepseek-ai/DeepSeek-V3", "--only", "closed_book_baseline")
+    rc, out, err = _cli(capsys, "--model", "deepseek-ai/DeepSeek-V3", "--only", "awakening_closed_book")
     assert rc == 0, err
     assert "deepseek-ai/DeepSeek-V3: MoE 671B/37B active" in out and "| MoE 671B/37B active |" in out
-    rc, out, err = _cli(capsys, "--model", "my-org/house-model", "--only", "closed_book_baseline")
+    rc, out, err = _cli(capsys, "--model", "my-org/house-model", "--only", "awakening_closed_book")
     assert rc == 1 and "house-model" in err and "--params" in err
-    rc, out, err = _cli(capsys, "--model", "my-org/house-model", "--params", "671B/37B", "--only", "closed_book_baseline")
+    rc, out, err = _cli(capsys, "--model", "my-org/house-model", "--params", "671B/37B", "--only", "awakening_closed_book")
     assert rc == 0 and "my-org/house-model: MoE 671B/37B active (--params 671B/37B)" in out, out + err
 
 
@@ -417,8 +417,8 @@ def test_shipped_records_validate_on_load(tmp_path):
     def text(f, r): r[4]["prompt_tokens"] = "lots"; return f, r
     def blank(f, r): r[0]["requests"] = ""; return f, r
     def dropped(f, r): return [c for c in f if c != "prefill_tokens"], r
-    for edit, where in [(negative, "line 4 (record 3, id 'awaken_task1'), column 'completion_tokens_max': '-5'"),
-                        (text, "line 6 (record 5"), (blank, "line 2 (record 1, id 'closed_book_baseline'), column 'requests': ''"),
+    for edit, where in [(negative, "line 4 (record 3, id 'awakening_task1'), column 'completion_tokens_max': '-5'"),
+                        (text, "line 6 (record 5"), (blank, "line 2 (record 1, id 'awakening_closed_book'), column 'requests': ''"),
                         (dropped, "column 'prefill_tokens' is missing")]:
         d = tmp_path / edit.__name__; d.mkdir()
         path = _damaged(d, edit)
@@ -517,7 +517,7 @@ def test_stub_pieces_are_the_stub_tokens(text):
 
 
 def _prefix_rehearsal(d: Path):
-    "A rehearsal of closed_book_baseline (tiny) whose prompts share stub pieces: `abcdefgh1` x 2 samples, `abcdefgh2`"
+    "A rehearsal of awakening_closed_book (tiny) whose prompts share stub pieces: `abcdefgh1` x 2 samples, `abcdefgh2`"
     " (3 stub tokens each: abcd efgh 1) for the run's model; `abcdefgh3` for a stand-in (stub-2); its config."
     run = d / "runs" / "reh"; (run / "artifacts").mkdir(parents=True); (d / "reh_cache").mkdir()
     keys = []
@@ -527,8 +527,8 @@ def _prefix_rehearsal(d: Path):
             keys.append(request_key("completion", m, prompt, params, i))
             c.put(keys[-1], {"text": "x", "prompt_tokens": stub_tokens(prompt)},
                   request=dict(kind="completion", model=m, payload=prompt, params=params, sample_index=i))
-    (run / "artifacts" / "closed_book_baseline.keys").write_text("\n".join(keys) + "\n")
-    (run / "artifacts" / "closed_book_baseline.json").write_text("{}")
+    (run / "artifacts" / "awakening_closed_book.keys").write_text("\n".join(keys) + "\n")
+    (run / "artifacts" / "awakening_closed_book.json").write_text("{}")
     (run / "manifest.json").write_text(json.dumps(dict(run_id="reh", profile="tiny", config={"cache_dir": str(d / "reh_cache")})))
     return get_config(runs_dir=d / "runs", cache_dir=d / "real_cache")
 
@@ -536,11 +536,11 @@ def _prefix_rehearsal(d: Path):
 def test_price_keys_counts_the_prefix_trie(tmp_path):
     # run's model: abcdefgh1, abcdefgh2 = 6 stub tokens whole, trie abcd efgh 1 2 = 4; stub-2: abcdefgh3 = 3 (its own cache)
     cfg = _prefix_rehearsal(tmp_path)
-    p = price_keys(tmp_path / "runs" / "reh" / "artifacts" / "closed_book_baseline.keys", tmp_path / "reh_cache" / "llm_cache.sqlite",
+    p = price_keys(tmp_path / "runs" / "reh" / "artifacts" / "awakening_closed_book.keys", tmp_path / "reh_cache" / "llm_cache.sqlite",
                    None, "M")
     assert (p["prompt_tokens"], p["prefill_tokens"], p["prefill_tokens_min"], p["to_send_prefill_tokens_min"]) == (12, 9, 7, 7)
     assert {m: (b["prefill_tokens"], b["prefill_tokens_min"]) for m, b in p["by_model"].items()} == {"M": (6, 4), "stub-2": (3, 3)}
-    row = plan("tiny", only="closed_book_baseline", cfg=cfg).set_index("id").loc["closed_book_baseline"]
+    row = plan("tiny", only="awakening_closed_book", cfg=cfg).set_index("id").loc["awakening_closed_book"]
     assert (row["prefill_tokens"], row["prefill_tokens_min"]) == (9, 7)
     # both at the 7-8B prefill rate (30,919 tok/s); decode (4 requests x 4) the same in both
     assert row["prefill_hours"] == pytest.approx(9 / 30919 / 3600) and row["prefill_hours_min"] == pytest.approx(7 / 30919 / 3600)
@@ -599,8 +599,8 @@ def test_shipped_trie_counts_are_priced(tmp_path, monkeypatch):
         return [*(c for c in f if c != "prefill_tokens_min"), "prefill_tokens_min"], r
     rec = shipped_records("full", path=_damaged(tmp_path, half))
     monkeypatch.setattr(plan_mod, "shipped_records", lambda profile: rec if profile == "full" else rec.iloc[:0])
-    df = plan(profile="full", only="closed_book_baseline", cfg=get_config(runs_dir=tmp_path / "runs", cache_dir=tmp_path / "cache")).set_index("id")
-    cb = df.loc["closed_book_baseline"]
+    df = plan(profile="full", only="awakening_closed_book", cfg=get_config(runs_dir=tmp_path / "runs", cache_dir=tmp_path / "cache")).set_index("id")
+    cb = df.loc["awakening_closed_book"]
     assert cb["prefill_tokens_min"] == 174468 // 2  # the shipped closed-book row: 174,468 prefill tokens, its run's model (7-8B)
     assert cb["prefill_hours_min"] == pytest.approx(87234 / 30919 / 3600) and cb["gpu_hours_min"] == pytest.approx(cb["prefill_hours_min"] + cb["decode_hours"])
     assert df.loc["TOTAL", "prefill_tokens_min"] == 87234 and df.loc["TOTAL", "gpu_hours_min"] == pytest.approx(cb["gpu_hours_min"])

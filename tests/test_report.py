@@ -1,7 +1,7 @@
 """`kgrag report` (issue 8, item 7): pure parts with hand-computed expectations and properties, and a report of a real
 run opened in a real headless Chromium (Debian's `chromium` package) driven over the DevTools protocol.
 
-The browser tests build one run with `kgrag reproduce --profile tiny --only kg_statistics,closed_book_baseline` (the
+The browser tests build one run with `kgrag reproduce --profile tiny --only brink_kg_statistics,awakening_closed_book` (the
 second on the real embedded llama.cpp server), build its report with `kgrag report`, open `index.html` from `file://`
 and check: it loads, every link resolves (pages are opened, files read back by the browser), every image has a natural
 width, and no console error, exception or failed load happens on any page. `test_the_checker_finds_broken_pages`
@@ -237,13 +237,13 @@ def test_the_checker_finds_broken_pages(browser, tmp_path):
 
 @pytest.fixture(scope="module")
 def real_report(tmp_path_factory, embedded_server):
-    "A tiny real run (kg_statistics without LLM, closed_book_baseline on the embedded server) and its report via `kgrag report`."
+    "A tiny real run (brink_kg_statistics without LLM, awakening_closed_book on the embedded server) and its report via `kgrag report`."
     d = tmp_path_factory.mktemp("report")
     real = get_config()
     cfg = get_config(root=real.root, data_dir=real.data_dir, cache_dir=real.cache_dir,  # the shared LLM response cache
                      runs_dir=d / "runs", figures_dir=d / "figures")
     t0 = time.time()
-    m = reproduce(profile="tiny", only="kg_statistics,closed_book_baseline", llm_url=embedded_server.url, cfg=cfg, progress=False)
+    m = reproduce(profile="tiny", only="brink_kg_statistics,awakening_closed_book", llm_url=embedded_server.url, cfg=cfg, progress=False)
     assert m["failed"] == [] and m["skipped"] == [], [e.get("error") for e in m["artifacts"]]
     t1 = time.time()
     env = {"KGRAG_HOME": str(cfg.root), "KGRAG_RUNS": str(cfg.runs_dir), "KGRAG_FIGURES": str(cfg.figures_dir)}
@@ -270,11 +270,11 @@ def test_real_report_opens_with_no_broken_link_image_or_console_error(browser, r
     # both artefacts' notebooks were opened, and every figure the run wrote shows as a thumbnail on the index; the
     # closed-book baseline's questions have an item page (from its own per-question table: it runs no experiment)
     assert {Path(unquote(urlparse(p).path)).relative_to(site).as_posix() for p in res["pages"]} == {
-        "index.html", "notebooks/kg_statistics.html", "notebooks/closed_book_baseline.html", "items/closed_book_baseline/1-1.html"}
+        "index.html", "notebooks/brink_kg_statistics.html", "notebooks/awakening_closed_book.html", "items/awakening_closed_book/1-1.html"}
     thumbs = {src for page, src in res["images"] if page.endswith("/index.html")}
-    assert thumbs == {"files/kg_statistics/mean_degree.png", "files/closed_book_baseline/closed_book_hits.png"}
+    assert thumbs == {"files/brink_kg_statistics/mean_degree.png", "files/awakening_closed_book/closed_book_hits.png"}
     read = {Path(unquote(urlparse(f).path)).relative_to(site).as_posix() for f in res["files"]}
-    for name in ("kg_statistics/kg_counts_vs_paper.csv", "kg_statistics/mean_degree.pdf", "closed_book_baseline/closed_book_vs_paper.md"):
+    for name in ("brink_kg_statistics/kg_counts_vs_paper.csv", "brink_kg_statistics/mean_degree.pdf", "awakening_closed_book/closed_book_vs_paper.md"):
         assert f"files/{name}" in read, name
 
 
@@ -290,7 +290,7 @@ def test_real_report_shows_each_artefact_with_its_provenance(real_report):
         for f, sha in e["datasets"].items(): assert f"<td>{html.escape(f)}</td><td>{sha}</td>" in section
         assert f"<dt>sample sizes</dt><dd>{html.escape(', '.join(f'{k}={v}' for k, v in e['sample_sizes'].items()))}</dd>" in section
         assert f"<dt>model</dt><dd>{html.escape(', '.join(e['models']) or 'none (no LLM used)')}</dd>" in section
-    cb = next(e for e in m["artifacts"] if e["artifact"] == "closed_book_baseline")
+    cb = next(e for e in m["artifacts"] if e["artifact"] == "awakening_closed_book")
     assert cb["models"] == [m["model"]]
     # the comparison table holds our row and the paper's (awakening Table 3 No RAG)
     table = page[page.index("Ours vs the paper: Closed-book"):]
@@ -640,8 +640,8 @@ KBQA_KEY, KBC_KEY = "4991cf85e30a95eedfffda7b8920d8819b5958e72325979c3dd75f60260
 KBQA_KEY_OLD, KBC_KEY_OLD = "9c54be3cc09d9dbf8d0418a3f96a458f55dccb34cf085484f9f718e2954c358e", "4c19aff18f0a2c0fdd3b4d0f29b605f01c7b9c6c102a752820c414a927caa775"
 JCQL_ARTEFACTS = [(a, "jcql_kbqa", KBQA_KEY) for a in ("jcql_table2", "jcql_table3", "jcql_fig2", "jcql_fig4", "jcql_fig5")] \
     + [("jcql_table4", "jcql_kbqa", KBQA_KEY_OLD)] + [(a, "jcql_kbc", KBC_KEY) for a in ("jcql_table1", "jcql_table9", "jcql_fig3", "jcql_table8")]
-AWAKEN_MORE = [(a, "awaken_task1", AWAKEN_KEY) for a in ("awaken_fig1", "awaken_fig5", "awaken_fig6", "awaken_fig7", "awaken_table7",
-                                                        "awaken_table8_9", "awaken_table11")]
+AWAKEN_MORE = [(a, "awakening_task1", AWAKEN_KEY) for a in ("awakening_fig1", "awakening_fig5", "awakening_fig6", "awakening_fig7", "awakening_table7",
+                                                        "awakening_table8_9", "awakening_table11")]
 UNSEEN_KEY = "50f4c30f3ff6665a3a110a91b12f50e9b72b57ae29c750ebfa04b1a218d13d63"
 BRINK_KEY = "57d95d05c6d1f7c29bd5c9c1a7f841e92302c61112185d60af52af58edf1a675"
 
@@ -676,23 +676,23 @@ def test_method_summary_hand_case():
 
 
 def _items_run(tmp_path, per_page: int = 100) -> tuple[Path, object]:
-    "A run whose artefacts used the real tiny misk_runs, coe_runs, brink_methods, awaken_task1, unseen_entity, jcql_kbqa"
+    "A run whose artefacts used the real tiny misk_runs, coe_runs, brink_methods, awakening_task1, awakening_task2, jcql_kbqa"
     " and jcql_kbc results (tests/data/report_items), plus aggregates with no items, one artefact with no item reader"
     " and one whose experiment results are gone; its report with `per_page` items a page."
     cfg = get_config(runs_dir=tmp_path / "runs", figures_dir=tmp_path / "figures", cache_dir=tmp_path / "cache")
     shutil.copytree(ITEMS_DATA / "experiments", cfg.cache_dir / "experiments")
     shutil.copytree(ITEMS_DATA / "artifacts", cfg.figures_dir)  # an artefact that runs no experiment keeps its items itself
     _manifest(cfg.runs_dir / "r-i", run_id="r-i", started="2026", status="finished", profile="tiny", artifacts=[
-        {"artifact": "closed_book_baseline", "status": "ok", "experiments": {},
-         "outputs": [str(cfg.figures_dir / "closed_book_baseline/closed_book_answers.csv")]},
-        {"artifact": "kg_statistics", "status": "ok", "outputs": [], "experiments": {}},
+        {"artifact": "awakening_closed_book", "status": "ok", "experiments": {},
+         "outputs": [str(cfg.figures_dir / "awakening_closed_book/closed_book_answers.csv")]},
+        {"artifact": "brink_kg_statistics", "status": "ok", "outputs": [], "experiments": {}},
         *({"artifact": a, "status": "ok", "outputs": [], "experiments": {e: k}}
           for a, e, k in [("misk_table1", "misk_runs", MISK_KEY), ("misk_table3", "misk_runs", MISK_KEY), ("misk_table2", "misk_runs", MISK_KEY),
                         ("coe_table2", "coe_runs", COE_KEY), ("coe_table3", "coe_runs", COE_KEY), ("coe_table5", "coe_runs", COE_KEY),
                         ("coe_table1", "coe_runs", COE_KEY),
                         ("brink_table7", "brink_methods", BRINK_KEY), ("brink_fig4", "brink_methods", BRINK_KEY),
-                        ("awaken_table2", "awaken_task1", AWAKEN_KEY), ("awaken_table4", "awaken_task1", AWAKEN_KEY),
-                        ("awaken_table3", "unseen_entity", UNSEEN_KEY),
+                        ("awakening_table2", "awakening_task1", AWAKEN_KEY), ("awakening_table4", "awakening_task1", AWAKEN_KEY),
+                        ("awakening_table3", "awakening_task2", UNSEEN_KEY),
                         ("brink_table3", "brink_benchmarks", "b" * 64), ("misk_fig3", "misk_runs", "c" * 64),
                         ("new_study_fig1", "new_runs", "d" * 64), ("format_tax", "format_tax_runs", FORMAT_TAX_KEY),
                         ("brink_appj", "brink_methods", BRINK_KEY), *JCQL_ARTEFACTS,
@@ -716,10 +716,10 @@ def test_item_pages_of_real_misk_and_coe_records(tmp_path):
     assert '<a href="items/misk_table3/1-1.html">medical questions (Chinese) (med)</a>: 2 items, 10 methods' in sec("misk_table3")
     assert '<a href="items/coe_table2/1-1.html">questions, irrelevant condition</a>: 2 items' in sec("coe_table2")
     assert "No item pages: Table 2 counts the knowledge bases&#x27; text chunks" in sec("misk_table2")
-    assert "No item pages: It counts each KG&#x27;s entities" in sec("kg_statistics")
+    assert "No item pages: It counts each KG&#x27;s entities" in sec("brink_kg_statistics")
     # the closed-book baseline runs no experiment: its items come from its own per-question table (3 CWQ questions)
-    assert '<a href="items/closed_book_baseline/1-1.html">cwq questions</a>: 3 items, 1 methods' in sec("closed_book_baseline")
-    cb = (site / "items/closed_book_baseline/1-1.html").read_text()
+    assert '<a href="items/awakening_closed_book/1-1.html">cwq questions</a>: 3 items, 1 methods' in sec("awakening_closed_book")
+    cb = (site / "items/awakening_closed_book/1-1.html").read_text()
     assert ("<dt>gold</dt><dd>Belmont University</dd>" in cb and
             '<td class="raw">In Paris</td><td>n/p</td><td class="n">no</td><td class="n">no</td><td class="note">answerable (Step 1): no</td>' in cb)
     # CoE Table 1: App. B discrimination of the released samples; the tiny model said yes to every feature of every
@@ -769,7 +769,7 @@ def test_item_pages_of_real_misk_and_coe_records(tmp_path):
     assert "<dd>2392 | 2855 | 698</dd>" in t7 and "<th>F1 (permissive)</th>" in t7
     # awakening: WebQTest-743's No-RAG samples hold the gold once (5th sample): Hits@1 no, Hits@10 yes; Table 4 counts the
     # question (No-RAG population), Table 2 does not (T7 passed probing on no question: the intersection is empty)
-    for aid, counted in (("awaken_table4", "yes"), ("awaken_table2", "no")):
+    for aid, counted in (("awakening_table4", "yes"), ("awakening_table2", "no")):
         aw = (site / f"items/{aid}/1-1.html").read_text()
         item = aw[aw.index("WebQTest-743"):]
         assert re.search(r'<tr><td>No RAG</td><td class="raw">not recorded</td><td class="raw">JFK \| [^<]*</td><td>n/p</td>'
@@ -781,7 +781,7 @@ def test_item_pages_of_real_misk_and_coe_records(tmp_path):
     aj = (site / "items/brink_appj/1-1.html").read_text()
     assert "<th>Hits@Any</th><th>retrieval failure</th><th>details</th>" in aj
     assert re.search(r'<tr><td>rog · complete</td>[^\n]*?<td class="n">no</td><td class="y">yes</td><td class="note">[^<]*App. J label: retrieval</td>', aj)
-    t3 = (site / "items/awaken_table3/1-1.html").read_text()  # unseen entities: the No-RAG call's raw samples start ' George Herbert'
+    t3 = (site / "items/awakening_table3/1-1.html").read_text()  # unseen entities: the No-RAG call's raw samples start ' George Herbert'
     assert re.search(r'<tr><td>No RAG</td><td class="raw"> George Herbert \| [^<]*</td><td class="raw">George Herbert \| ', t3)
     assert re.search(r'<a href="\.\./traces/WebQTest-1686[^"]+">14 records', t3)
 
@@ -876,22 +876,22 @@ def test_item_pages_of_every_awakening_task1_artefact(tmp_path):
     " (types, query, temperature, model) and the questions each row counts."
     index, cfg = _items_run(tmp_path)
     page, site = index.read_text(), index.parent
-    for aid, methods in [("awaken_fig1", 5), ("awaken_fig5", 5), ("awaken_fig6", 6), ("awaken_table7", 6), ("awaken_table8_9", 1),
-                         ("awaken_table11", 12)]:
+    for aid, methods in [("awakening_fig1", 5), ("awakening_fig5", 5), ("awakening_fig6", 6), ("awakening_table7", 6), ("awakening_table8_9", 1),
+                         ("awakening_table11", 12)]:
         assert (f'<a href="items/{aid}/1-1.html">Step-1-unanswerable CWQ questions</a>: 2 items, {methods} methods, 1 page'
                 in _section(page, aid)), aid
-    assert "No item pages: no item of this run enters the artefact&#x27;s rows" in _section(page, "awaken_fig7")  # no T7 passed probing
-    t89 = (site / "items/awaken_table8_9/1-1.html").read_text()
+    assert "No item pages: no item of this run enters the artefact&#x27;s rows" in _section(page, "awakening_fig7")  # no T7 passed probing
+    t89 = (site / "items/awakening_table8_9/1-1.html").read_text()
     assert "<th>Hits@1</th><th>details</th>" in t89 and "Hits@10" not in t89  # Tables 8/9 report F, Hits@1 and hops only
     assert "knowledge: Inglourious Basterds, country, France; NLI probing: False, True, False (ok, ok, ok); hops to answer: 1" in t89
-    t7 = (site / "items/awaken_table7/1-1.html").read_text()
+    t7 = (site / "items/awakening_table7/1-1.html").read_text()
     # min_true = 1: WebQTest-743's T6 knowledge passed QA probing (True x3) but not NLI (False x3): only the qa/original block
     assert ('<tr><td>A_q-R_x-Z-R_x-B (T6)</td><td class="raw">not recorded</td>' in t7 and
             "counted in: qa/original; samples correct: 0000000000; knowledge: John F. Kennedy, gender, Male; Ted Kennedy, gender, Male;"
             " NLI probing: False, False, False (ok, ok, ok); QA probing: True, True, True (ok, ok, ok)" in t7)
-    t11 = (site / "items/awaken_table11/1-1.html").read_text()
+    t11 = (site / "items/awakening_table11/1-1.html").read_text()
     assert "<td>No RAG · A_q-R_q^1-B query</td>" in t11 and "<td>No RAG · A_q-R_q^1 query</td>" in t11
-    f6 = (site / "items/awaken_fig6/1-1.html").read_text()
+    f6 = (site / "items/awakening_fig6/1-1.html").read_text()
     assert "<td>gemma-3-270m-q4_k_m · No RAG</td>" in f6  # rows per model
 
 
@@ -901,7 +901,7 @@ def test_item_pages_of_the_format_tax(tmp_path):
     page, site = index.read_text(), index.parent
     links = re.findall(r'<a href="items/format_tax/(\d)-1.html">([^<]*)</a>: 1 items, 3 methods', _section(page, "format_tax"))
     assert links == [(str(i), f"{s}: the parsed step under each decoding")
-                     for i, s in enumerate(("awakening", "unseen_entity", "brink", "jcql", "misk", "coe"), 1)]
+                     for i, s in enumerate(("awakening", "awakening_task2", "brink", "jcql", "misk", "coe"), 1)]
     misk = (site / "items/format_tax/5-1.html").read_text()
     # NQ question 0: the free arm's verdict was cut at max_tokens (failed, no second retrieval); the constrained one repaired
     assert "<th>EM (strict, SQuAD-normalised) of the Misk Merged KB answer on NQ</th><th>parsed</th><th>second retrieval fired</th>" in misk
@@ -945,9 +945,9 @@ def test_item_pages_pass_the_browser_check(browser, tmp_path):
     pages = {Path(unquote(urlparse(p).path)).relative_to(site).as_posix() for p in res["pages"]}
     assert {"items/misk_table1/1-1.html", "items/misk_table1/1-3.html", "items/coe_table5/1-3.html"} <= pages
     assert {"items/jcql_table2/1-1.html", "items/jcql_table4/1-1.html", "items/jcql_table1/1-10.html", "items/jcql_fig2/1-1.html",
-            "items/awaken_fig1/1-2.html", "items/awaken_table7/1-2.html", "items/awaken_table11/1-2.html", "items/format_tax/6-1.html",
+            "items/awakening_fig1/1-2.html", "items/awakening_table7/1-2.html", "items/awakening_table11/1-2.html", "items/format_tax/6-1.html",
             "items/brink_appj/1-3.html", "items/coe_table1/1-2.html",
-            "items/closed_book_baseline/1-3.html"} <= pages
+            "items/awakening_closed_book/1-3.html"} <= pages
     assert len([p for p in pages if p.startswith("items/")]) == len(list((site / "items").rglob("*.html")))
     traces = [f for f in res["files"] if "/items/traces/" in f]
     assert len(traces) == len(list((site / "items/traces").iterdir())) > 0
@@ -981,7 +981,7 @@ def test_a_page_of_500_items_stays_small(browser, tmp_path):
 
 
 @pytest.mark.parametrize("aid, eid, key", [("jcql_table1", "jcql_kbc", KBC_KEY), ("jcql_table2", "jcql_kbqa", KBQA_KEY),
-                                           ("awaken_table11", "awaken_task1", AWAKEN_KEY)])
+                                           ("awakening_table11", "awakening_task1", AWAKEN_KEY)])
 def test_500_items_of_the_new_adapters_stay_small(tmp_path, aid, eid, key):
     "The new adapters' real items (KBC triples with ten model rows and their top-10, KBQA questions with seven methods'"
     " raw outputs, awakening's twelve rows) repeated to 500: one page under 4 MB, pages of 100 under 1 MB (sizes printed)."

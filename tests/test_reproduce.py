@@ -31,7 +31,7 @@ PARAMS = 'profile = "smoke"\nrun_dir = None\nllm_url = None\nmodel = None\nn = 1
 
 def test_repository_study_notebooks_pass_the_check():
     checked = check_study_notebooks()
-    assert "nbs/studies/awakening/artefacts/closed_book_baseline.ipynb" in checked and "nbs/studies/brink/artefacts/kg_statistics.ipynb" in checked
+    assert "nbs/studies/awakening/artefacts/awakening_closed_book.ipynb" in checked and "nbs/studies/brink/artefacts/brink_kg_statistics.ipynb" in checked
 
 
 def test_parameters_cell_must_be_unique_and_literal(tmp_path):
@@ -67,7 +67,7 @@ def test_papermill_inspection_lists_every_study_parameter():
 
 def test_select_artifacts_patterns():
     reg = load_registry()
-    assert [a.id for a in select_artifacts(reg, "closed*,kg_*")] == ["closed_book_baseline", "kg_statistics"]  # registry order: study folders (awakening/, brink/)
+    assert [a.id for a in select_artifacts(reg, "closed*,kg_*")] == ["awakening_closed_book", "brink_kg_statistics"]  # registry order: study folders (awakening/, brink/)
     with pytest.raises(ValueError, match="matches no artefact"): select_artifacts(reg, "zzz")
 
 
@@ -141,8 +141,8 @@ def test_notebooks_run_in_the_root_and_the_runner_keeps_its_own_working_director
 def test_unknown_override_is_refused(tmp_path):
     cfg = _tmp_cfg(tmp_path)
     m = None
-    with pytest.raises(ValueError, match="not in nbs/studies/brink/artefacts/kg_statistics.ipynb"):
-        m = reproduce(profile="smoke", only="kg_statistics", overrides={"no_such_param": 1}, cfg=cfg, progress=False)
+    with pytest.raises(ValueError, match="not in nbs/studies/brink/artefacts/brink_kg_statistics.ipynb"):
+        m = reproduce(profile="smoke", only="brink_kg_statistics", overrides={"no_such_param": 1}, cfg=cfg, progress=False)
 
 
 def _digests(folder: Path) -> dict:
@@ -152,15 +152,15 @@ def _digests(folder: Path) -> dict:
 
 @pytest.mark.llm
 def test_closed_book_end_to_end_and_warm_rerun(tmp_path, embedded_server):
-    "The real embedded server answers closed_book_baseline through papermill; a warm rerun sends no request."
+    "The real embedded server answers awakening_closed_book through papermill; a warm rerun sends no request."
     secret = "sk-kgrag-test-secret-0123456789"
     os.environ["OPENAI_API_KEY"] = secret
     try:
         cfg = _tmp_cfg(tmp_path)
         tiny = {"datasets": ["cwq"], "n_questions": 3, "n_samples": 2}
-        m1 = reproduce(profile="smoke", only="closed_book_baseline", llm_url=embedded_server.url, overrides=tiny, cfg=cfg, progress=False)
+        m1 = reproduce(profile="smoke", only="awakening_closed_book", llm_url=embedded_server.url, overrides=tiny, cfg=cfg, progress=False)
         first = _digests(cfg.figures_dir)
-        m2 = reproduce(profile="smoke", only="closed_book_baseline", llm_url=embedded_server.url, overrides=tiny, cfg=cfg, progress=False)
+        m2 = reproduce(profile="smoke", only="awakening_closed_book", llm_url=embedded_server.url, overrides=tiny, cfg=cfg, progress=False)
     finally:
         del os.environ["OPENAI_API_KEY"]
     assert m1["failed"] == [] and m2["failed"] == [], m1["artifacts"][0]["error"]
@@ -169,7 +169,7 @@ def test_closed_book_end_to_end_and_warm_rerun(tmp_path, embedded_server):
     assert e1["sample_sizes"] == {"cwq": 3} and e1["seed"] == 0 and any("gog_cwq_1000" in k for k in e1["datasets"])
     assert e1["usage"]["requests"] == 3 * (3 + 2)  # 3 questions x (3 Step-1 answers + 2 samples)
     assert m2["llm_usage"]["requests"] == 0 and m2["llm_usage"]["cache_hits"] == 3 * (3 + 2)
-    out = cfg.figures_dir / "closed_book_baseline"
+    out = cfg.figures_dir / "awakening_closed_book"
     for name in ("closed_book_summary.csv", "closed_book_summary.md", "closed_book_vs_paper.md", "closed_book_hits.png", "closed_book_hits.pdf"):
         assert (out / name).exists(), name
     summary = pd.read_csv(out / "closed_book_summary.csv")
@@ -642,9 +642,9 @@ def test_the_registry_is_confined_to_the_checkout_and_bounded(tmp_path):
 def test_run_selection_checks_options_and_selects():
     from kgrag_nb.reproduce import CELL_TIMEOUT_S, _run_selection
     cfg = get_config()
-    profile, timeout, _, exps, arts, applies = _run_selection("smoke", "kg_statistics", None, None, 1, cfg)
-    assert (profile, timeout, [a.id for a in arts], exps, applies) == ("smoke", CELL_TIMEOUT_S["smoke"], ["kg_statistics"], [], {})
-    assert _run_selection(None, "kg_statistics", 42, None, 1, cfg)[:2] == (cfg.profile, 42)
+    profile, timeout, _, exps, arts, applies = _run_selection("smoke", "brink_kg_statistics", None, None, 1, cfg)
+    assert (profile, timeout, [a.id for a in arts], exps, applies) == ("smoke", CELL_TIMEOUT_S["smoke"], ["brink_kg_statistics"], [], {})
+    assert _run_selection(None, "brink_kg_statistics", 42, None, 1, cfg)[:2] == (cfg.profile, 42)
     with pytest.raises(ValueError, match="--profile 'huge'"): _run_selection("huge", None, None, None, 1, cfg)
     with pytest.raises(ValueError, match="--jobs 0"): _run_selection("smoke", None, None, None, 0, cfg)
 

@@ -406,7 +406,7 @@ def test_format_tax_rows_hand_computed():
     rows = U.format_tax_rows(trace, ["paris", "Amazon"])
     assert [(r["item"], r["metric"], r["parsed"]) for r in rows] == [("q1", 1.0, 1.0), ("q2", 0.0, 0.5)]
     assert all(r["fired"] is None and r["finished"] is None and r["kept"] is None for r in rows)
-    arm = STUDY.arm("unseen_entity").as_dict()
+    arm = STUDY.arm("awakening_task2").as_dict()
     assert set(arm) == {"study", "step", "metric", "paper", "settings"} and "40.0" in arm["paper"]
     assert "at most 500 triples" in arm["settings"] and U.FT_MAX_TRIPLES == 500  # where the arm differs from the paper; one source
     assert U.paper_table3("cwq").set_index("method").loc[U.FORMAT_TAX_ROW, "Llama3.1-8B-Instruct H@1"] == 40.0

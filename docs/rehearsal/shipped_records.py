@@ -29,8 +29,8 @@ COLUMNS = ["id", "kind", "model", "role", "requests", "prompt_tokens", "prefill_
 # run `smoke-ledger` (its key logs, prompts tokenised with Gemma-3's vocabulary: `plan.trie_tokens` / distinct-prompt
 # tokens per experiment). An ESTIMATE: the full profile's prompts are not on this machine, and more questions share
 # more, so a full-size ratio is likely lower. Blank where no smoke key log exists (brink_benchmarks, claims_ledger).
-SMOKE_TRIE_RATIO = {"closed_book_baseline": 0.254, "awaken_task1": 0.148, "brink_methods": 0.443, "coe_runs": 0.263,
-                    "format_tax_runs": 0.308, "jcql_kbqa": 0.150, "misk_runs": 0.312, "unseen_entity": 0.347}
+SMOKE_TRIE_RATIO = {"awakening_closed_book": 0.254, "awakening_task1": 0.148, "brink_methods": 0.443, "coe_runs": 0.263,
+                    "format_tax_runs": 0.308, "jcql_kbqa": 0.150, "misk_runs": 0.312, "awakening_task2": 0.347}
 
 
 def plan_rows(md: str) -> dict:
@@ -74,41 +74,41 @@ def main():
     rows = []
 
     # awakening: closed-book baseline (exact: prompts from the data only) and Task 1 (main + six other paper models)
-    r = p1["closed_book_baseline"]
+    r = p1["awakening_closed_book"]
     n_step1 = 3  # closed_book's n_probe (the notebook's default; the profile keeps it)
-    cb_group = n_step1 + full["closed_book_baseline"]["n_samples"]  # Step-1 answers and Hits@k samples: one prompt per question
-    rows.append(row("closed_book_baseline", "artifact", "{model}", "answers (Step 1 + samples)", r["requests"], r["prompt_tokens"],
-                    r["completion_tokens_max"], full["closed_book_baseline"]["n_samples"], "measured", "rehearsal reh-closed_book (plan_full.md)",
+    cb_group = n_step1 + full["awakening_closed_book"]["n_samples"]  # Step-1 answers and Hits@k samples: one prompt per question
+    rows.append(row("awakening_closed_book", "artifact", "{model}", "answers (Step 1 + samples)", r["requests"], r["prompt_tokens"],
+                    r["completion_tokens_max"], full["awakening_closed_book"]["n_samples"], "measured", "rehearsal reh-closed_book (plan_full.md)",
                     f"exact: its prompts depend on the data only; prefill: the {n_step1} Step-1 answers and "
-                    f"{full['closed_book_baseline']['n_samples']} samples of a question share its one prompt (1 in {cb_group})",
+                    f"{full['awakening_closed_book']['n_samples']} samples of a question share its one prompt (1 in {cb_group})",
                     prefill=r["prompt_tokens"] / cb_group))
-    r = p1["awaken_task1"]
-    others = [m for m in full["awaken_task1"]["models"] if m != "meta-llama/Llama-3.1-8B-Instruct"]  # the default run model is the main one
+    r = p1["awakening_task1"]
+    others = [m for m in full["awakening_task1"]["models"] if m != "meta-llama/Llama-3.1-8B-Instruct"]  # the default run model is the main one
     per_other = r["other_models"] / len(others)
     main_req = r["requests"] - r["other_models"]
     tok_per_req, comp_per_req = r["prompt_tokens"] / r["requests"], r["completion_tokens_max"] / r["requests"]
-    af = full["awaken_task1"]
+    af = full["awakening_task1"]
     aw_group, aw_step1 = 3 + af["n_samples"], (3 + af["n_samples"]) * 88  # 88 CWQ questions had a gold path (README.md, first session)
     aw_note = (f"prefill: Step 1's {aw_group} requests per question (88 questions) share one prompt; probing and awakening "
                f"requests at 1 in n_probe={af['n_probe']} (an upper bound: awakening's n_samples per temperature share more)")
-    rows.append(row("awaken_task1", "experiment", "{model}", "main model: every type, probe, query and temperature", main_req,
+    rows.append(row("awakening_task1", "experiment", "{model}", "main model: every type, probe, query and temperature", main_req,
                     main_req * tok_per_req, main_req * comp_per_req, af["n_samples"], "measured",
                     "rehearsal reh-awaken-gates (plan_full.md)", "tokens split between models by request share; " + aw_note,
                     prefill=awakening_prefill(main_req, tok_per_req, aw_step1, aw_group, af["n_probe"])))
-    by_model = full["awaken_task1"].get("max_tokens_by_model") or {}
+    by_model = full["awakening_task1"].get("max_tokens_by_model") or {}
     for m in others:
         long = m in by_model  # R1-distilled models think before answering: a longer budget per request (studies.yaml)
-        rows.append(row("awaken_task1", "experiment", m, "Figs. 5/6 model: main six types, NLI-probing, main temperature", per_other,
-                        per_other * tok_per_req, per_other * (by_model[m] if long else comp_per_req), full["awaken_task1"]["n_samples"],
+        rows.append(row("awakening_task1", "experiment", m, "Figs. 5/6 model: main six types, NLI-probing, main temperature", per_other,
+                        per_other * tok_per_req, per_other * (by_model[m] if long else comp_per_req), full["awakening_task1"]["n_samples"],
                         "estimated" if long else "measured",
                         "rehearsal reh-awaken-gates, stand-ins stub-2..7 (plan_full.md)",
                         (f"completion budget max_tokens_by_model={by_model[m]} on every request (stand-ins had 24)" if long else
                          "one of six stand-ins: other_models / 6") + "; " + aw_note,
                         prefill=awakening_prefill(per_other, tok_per_req, aw_step1, aw_group, af["n_probe"])))
-    r = p4["unseen_entity"]
-    ue_q, ue_n = 474 + 644, full["unseen_entity"]["n_samples"]  # CWQ and WebQSP questions at full (README.md, fourth session)
+    r = p4["awakening_task2"]
+    ue_q, ue_n = 474 + 644, full["awakening_task2"]["n_samples"]  # CWQ and WebQSP questions at full (README.md, fourth session)
     ue_shared = 4 * ue_q  # <= 4 shared stages a question (extraction, disambiguation, type, decomposition), one request each
-    rows.append(row("unseen_entity", "experiment", "{model}", "shared stages + ten Table 3 methods", r["requests"], r["prompt_tokens"],
+    rows.append(row("awakening_task2", "experiment", "{model}", "shared stages + ten Table 3 methods", r["requests"], r["prompt_tokens"],
                     r["completion_tokens_max"], ue_n, "measured", "rehearsal reh4-unseen (plan_full_4.md)",
                     f"prefill: <= {ue_shared:,} shared-stage requests ({ue_q:,} questions x <= 4 stages) each its own prompt, "
                     f"the methods' answers {ue_n} samples of one prompt; tokens by request share (an upper bound)",
@@ -227,7 +227,7 @@ def main():
     # awakening 6 (3 NLI + 3 QA probes), unseen 4 (+2 restating), brink 1, jcql <= 9 (L=2 agent + restating), misk 4,
     # coe 17 (+11 restating); decoupled re-uses the free answers and adds only the restating pass.
     ft = full["format_tax_runs"]
-    per_item = {"awakening": (6, 6, 6), "unseen_entity": (4, 4, 2), "brink": (1, 1, 1), "jcql": (5, 9, 3), "misk": (3, 4, 2),
+    per_item = {"awakening": (6, 6, 6), "awakening_task2": (4, 4, 2), "brink": (1, 1, 1), "jcql": (5, 9, 3), "misk": (3, 4, 2),
                 "coe": (17, 17, 11)}
     arms = ft["decodings"]
     req = ft["n"] * sum(per_item[s][FT_ARMS.index(a)] for s in ft["studies"] for a in arms)
@@ -247,7 +247,7 @@ def main():
     df["prefill_tokens_min"] = df["prefill_tokens_min"].astype("Int64")
     llm_ids = {k for sec in ("experiments", "artifacts") for k, v in reg[sec].items() if v.get("needs_llm")}
     assert set(df["id"]) == llm_ids, (set(df["id"]) ^ llm_ids)
-    named = {"awaken_task1": full["awaken_task1"]["models"], "coe_runs": [*full["coe_runs"]["models"], full["coe_runs"]["judge_model"]],
+    named = {"awakening_task1": full["awakening_task1"]["models"], "coe_runs": [*full["coe_runs"]["models"], full["coe_runs"]["judge_model"]],
              "misk_runs": list(full["misk_runs"]["generators"].values()), "jcql_kbqa": full["jcql_kbqa"]["models"]}
     for sid, ms in named.items():  # every model the full profile names for an experiment has its row (or is the default run model)
         left = set(ms) - set(df.loc[df["id"] == sid, "model"]) - {"meta-llama/Llama-3.1-8B-Instruct"}

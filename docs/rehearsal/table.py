@@ -1,6 +1,6 @@
 """Write the full-profile rehearsal table (issue 14, item 2) from the runner's records of the given runs.
 
-    python docs/rehearsal/table.py reh-kg_statistics reh-closed_book ...   # writes docs/rehearsal/rehearsal.{md,csv}, stages.csv
+    python docs/rehearsal/table.py reh-brink_kg_statistics reh-closed_book ...   # writes docs/rehearsal/rehearsal.{md,csv}, stages.csv
     python docs/rehearsal/table.py --append reh-coe-n10 ...                 # keeps the rows of other runs already in the csv files
 """
 import sys

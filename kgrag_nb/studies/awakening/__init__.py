@@ -45,7 +45,7 @@ STUDY = Study(
             "Model: the embedded Gemma-3-270M base model (llama.cpp, CPU) at tiny and smoke, on a handful of questions; the paper's "
             "7B-72B Instruct models need the `full` profile on a vLLM endpoint. Small-model, small-sample numbers: the bootstrap "
             "CIs are wide and the F counts are shown.",
-            "One shared run (the `awaken_task1` experiment) serves every artefact: all knowledge types (the main six first), both "
+            "One shared run (the `awakening_task1` experiment) serves every artefact: all knowledge types (the main six first), both "
             "probing methods and ranking queries, and every awakening temperature are computed once; candidate subsampling draws "
             "from one seeded generator in type order, so a type's candidates can differ from a run of that type alone.",
         ],
@@ -74,7 +74,7 @@ STUDY = Study(
         ],
     },
     decoding_deviations={  # listed only when a run did not decode freely (the paper decodes freely)
-        "closed_book": {  # Step 1 (closed_book_baseline)
+        "closed_book": {  # Step 1 (awakening_closed_book)
             "constrained": "Decoding: constrained. Step 1's three closed-book answers (Eq. 6) are decoded under their declared format "
                            "(a non-empty one-line short answer, `SHORT_ANSWER`), a llama.cpp grammar on the embedded model; the paper "
                            "decodes freely (`decoding = \"free\"`). The ten Hits@k samples are decoded freely in every mode." + " " + SAMPLER_NOTE,
@@ -82,7 +82,7 @@ STUDY = Study(
                          "by `SHORT_ANSWER` restates it after the prompt, the free answer and `REFORMAT_SHORT`; its restatement is "
                          "parsed. The paper decodes freely; the ten Hits@k samples are decoded freely in every mode.",
         },
-        "task1": {  # Task 1 (awaken_task1)
+        "task1": {  # Task 1 (awakening_task1)
             "constrained": "Decoding: Step 1's closed-book answers (Eq. 6) and the probing answers are decoded under their declared "
                            "formats (Step 1 and QA-probing: a non-empty one-line short answer, `SHORT_ANSWER`; NLI: the choice ' True' / "
                            "' False', `PROBE_VERDICT`), a llama.cpp grammar on the embedded model; the paper decodes freely "
@@ -93,7 +93,7 @@ STUDY = Study(
                          "and one line asking for the format (`REFORMAT`); its restatement is parsed. The paper decodes freely; the ten "
                          "No-RAG samples and the awakening answers are decoded freely in every mode.",
         },
-        "task2": {  # Task 2 (unseen_entity)
+        "task2": {  # Task 2 (awakening_task2)
             "constrained": "Decoding: the entity-relation extraction and the disambiguation answers are decoded under their declared "
                            "formats (`EXTRACTION_FORMAT`: one JSON string \"entity, relation\"; `disambiguation_format(n)`: a number 1..n), a "
                            "llama.cpp grammar on the embedded model; the paper decodes freely (`decoding = \"free\"`, the full profile). "
@@ -104,7 +104,7 @@ STUDY = Study(
                          "the type, decomposition and answer steps are decoded freely in every mode.",
         },
     },
-    decoding_notebooks={"closed_book": "closed_book_baseline", "task1": "awaken_task1", "task2": "unseen_entity"},
+    decoding_notebooks={"closed_book": "awakening_closed_book", "task1": "awakening_task1", "task2": "awakening_task2"},
     format_tax=(
         FormatTaxArm(
             key="awakening",
@@ -116,7 +116,7 @@ STUDY = Study(
             settings="T1 knowledge items of CWQ only, three probes each at the App. C temperatures",
             datasets=("cwq", "fb15k237")),
         FormatTaxArm(
-            key="unseen_entity",
+            key="awakening_task2",
             step="Unseen-Entity entity-relation extraction (App. E) and disambiguation (§5.2, our prompt), awakening_unseen_entity_kgqa.txt §5.2",
             metric="Hits@1 of Ours (T7) (Table 3)",
             paper="40.0 Hits@1 on CWQ, Ours (T7), Llama3.1-8B-Instruct (awakening_unseen_entity_kgqa.txt Table 3)",

@@ -771,10 +771,10 @@ def save_task1(xp,  # a `kgrag_nb.reproduce.ExperimentRun` (anything with `save(
 
 # %% ../../../nbs/studies/awakening/02_task1.ipynb #c104b
 def task1_models(exp) -> list[str]:
-    "Model ids saved by the `awaken_task1` experiment `exp` (`ExperimentResults`), the main model first."
+    "Model ids saved by the `awakening_task1` experiment `exp` (`ExperimentResults`), the main model first."
     return list(exp.load("task1_params")["models"])
 
-def load_task1(exp,  # `ExperimentResults` of `awaken_task1` (or anything with `load(name)`)
+def load_task1(exp,  # `ExperimentResults` of `awakening_task1` (or anything with `load(name)`)
                model: str | None = None) -> dict:  # None = the main model (the endpoint's)
     "One model's `run_awakening` result (`questions`, `candidates`, `knowledge`, `answers`, `params`) from the experiment."
     info = exp.load("task1_params")

@@ -729,9 +729,9 @@ from ...retrieval import EmbeddingCache, _text_key, embedder_name, encode_thread
 def full_difar_texts(cfg: Config | None = None,  # None = `get_config()`
                      model=None,  # loaded embedder (its cache file is checked); None = `load_embedder()`
                      profile: str = "full") -> list[dict]:
-    "Per dataset of the `unseen_entity` experiment at `profile`: its DiFaR triple texts, those not in an earlier dataset, and those already in the embedding cache."
+    "Per dataset of the `awakening_task2` experiment at `profile`: its DiFaR triple texts, those not in an earlier dataset, and those already in the embedding cache."
     cfg = cfg or get_config(); model = model or load_embedder(cfg=cfg)
-    p = load_experiments(cfg=cfg)["unseen_entity"].parameters(profile)
+    p = load_experiments(cfg=cfg)["awakening_task2"].parameters(profile)
     backend, store = LocalBackend(load_kg("fb15k237", cfg=cfg)), EmbeddingCache(cfg.cache_dir / "embeddings", embedder_name(model), True)
     seen, rows = set(), []
     for name in p.get("datasets", ["cwq", "webqsp"]):
@@ -745,7 +745,7 @@ def full_difar_texts(cfg: Config | None = None,  # None = `get_config()`
     return rows
 
 def bench_difar(n: int = 512,  # FB15k-237 triple texts timed (a seeded sample)
-                profile: str = "full",  # the `unseen_entity` profile to project
+                profile: str = "full",  # the `awakening_task2` profile to project
                 batch_size: int = 64,  # encoder batch size
                 seed: int = 0, cfg: Config | None = None) -> dict:
     "MiniLM texts/s with `encode_threads()` (DiFaR's setting), the texts `profile`'s DiFaR still has to embed per dataset, and the projected hours."
@@ -771,7 +771,7 @@ from ...hooks import register_format_tax
 from ...datasets import load_kg
 
 FORMAT_TAX_ROW = "Ours (T7)"  # the Table 3 row whose knowledge rests on the two parsed steps only
-FT_MAX_TRIPLES = STUDY.arm("unseen_entity").params["max_triples"]  # the incomplete KG around the arm's questions (its record)
+FT_MAX_TRIPLES = STUDY.arm("awakening_task2").params["max_triples"]  # the incomplete KG around the arm's questions (its record)
 
 def first_answers(client,  # `kgrag_nb.llm.LLMClient`
                   trace: list[dict],  # the `unseen_stages` records of the questions
@@ -797,7 +797,7 @@ def format_tax_rows(trace: list[dict],  # `unseen_stages` records (with `gold`)
                          T7=t["knowledge_items"].get("T7", ""), answer=a))
     return rows
 
-@register_format_tax(STUDY.arm("unseen_entity"))  # the experiment format_tax_runs finds it (kgrag_nb.hooks)
+@register_format_tax(STUDY.arm("awakening_task2"))  # the experiment format_tax_runs finds it (kgrag_nb.hooks)
 def format_tax_arm(client,  # `kgrag_nb.llm.LLMClient` (completions endpoint)
                    decoding: str,  # "free" (the paper's) | "constrained" | "decoupled"
                    n: int,  # questions: the first n of the seeded order

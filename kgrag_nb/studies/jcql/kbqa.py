@@ -1433,7 +1433,7 @@ def named_triples(kg: KG) -> list[tuple[str, str, str]]:
 
 # %% ../../../nbs/studies/jcql/02_kbqa.ipynb #c046a
 def paper_rows(table: str, **filters) -> pd.DataFrame:
-    "Rows of the paper's `table` (kgrag_nb/papers/jcql_joint_kbc_kbqa.csv)."
+    "Rows of the paper's `table` (kgrag_nb/papers/jcql.csv)."
     return paper_numbers(STUDY.paper, table=table, **filters)
 
 # %% ../../../nbs/studies/jcql/02_kbqa.ipynb #c046b
