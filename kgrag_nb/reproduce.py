@@ -182,6 +182,7 @@ def _with_defaults(entry: dict, defaults: dict, root: Path) -> dict:
         merged[prof] = {**own, **(params or {})} if isinstance(params, dict) or params is None else params  # a bad one: as it is
     return {**entry, "profiles": merged}
 
+# %% ../nbs/15_reproduce.ipynb #c006s1
 STUDY_FILES = "nbs/studies/*/study.yaml"  # one per study folder, found by glob (the folder is the study)
 
 def registry_files(cfg: Config | None = None) -> list[Path]:
@@ -252,6 +253,7 @@ def _topological(selected: list, exps: dict, where="studies.yaml") -> list:
     for e in selected: visit(e, [])
     return order
 
+# %% ../nbs/15_reproduce.ipynb #c006s2
 def load_registry(path: str | Path | None = None, cfg: Config | None = None) -> dict[str, Artifact]:
     "The artefacts of `studies.yaml` (default: at the project root) as `{id: Artifact}`, the whole file checked."
     return _read_registry(path, cfg)[1]
@@ -364,6 +366,7 @@ def _latex_cell(v, floatfmt: str = ".3f") -> str:
         return "" if math.isnan(v) else f"${format(float(v), floatfmt)}$" if math.isfinite(v) else ("$\\infty$" if v > 0 else "$-\\infty$")
     return latex_escape(v)
 
+# %% ../nbs/15_reproduce.ipynb #c021s1
 _CI_STATED = re.compile(r"\d+(?:\.\d+)?\s*%[^.;]{0,40}?(?:CI|interval|confidence)", re.I)
 _CI_COLUMN = re.compile(r"\bCI\b|(?:^|_)ci(?:_|$)|interval", re.I)
 
@@ -388,6 +391,7 @@ def table_facts(caption: str = "",  # the table's caption (what it states alread
         facts.append("interval level not stated")
     return facts
 
+# %% ../nbs/15_reproduce.ipynb #c021s2
 def latex_table(df,  # the table
                 caption: str = "",  # the table's caption (plain text: escaped here)
                 notes: list[str] | None = None,  # provenance lines, written as LaTeX comments above the table
@@ -904,6 +908,7 @@ class NiceKernelManager(AsyncKernelManager):
         if KERNEL_NICENESS and shutil.which("nice"): kernel_cmd = ["nice", "-n", str(int(KERNEL_NICENESS)), *kernel_cmd]
         return await super()._async_launch_kernel(kernel_cmd, **kw)
 
+# %% ../nbs/15_reproduce.ipynb #c037s1
 def run_notebook(study: Artifact,  # the registry entry
                  params: dict,  # every parameter to inject (runner ones included)
                  out: Path,  # where the executed notebook goes
@@ -1059,6 +1064,7 @@ def new_run_id() -> str:
     "A sortable, unique run id: UTC time plus process id."
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + f"-{os.getpid()}"
 
+# %% ../nbs/15_reproduce.ipynb #c042s1
 def _read_manifest(path: Path) -> dict | None:
     "The JSON object in `path`; None when it is missing, unreadable or not an object."
     try: m = json.loads(Path(path).read_text())
@@ -1371,6 +1377,7 @@ def _run_one(st: _Run, study: Artifact,  # the run and the notebook's registry e
         if entry["status"] == "failed": tqdm.write(f"FAILED {study.id} ({study.notebook}) at {entry['error']}", file=sys.stderr)
     return entry
 
+# %% ../nbs/15_reproduce.ipynb #c059s1
 def _run_experiment(st: _Run, e: Artifact) -> dict:  # the run, and an experiment whose dependencies have ended
     "The manifest entry of experiment `e`: skipped (an experiment it uses failed or was skipped), reused, or computed."
     p = st.plan[e.id]
@@ -1531,6 +1538,7 @@ def decoding_deviation_lines(lines: dict[str, str],  # a study's lines, as regis
     if decoding not in lines: raise ValueError(f"decoding={decoding!r}: the study has deviation lines for {sorted(lines)} only")
     return [lines[decoding]]
 
+# %% ../nbs/15_reproduce.ipynb #6fd0e845s1
 def profile_values(g: dict,  # the notebook's globals()
                    entry: Artifact,  # its registry entry
                    declared: dict,  # its parameters cell (`parameters_of`)

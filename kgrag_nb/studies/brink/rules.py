@@ -1135,6 +1135,7 @@ def _by_type(rules) -> dict:
     c = Counter(r.type for r in rules)
     return {t: c.get(t, 0) for t in RULE_TYPES}
 
+# %% ../../../nbs/studies/brink/01_rules.ipynb #c051s1
 def _bench_one(kg_name: str, max_len: int, n_jobs: int, min_hc: float, min_pca: float, min_std: float,
                min_initial_support: int = 100) -> dict:
     "One benchmark configuration, run inside its own process (mined once with min_initial_support=1, options as filters)."

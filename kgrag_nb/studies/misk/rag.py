@@ -1602,6 +1602,7 @@ def vs_paper(ours: pd.DataFrame,  # table1(...) or table3(...) rows (one tokenis
     o.insert(0, "setting", [setting_label(k, r) for k, r in zip(o.pop("TopK"), o.pop("Knowledge Base"))])
     return papers.compare(o, papers.paper_numbers(STUDY.paper, table=table), on=["setting"], ours_label=label)
 
+# %% ../../../nbs/studies/misk/01_rag.ipynb #m046s1
 def table2_vs_paper(kb_stats: pd.DataFrame, label: str = "") -> pd.DataFrame:
     "Table 2: our chunk counts (after md5 de-duplication; before in `chunks_raw`) beside the paper's."
     o = kb_stats.rename(columns={"kb": "setting", "chunks_dedup": "#Text Chunks"})
@@ -1613,6 +1614,7 @@ def table4_vs_paper(t4: pd.DataFrame, label: str = "") -> pd.DataFrame:
     o = t4[t4["TopK"] == t4["TopK"].max()].rename(columns={"Method": "setting", "Dataset": "dataset"})
     return papers.compare(o, papers.paper_numbers(STUDY.paper, table="Table 4"), on=["dataset", "setting"], ours_label=label)
 
+# %% ../../../nbs/studies/misk/01_rag.ipynb #m046s2
 def fig3_figure(data: pd.DataFrame, title: str = "") -> Figure:
     "Fig. 3: context recall vs TopK, missing-knowledge query vs standard RAG, (a) QA pairs, (b) wiki KB."
     fig = Figure(figsize=(8, 3.2)); axes = fig.subplots(1, 2, sharey=True)
