@@ -67,7 +67,7 @@ def test_papermill_inspection_lists_every_study_parameter():
 
 def test_select_artifacts_patterns():
     reg = load_registry()
-    assert [a.id for a in select_artifacts(reg, "closed*,kg_*")] == ["awakening_closed_book", "brink_kg_statistics"]  # registry order: study folders (awakening/, brink/)
+    assert [a.id for a in select_artifacts(reg, "awakening_closed*,brink_kg_*")] == ["awakening_closed_book", "brink_kg_statistics"]  # registry order: study folders (awakening/, brink/)
     with pytest.raises(ValueError, match="matches no artefact"): select_artifacts(reg, "zzz")
 
 
