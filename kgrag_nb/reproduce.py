@@ -39,9 +39,9 @@ __all__ = ['MAX_REGISTRY_BYTES', 'MAX_REGISTRY_NODES', 'SAFE_ID', 'STUDY_FILES',
            'kernel_socket_prefix', 'NiceKernelManager', 'run_notebook', 'ensure_experiment', 'IPCProvisioner',
            'install_kernelspec', 'check_parameter_range', 'check_overrides', 'git_sha', 'new_run_id', 'mark_abandoned',
            'mark_abandoned_runs', 'check_run_id', 'redact_url', 'url_secrets', 'scrub_secrets', 'config_environment',
-           'check_run_options', 'reproduce', 'register_decoding_deviation', 'decoding_deviation_lines',
-           'profile_values', 'notebook_run_id', 'start_notebook_run', 'end_notebook_run', 'FormatTaxArm', 'Study',
-           'register_study']
+           'check_run_options', 'expected_seconds', 'critical_path_seconds', 'schedule_order', 'reproduce',
+           'register_decoding_deviation', 'decoding_deviation_lines', 'profile_values', 'notebook_run_id',
+           'start_notebook_run', 'end_notebook_run', 'FormatTaxArm', 'Study', 'register_study']
 
 # %% ../nbs/15_reproduce.ipynb #c005
 @dataclass
@@ -55,9 +55,13 @@ class Artifact:
     profiles: dict = field(default_factory=dict)  # profile name -> papermill parameters (literals)
     uses: list = field(default_factory=list)  # experiment ids this notebook reads
     kind: str = "artifact"  # `artifact` or `experiment`
+    expected_s: dict = field(default_factory=dict)  # profile -> seconds it took when last measured cold (a scheduling hint, not a parameter)
 
     def __post_init__(self):
         self.uses = [self.uses] if isinstance(self.uses, str) else list(self.uses or [])
+        self.expected_s = dict(self.expected_s or {})
+        bad = {k: v for k, v in self.expected_s.items() if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0}
+        if bad: raise ValueError(f"{self.kind} {self.id!r}: expected_s {bad} is not a number of seconds; write e.g. `expected_s: {{smoke: 600}}`")
 
     def parameters(self, profile: str) -> dict:
         "The notebook parameters of `profile`."
@@ -151,7 +155,7 @@ def _declared(study: Artifact, cfg: Config) -> dict:
     except ValueError as e: raise ValueError(f"studies.yaml: {study.kind} {study.id!r}: {e}") from None
 
 # %% ../nbs/15_reproduce.ipynb #c006
-_KEYS = {"paper", "title", "notebook", "needs_llm", "profiles", "uses"}
+_KEYS = {"paper", "title", "notebook", "needs_llm", "profiles", "uses", "expected_s"}
 
 def _profile_defaults(raw, path: Path) -> dict:
     "The `defaults:` section of `studies.yaml`, checked: `{profile: {parameter: literal}}` for known profiles, and every"
@@ -1335,6 +1339,7 @@ class _Run:
     down: dict = field(default_factory=dict)  # {"cause": ...} once LLM notebooks are no longer started
     partial: list = field(default_factory=list)  # artefact entries as they finish (an interrupted run keeps them)
     status: dict = field(default_factory=dict)  # experiment id -> its entry's status
+    schedule: list = field(default_factory=list)  # the experiments in the order free slots take them, with their expected seconds
 
 def _tick(st: _Run):
     "One notebook done (or skipped) on the progress bar."
@@ -1406,8 +1411,12 @@ def _run_notebooks(st: _Run, exps: list, exps_all: dict,  # the run, the selecte
                    into: list) -> list:  # the manifest's experiment entries (appended as they end)
     "Run every experiment and then every artefact, `jobs` at a time, each as soon as what it uses has ended; returns"
     " the artefacts' entries in `arts` order. A free slot takes the first ready notebook: experiments before artefacts,"
-    " and among experiments those in a chain (one uses another) first, so that a long chain starts early."
-    pending = sorted(_topological(exps, exps_all), key=lambda e: not _in_chain(e, exps))  # stable: ties keep their order
+    " and among experiments the one with the longest critical path (`schedule_order`) first."
+    pending = _topological(exps, exps_all)
+    seconds = expected_seconds(pending, st.profile, st.cfg.runs_dir)
+    pending = schedule_order(pending, {k: s for k, (s, _) in seconds.items()})
+    paths = critical_path_seconds(pending, {k: s for k, (s, _) in seconds.items()})
+    st.schedule = [dict(experiment=e.id, expected_s=seconds[e.id][0], source=seconds[e.id][1], critical_path_s=paths[e.id]) for e in pending]
     pending_arts, art_entries, running = list(arts), {}, {}
     ready = lambda items: next((x for x in items if all(u in st.status for u in x.uses)), None)
     pool = ThreadPoolExecutor(max_workers=max(1, st.jobs), thread_name_prefix="kgrag-nb")
@@ -1445,6 +1454,39 @@ def _run_artifact(st: _Run, a: Artifact) -> dict:  # the run, and an artefact (i
                          st.run_dir / "notebooks" / f"{a.id}.ipynb", dict(artifact=a.id, experiments={u: st.plan[u]["key"] for u in a.uses}))
     with st.lock: st.partial.append(entry)
     return entry
+
+# %% ../nbs/15_reproduce.ipynb #c059s3
+def expected_seconds(exps: list,  # the experiments to schedule
+                     profile: str,  # the run's profile
+                     runs_dir: Path | None = None,  # earlier runs' folder (None: the declared hints only)
+                    ) -> dict[str, tuple[float, str]]:  # experiment id -> (seconds, where the figure comes from)
+    "Each experiment's expected seconds: from the newest earlier run of `profile` that computed it, else its study.yaml's"
+    " `expected_s` for `profile`, else 0 (`unknown`)."
+    measured = {}
+    manifests = [m for m in map(_read_manifest, sorted(runs_dir.glob("*/manifest.json")))] if runs_dir is not None and runs_dir.exists() else []
+    for m in sorted((m for m in manifests if m and m.get("profile") == profile), key=lambda m: str(m.get("started", ""))):
+        for x in m.get("experiments") or []:  # oldest run first: a newer measurement replaces an older one
+            if x.get("status") == "computed" and isinstance(x.get("wall_s"), (int, float)) and x["wall_s"] > 0:
+                measured[x.get("experiment")] = (float(x["wall_s"]), f"run {m.get('run_id')}")
+    declared = lambda e: (float(e.expected_s[profile]), "study.yaml") if profile in e.expected_s else (0.0, "unknown")
+    return {e.id: measured.get(e.id) or declared(e) for e in exps}
+
+def critical_path_seconds(exps: list,  # the experiments to schedule
+                          seconds: dict[str, float]) -> dict[str, float]:  # experiment id -> expected seconds
+    "Each experiment's seconds plus the longest chain of the others in `exps` that use it, directly or not."
+    users = {e.id: [x for x in exps if e.id in x.uses] for e in exps}
+    memo = {}
+    def level(e) -> float:
+        if e.id not in memo: memo[e.id] = seconds.get(e.id, 0.0) + max((level(x) for x in users[e.id]), default=0.0)
+        return memo[e.id]
+    return {e.id: level(e) for e in exps}
+
+def schedule_order(exps: list,  # the experiments to schedule
+                   seconds: dict[str, float]) -> list:  # experiment id -> expected seconds
+    "`exps` in the order free slots take them (each once what it uses has ended): the longest critical path first; ties"
+    " (nothing measured) put experiments in a chain first and otherwise keep their order."
+    path = critical_path_seconds(exps, seconds)
+    return sorted(exps, key=lambda e: (-path[e.id], not _in_chain(e, exps)))
 
 # %% ../nbs/15_reproduce.ipynb #c062
 def _llm_stopped(down: dict,  # `_Run.down`
@@ -1501,6 +1543,7 @@ def reproduce(profile: str | None = None,  # `tiny`, `smoke` or `full` (default:
             st.bar = tqdm(total=len(exps) + len(arts), desc="notebooks", unit="nb", disable=not progress)
             with config_environment(cfg, llm_url=env_url, model=model):
                 manifest["artifacts"] = _run_notebooks(st, exps, exps_all, arts, manifest["experiments"])
+            manifest["schedule"] = st.schedule
             st.bar.close()
         usage = _sum_usage(manifest["experiments"] + manifest["artifacts"])
         if st.down: manifest["llm_stopped"] = _llm_stopped(st.down, usage)
@@ -1508,6 +1551,7 @@ def reproduce(profile: str | None = None,  # `tiny`, `smoke` or `full` (default:
     except BaseException as exc:  # Ctrl-C, SIGTERM (raised above) or an error: the manifest says so, with the usage so far
         _stop_kernels()  # jobs=1: the kernel of a notebook cut short (the pool stops its own)
         manifest["artifacts"] = manifest["artifacts"] or list(st.partial)
+        manifest["schedule"] = st.schedule
         status, why = _interruption(exc, signals)
         _finalise(manifest, run_dir, [*exps, *arts], t0, secrets, status, why)
         raise

@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, strategies as st
 
 from kgrag_nb.config import get_config
-from kgrag_nb.reproduce import (KERNEL_NICENESS, check_study_notebooks, load_registry, markdown_table, parameters_of, redact_url,
-                                reproduce, scrub_secrets, select_artifacts)
+from kgrag_nb.reproduce import (KERNEL_NICENESS, Artifact, check_study_notebooks, critical_path_seconds, expected_seconds,
+                                load_experiments, load_registry, markdown_table, parameters_of, redact_url, reproduce,
+                                schedule_order, scrub_secrets, select_artifacts)
 
 ROOT = get_config().root
 
@@ -249,6 +250,11 @@ def test_an_experiment_runs_once_is_reused_and_only_a_changed_one_is_recomputed(
     assert _status(m4) == {"exp2": "computed"} and m4["overrides_apply_to"] == {"m": ["exp2"]}
     assert (cfg.runs_dir / m4["run_id"] / "a3.txt").read_text() == "5"
     assert "exp" in registry_graph(cfg) and "└ a1" in registry_graph(cfg)
+    # the schedule: nothing declared or measured before the first run; later runs take the newest computed wall_s
+    assert [(s["experiment"], s["source"], s["expected_s"]) for s in m1["schedule"]] == [("exp", "unknown", 0.0), ("exp2", "unknown", 0.0)]
+    wall = {e["experiment"]: e["wall_s"] for e in m1["experiments"]}
+    seen = {s["experiment"]: (s["source"], s["expected_s"]) for s in m4["schedule"]}
+    assert seen == {"exp2": (f"run {m1['run_id']}", wall["exp2"])}  # computed in m1, reused since
 
 
 def test_an_artefact_starts_when_its_experiments_end_not_after_every_experiment(tmp_path):
@@ -877,3 +883,25 @@ def test_a_run_asks_for_an_embedded_window_through_its_own_llm(tmp_path, embedde
     other._embedded_window(cfg.embedded_n_ctx * 2)
     assert other.llm_url is None and other.cfg.embedded_n_ctx == cfg.embedded_n_ctx * 2
     assert other.cfg.embedded_port != cfg.embedded_port
+
+
+def test_the_smoke_schedule_starts_the_longest_chain_and_the_longest_experiment_first():
+    # the registry's expected_s hints (a cold smoke run): JCQL's KBC -> KBQA chain (2,512 s) and MisK (2,308 s) lead;
+    # the chains-first order before it started brink_benchmarks first and MisK last
+    exps = load_experiments()
+    order = schedule_order(list(exps.values()), {k: s for k, (s, _) in expected_seconds(list(exps.values()), "smoke").items()})
+    assert [e.id for e in order][:3] == ["jcql_kbc", "misk_runs", "coe_runs"]
+    assert all(e.expected_s.get("smoke", 0) > 0 for e in exps.values()), "every experiment declares its smoke seconds"
+
+
+@given(st.lists(st.tuples(st.floats(0, 1e4), st.integers(0, 5)), min_size=1, max_size=8))
+def test_schedule_order_puts_a_longer_critical_path_first_and_keeps_every_experiment(spec):
+    # experiment i may use experiment i - 1 - j (a DAG by construction)
+    exps = [Artifact(id=f"e{i}", paper="p", title="t", notebook=f"e{i}.ipynb", uses=[f"e{i - 1 - j}"] if i - 1 - j >= 0 else [])
+            for i, (_, j) in enumerate(spec)]
+    secs = {f"e{i}": s for i, (s, _) in enumerate(spec)}
+    path = critical_path_seconds(exps, secs)
+    for e in exps:
+        for u in e.uses: assert path[u] >= secs[u] + path[e.id] - 1e-6  # a job is at least as urgent as anything waiting on it
+    order = schedule_order(exps, secs)
+    assert sorted(e.id for e in order) == sorted(secs) and [path[e.id] for e in order] == sorted(path.values(), reverse=True)
