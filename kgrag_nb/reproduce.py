@@ -1460,11 +1460,11 @@ def expected_seconds(exps: list,  # the experiments to schedule
                      profile: str,  # the run's profile
                      runs_dir: Path | None = None,  # earlier runs' folder (None: the declared hints only)
                     ) -> dict[str, tuple[float, str]]:  # experiment id -> (seconds, where the figure comes from)
-    "Each experiment's expected seconds: from the newest earlier run of `profile` that computed it, else its study.yaml's"
-    " `expected_s` for `profile`, else 0 (`unknown`)."
+    "Each experiment's expected seconds: from the newest earlier run of `profile` without `--set` values that computed it,"
+    " else its study.yaml's `expected_s` for `profile`, else 0 (`unknown`)."
     measured = {}
     manifests = [m for m in map(_read_manifest, sorted(runs_dir.glob("*/manifest.json")))] if runs_dir is not None and runs_dir.exists() else []
-    for m in sorted((m for m in manifests if m and m.get("profile") == profile), key=lambda m: str(m.get("started", ""))):
+    for m in sorted((m for m in manifests if m and m.get("profile") == profile and not m.get("overrides")), key=lambda m: str(m.get("started", ""))):
         for x in m.get("experiments") or []:  # oldest run first: a newer measurement replaces an older one
             if x.get("status") == "computed" and isinstance(x.get("wall_s"), (int, float)) and x["wall_s"] > 0:
                 measured[x.get("experiment")] = (float(x["wall_s"]), f"run {m.get('run_id')}")
