@@ -1414,8 +1414,8 @@ def _run_notebooks(st: _Run, exps: list, exps_all: dict,  # the run, the selecte
     " and among experiments the one with the longest critical path (`schedule_order`) first."
     pending = _topological(exps, exps_all)
     seconds = expected_seconds(pending, st.profile, st.cfg.runs_dir)
-    pending = schedule_order(pending, {k: s for k, (s, _) in seconds.items()})
-    paths = critical_path_seconds(pending, {k: s for k, (s, _) in seconds.items()})
+    secs = {k: s for k, (s, _) in seconds.items()}
+    pending, paths = schedule_order(pending, secs), critical_path_seconds(pending, secs)
     st.schedule = [dict(experiment=e.id, expected_s=seconds[e.id][0], source=seconds[e.id][1], critical_path_s=paths[e.id]) for e in pending]
     pending_arts, art_entries, running = list(arts), {}, {}
     ready = lambda items: next((x for x in items if all(u in st.status for u in x.uses)), None)
@@ -1463,7 +1463,7 @@ def expected_seconds(exps: list,  # the experiments to schedule
     "Each experiment's expected seconds: from the newest earlier run of `profile` without `--set` values that computed it,"
     " else its study.yaml's `expected_s` for `profile`, else 0 (`unknown`)."
     measured = {}
-    manifests = [m for m in map(_read_manifest, sorted(runs_dir.glob("*/manifest.json")))] if runs_dir is not None and runs_dir.exists() else []
+    manifests = map(_read_manifest, runs_dir.glob("*/manifest.json")) if runs_dir is not None and runs_dir.exists() else []
     for m in sorted((m for m in manifests if m and m.get("profile") == profile and not m.get("overrides")), key=lambda m: str(m.get("started", ""))):
         for x in m.get("experiments") or []:  # oldest run first: a newer measurement replaces an older one
             if x.get("status") == "computed" and isinstance(x.get("wall_s"), (int, float)) and x["wall_s"] > 0:
